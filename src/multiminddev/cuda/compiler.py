@@ -1,0 +1,242 @@
+"""NVRTC compilation through NVIDIA's ``cuda.core``, with a disk cache and ptxas resource parsing.
+
+Compiling needs no GPU: give ``arch`` ("sm_90") on a machine without one. Results are
+``CompileResult`` dataclasses; a broken kernel is ``StageStatus.FAILED`` with diagnostics
+carrying line numbers, never an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from multiminddev.env.results import (
+    CompileResult,
+    Diagnostic,
+    KernelResources,
+    StageStatus,
+    _from_jsonable,
+    _to_jsonable,
+)
+
+DEFAULT_ARCH = "sm_90"
+SHIM_INCLUDE_DIR = Path(__file__).parent / "include"
+
+
+@dataclass(kw_only=True, frozen=True)
+class CompileOptions:
+    arch: str | None = None  # None -> the current GPU's arch, else DEFAULT_ARCH
+    std: str = "c++17"
+    use_fast_math: bool = False
+    extra_include_paths: tuple[str, ...] = ()
+    defines: tuple[str, ...] = ()
+    cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
+    use_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
+            raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
+
+
+@dataclass(kw_only=True)
+class CompiledModule:
+    """A compiled cubin plus what the compiler said about it."""
+
+    cubin: bytes
+    result: CompileResult
+    kernel_names: list[str] = field(default_factory=list)
+
+
+def cache_root(options: CompileOptions | None = None) -> Path:
+    if options is not None and options.cache_dir:
+        return Path(options.cache_dir)
+    env = os.environ.get("MULTIMINDDEV_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "multiminddev"
+
+
+@functools.cache
+def cuda_include_paths() -> tuple[str, ...]:
+    """CUDA runtime and CCCL headers (cuda_fp16.h, cooperative_groups.h, cuda/std/...)."""
+    paths = [str(SHIM_INCLUDE_DIR)]
+    try:
+        import cuda.pathfinder as pathfinder
+
+        for lib in ("cudart", "cccl"):
+            try:
+                found = pathfinder.find_nvidia_header_directory(lib)
+            except Exception:  # noqa: BLE001 - a missing header package is reported below
+                found = None
+            if found:
+                paths.append(str(found))
+    except ImportError:
+        pass
+    for guess in ("/usr/local/cuda/include", "/usr/local/cuda/include/cccl"):
+        if Path(guess).is_dir() and guess not in paths:
+            paths.append(guess)
+    return tuple(paths)
+
+
+@functools.cache
+def current_device_arch() -> str | None:
+    """The arch of GPU 0 ("sm_90"), or None on a machine without a usable GPU."""
+    try:
+        from cuda.core import Device
+
+        dev = Device(0)
+        major, minor = dev.compute_capability
+        return f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no driver / no device both mean "no GPU"
+        return None
+
+
+def resolve_arch(options: CompileOptions) -> str:
+    return options.arch or current_device_arch() or DEFAULT_ARCH
+
+
+def _cache_key(source: str, arch: str, options: CompileOptions) -> str:
+    blob = json.dumps(
+        [source, arch, options.std, options.use_fast_math, options.defines, _toolchain_version()]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+@functools.cache
+def _toolchain_version() -> str:
+    try:
+        import cuda.core
+
+        return f"cuda.core {cuda.core.__version__}"
+    except ImportError:
+        return "none"
+
+
+_DIAG_RE = re.compile(r"^[^\s(]*\((\d+)\): (error|warning|catastrophic error)[^:]*: (.*)$")
+_ENTRY_RE = re.compile(r"Compiling entry function '([^']+)'")
+_FUNC_PROPS_RE = re.compile(r"Function properties for (\S+)")
+_STACK_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+_USED_RE = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
+
+
+def parse_diagnostics(log: str) -> list[Diagnostic]:
+    """NVRTC messages (``default_program(12): error: ...``) with their source line."""
+    diagnostics = []
+    for line in log.splitlines():
+        match = _DIAG_RE.match(line.strip())
+        if match:
+            severity = "error" if "error" in match.group(2) else "warning"
+            diagnostics.append(
+                Diagnostic(severity=severity, message=match.group(3), line=int(match.group(1)))
+            )
+    return diagnostics
+
+
+def parse_ptxas_resources(log: str) -> list[KernelResources]:
+    """Per-kernel registers, shared memory, stack and spills from ``ptxas -v`` output."""
+    kernels: dict[str, KernelResources] = {}
+    current: KernelResources | None = None
+    for line in log.splitlines():
+        if m := _ENTRY_RE.search(line):
+            current = kernels.setdefault(m.group(1), KernelResources(name=m.group(1)))
+        elif m := _FUNC_PROPS_RE.search(line):
+            current = kernels.setdefault(m.group(1), KernelResources(name=m.group(1)))
+        elif current is not None and (m := _STACK_RE.search(line)):
+            current.stack_frame_bytes = int(m.group(1))
+            current.spill_store_bytes = int(m.group(2))
+            current.spill_load_bytes = int(m.group(3))
+        elif current is not None and (m := _USED_RE.search(line)):
+            current.registers = int(m.group(1))
+            current.barriers = int(m.group(2) or 0)
+            current.shared_mem_bytes = int(m.group(3) or 0)
+    return list(kernels.values())
+
+
+def compile_cuda(source: str, options: CompileOptions | None = None) -> CompiledModule:
+    """Compile CUDA C++ to a cubin with NVRTC; never raises for a bad kernel."""
+    options = options or CompileOptions()
+    arch = resolve_arch(options)
+    key = _cache_key(source, arch, options)
+    cache_dir = cache_root(options) / "nvrtc"
+    if options.use_cache:
+        hit = _read_cache(cache_dir, key)
+        if hit is not None:
+            return hit
+    start = time.perf_counter()
+    try:
+        from cuda.core import Program, ProgramOptions
+    except ImportError as exc:
+        result = CompileResult(
+            status=StageStatus.ERROR,
+            arch=arch,
+            error=f"cuda.core is not installed ({exc}); run: pip install cuda-core cuda-bindings "
+            "'cuda-toolkit[nvrtc]'",
+        )
+        return CompiledModule(cubin=b"", result=result)
+    program_options = ProgramOptions(
+        arch=arch,
+        std=options.std,
+        ptxas_options=["-v"],
+        include_path=[*cuda_include_paths(), *options.extra_include_paths],
+        use_fast_math=options.use_fast_math or None,
+        define_macro=list(options.defines) or None,
+    )
+    log = io.StringIO()
+    try:
+        program = Program(source, "c++", options=program_options)
+        obj = program.compile("cubin", logs=log)
+        cubin = bytes(obj.code)
+        status, error = StageStatus.OK, ""
+    except Exception as exc:  # noqa: BLE001 - NVRTCError carries the log in its message
+        cubin, status = b"", StageStatus.FAILED
+        text = str(exc)
+        error = text.split("compilation log:", 1)[-1].strip() or text
+        if not log.getvalue():
+            log.write(error)
+    seconds = time.perf_counter() - start
+    text = log.getvalue()
+    result = CompileResult(
+        status=status,
+        backend="nvrtc",
+        arch=arch,
+        seconds=seconds,
+        log=text,
+        diagnostics=parse_diagnostics(text),
+        kernels=parse_ptxas_resources(text),
+        error=error,
+    )
+    module = CompiledModule(cubin=cubin, result=result, kernel_names=[k.name for k in result.kernels])
+    if options.use_cache and status is StageStatus.OK:
+        _write_cache(cache_dir, key, module)
+    return module
+
+
+def _read_cache(cache_dir: Path, key: str) -> CompiledModule | None:
+    meta_path, cubin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"
+    try:
+        meta = json.loads(meta_path.read_text())
+        cubin = cubin_path.read_bytes()
+    except (OSError, ValueError):
+        return None
+    result = _from_jsonable(CompileResult, meta)
+    result.cached = True
+    return CompiledModule(cubin=cubin, result=result, kernel_names=[k.name for k in result.kernels])
+
+
+def _write_cache(cache_dir: Path, key: str, module: CompiledModule) -> None:
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cache_dir / f"{key}.{os.getpid()}.tmp"
+        tmp.write_bytes(module.cubin)
+        tmp.replace(cache_dir / f"{key}.cubin")
+        tmp.write_text(json.dumps(_to_jsonable(module.result)))
+        tmp.replace(cache_dir / f"{key}.json")
+    except OSError:
+        pass  # a read-only or full cache disk only costs speed

@@ -1,0 +1,3 @@
+// NVRTC shim: <cfloat> onto libcu++.
+#pragma once
+#include <cuda/std/cfloat>

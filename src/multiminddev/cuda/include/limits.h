@@ -1,0 +1,3 @@
+// NVRTC shim: <climits> onto libcu++.
+#pragma once
+#include <cuda/std/climits>

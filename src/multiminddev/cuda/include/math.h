@@ -1,0 +1,2 @@
+// NVRTC shim: CUDA's math functions are built in; <cmath> only needs to exist.
+#pragma once

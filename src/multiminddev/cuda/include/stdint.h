@@ -1,0 +1,11 @@
+// NVRTC ships no C++ standard library; this shim maps <cstdint> onto libcu++ so kernels
+// written for nvcc compile unchanged.
+#pragma once
+#include <cuda/std/cstdint>
+namespace std {
+using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; using cuda::std::int64_t;
+using cuda::std::uint8_t; using cuda::std::uint16_t; using cuda::std::uint32_t; using cuda::std::uint64_t;
+using cuda::std::intptr_t; using cuda::std::uintptr_t;
+}
+using cuda::std::int8_t; using cuda::std::int16_t; using cuda::std::int32_t; using cuda::std::int64_t;
+using cuda::std::uint8_t; using cuda::std::uint16_t; using cuda::std::uint32_t; using cuda::std::uint64_t;

@@ -1,0 +1,235 @@
+"""``compile_kernels(src)``: compile CUDA C++ with NVRTC and launch it on torch tensors.
+
+    kernels = compile_kernels(SRC)
+    kernels.relu(grid=(blocks,), block=(256,), args=(x, y, n))
+
+Kernels launch on torch's current stream, with torch tensors as pointer arguments; scalar
+arguments are converted to the C type in the kernel's signature. On a machine without a GPU
+the source still compiles (for ``DEFAULT_ARCH``) so compile errors and resource usage are
+known; launching then raises ``NoGPUError``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from multiminddev.cuda.compiler import CompiledModule, CompileOptions, compile_cuda
+from multiminddev.cuda.signature import (
+    POINTEE_TORCH_DTYPES,
+    KernelSignature,
+    parse_kernel_signatures,
+)
+from multiminddev.env.results import CompileResult, StageStatus
+
+# Every module compiled in this process, oldest first. The evaluation worker reads it to report
+# the candidate's compile results and resource usage; it is an observation log, never an input.
+compile_log: list[CompileResult] = []
+launch_counts: dict[str, int] = {}
+
+
+class KernelCompileError(RuntimeError):
+    """The CUDA source did not compile; ``.result`` holds the log and diagnostics."""
+
+    def __init__(self, result: CompileResult):
+        self.result = result
+        lines = [f"line {d.line}: {d.message}" for d in result.errors[:5]]
+        detail = "\n".join(lines) or result.error[:2000]
+        super().__init__(f"CUDA compilation failed ({result.arch}):\n{detail}")
+
+
+class KernelArgumentError(TypeError):
+    """A kernel was launched with arguments that do not match its signature."""
+
+
+class NoGPUError(RuntimeError):
+    """A kernel launch was attempted on a machine without a usable GPU."""
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+class _TorchStream:
+    """Adapts torch's current stream to the ``__cuda_stream__`` protocol cuda.core accepts."""
+
+    def __init__(self, handle: int):
+        self._handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self._handle)
+
+
+class Kernel:
+    def __init__(self, signature: KernelSignature, owner: CompiledKernels):
+        self.signature = signature
+        self._owner = owner
+        self._handle: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.signature.name
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.signature.describe()}>"
+
+    def convert_args(self, args: Sequence[Any]) -> list[Any]:
+        """Typed launch arguments; raises KernelArgumentError naming the bad parameter."""
+        params = self.signature.params
+        if len(args) != len(params):
+            raise KernelArgumentError(
+                f"{self.signature.describe()} takes {len(params)} arguments, got {len(args)}"
+            )
+        torch = _torch()
+        converted = []
+        for i, (param, value) in enumerate(zip(params, args, strict=True)):
+            where = f"argument {i} ({param.name!r}) of {self.signature.describe()}"
+            if param.is_pointer:
+                converted.append(self._pointer(value, param.c_type, where, torch))
+            else:
+                if isinstance(value, torch.Tensor):
+                    raise KernelArgumentError(
+                        f"{where} is a scalar {param.c_type}; got a tensor (pass .item() or the "
+                        "pointer type in the kernel signature)"
+                    )
+                dtype = param.numpy_dtype
+                if dtype is None:
+                    raise KernelArgumentError(
+                        f"{where}: unsupported scalar type {param.c_type!r}; use int, long, "
+                        "float, double, size_t, bool or a fixed-width integer type"
+                    )
+                if isinstance(value, float) and dtype.startswith(("int", "uint", "bool")):
+                    raise KernelArgumentError(f"{where} is {param.c_type}; got float {value!r}")
+                try:
+                    converted.append(np.array(value, dtype=dtype)[()])
+                except (TypeError, ValueError, OverflowError) as exc:
+                    raise KernelArgumentError(f"{where}: cannot convert {value!r}: {exc}")
+        return converted
+
+    @staticmethod
+    def _pointer(value: Any, c_type: str, where: str, torch: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if not value.is_cuda:
+                raise KernelArgumentError(f"{where} is a pointer; the tensor is on {value.device}")
+            allowed = POINTEE_TORCH_DTYPES.get(c_type, None)
+            dtype_name = str(value.dtype).removeprefix("torch.")
+            if allowed is not None and dtype_name not in allowed:
+                raise KernelArgumentError(
+                    f"{where} points to {c_type}; the tensor's dtype is {dtype_name}"
+                )
+            return ctypes.c_void_p(value.data_ptr())
+        if value is None:
+            return ctypes.c_void_p(0)
+        raise KernelArgumentError(
+            f"{where} is a pointer ({c_type}*); pass a CUDA torch tensor, got {type(value).__name__}"
+        )
+
+    def __call__(
+        self,
+        grid: int | Sequence[int],
+        block: int | Sequence[int],
+        args: Sequence[Any] = (),
+        shared_mem: int = 0,
+        stream: Any = None,
+    ) -> None:
+        grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
+        threads = int(np.prod(block_t))
+        if threads > 1024:
+            raise KernelArgumentError(f"block {block_t} has {threads} threads; the limit is 1024")
+        converted = self.convert_args(args)
+        from cuda.core import LaunchConfig, launch
+
+        kernel = self._owner._load(self.name)
+        torch = _torch()
+        handle = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
+        cu_stream = self._owner._stream_for(handle)
+        config = LaunchConfig(grid=grid_t, block=block_t, shmem_size=int(shared_mem))
+        launch(cu_stream, config, kernel, *converted)
+        launch_counts[self.name] = launch_counts.get(self.name, 0) + 1
+
+
+def _dims(value: int | Sequence[int], what: str) -> tuple[int, ...]:
+    dims = (int(value),) if isinstance(value, (int, np.integer)) else tuple(int(v) for v in value)
+    if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
+        raise KernelArgumentError(f"{what} must be 1 to 3 positive integers, got {value!r}")
+    return dims
+
+
+class CompiledKernels:
+    """The kernels of one compiled source, as attributes (``kernels.relu(...)``)."""
+
+    def __init__(self, module: CompiledModule, signatures: dict[str, KernelSignature]):
+        self.module = module
+        self.signatures = signatures
+        self._kernels = {name: Kernel(sig, self) for name, sig in signatures.items()}
+        self._object_code: Any = None
+        self._loaded: dict[str, Any] = {}
+        self._streams: dict[int, Any] = {}
+
+    @property
+    def compile_result(self) -> CompileResult:
+        return self.module.result
+
+    def __getattr__(self, name: str) -> Kernel:
+        kernels = self.__dict__.get("_kernels", {})
+        if name in kernels:
+            return kernels[name]
+        raise AttributeError(
+            f"no kernel named {name!r}; this source defines {sorted(kernels)} "
+            '(kernels must be declared extern "C" __global__)'
+        )
+
+    def __getitem__(self, name: str) -> Kernel:
+        return self.__getattr__(name)
+
+    def __iter__(self):
+        return iter(self._kernels.values())
+
+    def _load(self, name: str) -> Any:
+        if name in self._loaded:
+            return self._loaded[name]
+        torch = _torch()
+        if not torch.cuda.is_available():
+            raise NoGPUError(
+                f"kernel {name!r} compiled for {self.module.result.arch}, but this machine has no "
+                "usable GPU; run on a machine with an NVIDIA GPU (multiminddev doctor checks)"
+            )
+        from cuda.core import Device, ObjectCode
+
+        Device(torch.cuda.current_device()).set_current()
+        if self._object_code is None:
+            self._object_code = ObjectCode.from_cubin(self.module.cubin)
+        self._loaded[name] = self._object_code.get_kernel(name)
+        return self._loaded[name]
+
+    def _stream_for(self, handle: int) -> Any:
+        if handle not in self._streams:
+            from cuda.core import Device
+
+            self._streams[handle] = Device().create_stream(_TorchStream(handle))
+        return self._streams[handle]
+
+
+def compile_kernels(
+    source: str,
+    *,
+    arch: str | None = None,
+    use_fast_math: bool = False,
+    defines: Sequence[str] = (),
+) -> CompiledKernels:
+    """Compile ``source`` with NVRTC; raises KernelCompileError with line-numbered errors."""
+    options = CompileOptions(arch=arch, use_fast_math=use_fast_math, defines=tuple(defines))
+    module = compile_cuda(source, options)
+    compile_log.append(module.result)
+    if module.result.status is not StageStatus.OK:
+        raise KernelCompileError(module.result)
+    signatures = parse_kernel_signatures(source)
+    missing = [k for k in module.kernel_names if k not in signatures]
+    for name in missing:  # kernels we could not parse still launch, but without type checks
+        signatures[name] = KernelSignature(name=name, params=())
+    return CompiledKernels(module, signatures)

@@ -1,0 +1,108 @@
+"""NVRTC compilation: success, errors with line numbers, resources, cache, headers."""
+
+from multiminddev.cuda.compiler import (
+    CompileOptions,
+    compile_cuda,
+    parse_diagnostics,
+    parse_ptxas_resources,
+)
+from multiminddev.env.results import StageStatus
+
+RELU = r"""
+extern "C" __global__ void relu(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], 0.f);
+}
+"""
+
+SHARED = r"""
+extern "C" __global__ void rev(const float* x, float* y) {
+    __shared__ float s[256];
+    s[threadIdx.x] = x[blockIdx.x * 256 + threadIdx.x];
+    __syncthreads();
+    y[blockIdx.x * 256 + threadIdx.x] = s[255 - threadIdx.x];
+}
+"""
+
+
+def test_compiles_to_cubin_for_sm90_without_gpu():
+    module = compile_cuda(RELU, CompileOptions(arch="sm_90"))
+    assert module.result.status is StageStatus.OK
+    assert module.cubin[:4] == b"\x7fELF"
+    assert module.kernel_names == ["relu"]
+    assert module.result.arch == "sm_90"
+
+
+def test_resources_report_registers_and_shared_memory():
+    module = compile_cuda(SHARED, CompileOptions(arch="sm_90"))
+    (kernel,) = module.result.kernels
+    assert kernel.name == "rev"
+    assert kernel.shared_mem_bytes == 1024
+    assert kernel.registers > 0
+    assert kernel.barriers == 1
+
+
+def test_error_has_line_number_and_does_not_raise():
+    bad = RELU.replace("fmaxf(x[i], 0.f)", "fmaxf(x[i], undefined_thing)")
+    module = compile_cuda(bad, CompileOptions(arch="sm_90"))
+    assert module.result.status is StageStatus.FAILED
+    (error,) = module.result.errors
+    assert error.line == 4
+    assert "undefined_thing" in error.message
+    assert module.cubin == b""
+
+
+def test_second_compile_is_a_cache_hit(tmp_path):
+    options = CompileOptions(arch="sm_90", cache_dir=str(tmp_path))
+    first = compile_cuda(RELU, options)
+    second = compile_cuda(RELU, options)
+    assert not first.result.cached
+    assert second.result.cached
+    assert second.cubin == first.cubin
+    assert second.result.kernels == first.result.kernels
+
+
+def test_cache_key_depends_on_arch(tmp_path):
+    compile_cuda(RELU, CompileOptions(arch="sm_90", cache_dir=str(tmp_path)))
+    other = compile_cuda(RELU, CompileOptions(arch="sm_80", cache_dir=str(tmp_path)))
+    assert not other.result.cached
+    assert other.result.arch == "sm_80"
+
+
+def test_common_headers_resolve_without_include_paths():
+    src = (
+        "#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cooperative_groups.h>\n"
+        "#include <cstdint>\n#include <cuda_runtime.h>\n"
+        'extern "C" __global__ void k(__half* x, int64_t n) {\n'
+        "  namespace cg = cooperative_groups; cg::thread_block b = cg::this_thread_block();\n"
+        "  if (b.thread_rank() < n) x[b.thread_rank()] = __float2half(1.f);\n}\n"
+    )
+    module = compile_cuda(src, CompileOptions(arch="sm_90"))
+    assert module.result.status is StageStatus.OK, module.result.log
+
+
+def test_invalid_arch_is_a_clear_error():
+    try:
+        CompileOptions(arch="hopper")
+    except ValueError as exc:
+        assert "sm_90" in str(exc)
+    else:
+        raise AssertionError("an invalid arch must be refused")
+
+
+def test_parse_helpers_on_real_log_lines():
+    log = (
+        "default_program(7): error: identifier \"q\" is undefined\n"
+        "ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+        "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 255 registers, used 1 barriers, 2048 bytes smem\n"
+    )
+    (diag,) = parse_diagnostics(log)
+    assert (diag.line, diag.severity) == (7, "error")
+    (res,) = parse_ptxas_resources(log)
+    assert (res.registers, res.shared_mem_bytes, res.spill_store_bytes, res.stack_frame_bytes) == (
+        255,
+        2048,
+        4,
+        8,
+    )
