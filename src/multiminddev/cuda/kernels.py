@@ -11,7 +11,6 @@ known; launching then raises ``NoGPUError``.
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ import numpy as np
 from multiminddev.cuda.compiler import CompiledModule, CompileOptions, compile_cuda
 from multiminddev.cuda.signature import (
     POINTEE_TORCH_DTYPES,
+    SCALAR_TYPES,
     KernelSignature,
     parse_kernel_signatures,
 )
@@ -85,49 +85,58 @@ class Kernel:
             raise KernelArgumentError(
                 f"{self.signature.describe()} takes {len(params)} arguments, got {len(args)}"
             )
-        torch = _torch()
+        tensor_type = _torch().Tensor
         converted = []
         for i, (param, value) in enumerate(zip(params, args, strict=True)):
-            where = f"argument {i} ({param.name!r}) of {self.signature.describe()}"
             if param.is_pointer:
-                converted.append(self._pointer(value, param.c_type, where, torch))
-            else:
-                if isinstance(value, torch.Tensor):
-                    raise KernelArgumentError(
-                        f"{where} is a scalar {param.c_type}; got a tensor (pass .item() or the "
-                        "pointer type in the kernel signature)"
-                    )
-                dtype = param.numpy_dtype
-                if dtype is None:
-                    raise KernelArgumentError(
-                        f"{where}: unsupported scalar type {param.c_type!r}; use int, long, "
-                        "float, double, size_t, bool or a fixed-width integer type"
-                    )
-                if isinstance(value, float) and dtype.startswith(("int", "uint", "bool")):
-                    raise KernelArgumentError(f"{where} is {param.c_type}; got float {value!r}")
-                try:
-                    converted.append(np.array(value, dtype=dtype)[()])
-                except (TypeError, ValueError, OverflowError) as exc:
-                    raise KernelArgumentError(f"{where}: cannot convert {value!r}: {exc}")
+                if isinstance(value, tensor_type) and value.is_cuda:
+                    allowed = POINTEE_TORCH_DTYPES.get(param.c_type)
+                    if allowed is None or _dtype_name(value.dtype) in allowed:
+                        # cuda.core passes 8-byte numpy scalars by value: the pointer ABI
+                        converted.append(np.uint64(value.data_ptr()))
+                        continue
+                elif value is None:
+                    converted.append(np.uint64(0))
+                    continue
+                raise KernelArgumentError(self._pointer_error(i, param, value))
+            ctor = _SCALAR_CTORS.get(param.c_type)
+            if ctor is None or isinstance(value, tensor_type) or (
+                isinstance(value, float) and param.numpy_dtype[0] in "ub"  # int/uint/bool
+            ):
+                raise KernelArgumentError(self._scalar_error(i, param, value))
+            try:
+                converted.append(ctor(value))
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise KernelArgumentError(f"{self._where(i, param)}: cannot convert {value!r}: {exc}")
         return converted
 
-    @staticmethod
-    def _pointer(value: Any, c_type: str, where: str, torch: Any) -> Any:
-        if isinstance(value, torch.Tensor):
+    def _where(self, i: int, param: Any) -> str:
+        return f"argument {i} ({param.name!r}) of {self.signature.describe()}"
+
+    def _pointer_error(self, i: int, param: Any, value: Any) -> str:
+        where = self._where(i, param)
+        if isinstance(value, _torch().Tensor):
             if not value.is_cuda:
-                raise KernelArgumentError(f"{where} is a pointer; the tensor is on {value.device}")
-            allowed = POINTEE_TORCH_DTYPES.get(c_type, None)
-            dtype_name = str(value.dtype).removeprefix("torch.")
-            if allowed is not None and dtype_name not in allowed:
-                raise KernelArgumentError(
-                    f"{where} points to {c_type}; the tensor's dtype is {dtype_name}"
-                )
-            return ctypes.c_void_p(value.data_ptr())
-        if value is None:
-            return ctypes.c_void_p(0)
-        raise KernelArgumentError(
-            f"{where} is a pointer ({c_type}*); pass a CUDA torch tensor, got {type(value).__name__}"
+                return f"{where} is a pointer; the tensor is on {value.device}"
+            return f"{where} points to {param.c_type}; the tensor's dtype is {_dtype_name(value.dtype)}"
+        return (
+            f"{where} is a pointer ({param.c_type}*); pass a CUDA torch tensor, "
+            f"got {type(value).__name__}"
         )
+
+    def _scalar_error(self, i: int, param: Any, value: Any) -> str:
+        where = self._where(i, param)
+        if isinstance(value, _torch().Tensor):
+            return (
+                f"{where} is a scalar {param.c_type}; got a tensor (pass .item() or the "
+                "pointer type in the kernel signature)"
+            )
+        if param.numpy_dtype is None:
+            return (
+                f"{where}: unsupported scalar type {param.c_type!r}; use int, long, "
+                "float, double, size_t, bool or a fixed-width integer type"
+            )
+        return f"{where} is {param.c_type}; got float {value!r}"
 
     def __call__(
         self,
@@ -151,6 +160,13 @@ class Kernel:
         config = LaunchConfig(grid=grid_t, block=block_t, shmem_size=int(shared_mem))
         launch(cu_stream, config, kernel, *converted)
         launch_counts[self.name] = launch_counts.get(self.name, 0) + 1
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+_SCALAR_CTORS = {c: np.dtype(n).type for c, n in SCALAR_TYPES.items()}
 
 
 def _dims(value: int | Sequence[int], what: str) -> tuple[int, ...]:
