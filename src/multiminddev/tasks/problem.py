@@ -39,7 +39,7 @@ class Problem:
     flops: int | None = None
     split: str = ""  # "train" | "heldout" | "" (unsplit)
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False)  # hash on the rest
 
     def __post_init__(self) -> None:
         if self.dtype not in DEFAULT_TOLERANCES:
