@@ -75,3 +75,15 @@ def test_launch_without_gpu_raises_no_gpu_error():
     kernels = compile_kernels(SRC, arch="sm_90")
     with pytest.raises(NoGPUError, match="no usable GPU"):
         kernels.fill(grid=1, block=32, args=(None, 0, 0))
+
+
+def test_block_over_1024_threads_is_refused_before_launch():
+    kernels = compile_kernels(SRC, arch="sm_90")
+    with pytest.raises(KernelArgumentError, match="limit is 1024"):
+        kernels.fill(grid=1, block=(64, 32), args=(None, 0, 0))
+
+
+def test_bad_grid_is_refused():
+    kernels = compile_kernels(SRC, arch="sm_90")
+    with pytest.raises(KernelArgumentError, match="positive integers"):
+        kernels.fill(grid=(0,), block=32, args=(None, 0, 0))

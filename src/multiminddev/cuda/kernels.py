@@ -146,20 +146,19 @@ class Kernel:
         shared_mem: int = 0,
         stream: Any = None,
     ) -> None:
-        grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
-        threads = int(np.prod(block_t))
-        if threads > 1024:
-            raise KernelArgumentError(f"block {block_t} has {threads} threads; the limit is 1024")
+        config = self._owner._config_for(grid, block, shared_mem)
         converted = self.convert_args(args)
-        from cuda.core import LaunchConfig, launch
-
         kernel = self._owner._load(self.name)
         torch = _torch()
         handle = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
-        cu_stream = self._owner._stream_for(handle)
-        config = LaunchConfig(grid=grid_t, block=block_t, shmem_size=int(shared_mem))
-        launch(cu_stream, config, kernel, *converted)
+        _cuda_core().launch(self._owner._stream_for(handle), config, kernel, *converted)
         launch_counts[self.name] = launch_counts.get(self.name, 0) + 1
+
+
+def _cuda_core():
+    import cuda.core
+
+    return cuda.core
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -186,6 +185,7 @@ class CompiledKernels:
         self._object_code: Any = None
         self._loaded: dict[str, Any] = {}
         self._streams: dict[int, Any] = {}
+        self._configs: dict[tuple, Any] = {}
 
     @property
     def compile_result(self) -> CompileResult:
@@ -222,6 +222,27 @@ class CompiledKernels:
             self._object_code = ObjectCode.from_cubin(self.module.cubin)
         self._loaded[name] = self._object_code.get_kernel(name)
         return self._loaded[name]
+
+    def _config_for(self, grid: Any, block: Any, shared_mem: int) -> Any:
+        """LaunchConfig, validated once per distinct shape (launch overhead matters in timing)."""
+        key = (
+            grid if isinstance(grid, int) else tuple(grid),
+            block if isinstance(block, int) else tuple(block),
+            shared_mem,
+        )
+        config = self._configs.get(key)
+        if config is None:
+            grid_t, block_t = _dims(grid, "grid"), _dims(block, "block")
+            threads = int(np.prod(block_t))
+            if threads > 1024:
+                raise KernelArgumentError(
+                    f"block {block_t} has {threads} threads; the limit is 1024"
+                )
+            config = _cuda_core().LaunchConfig(
+                grid=grid_t, block=block_t, shmem_size=int(shared_mem)
+            )
+            self._configs[key] = config
+        return config
 
     def _stream_for(self, handle: int) -> Any:
         if handle not in self._streams:
