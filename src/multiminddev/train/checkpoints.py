@@ -235,10 +235,24 @@ def _torch_load(path: Path) -> Any:
 
 # --- seeds' layouts (best / final / sft) ---------------------------------------------------------
 
+def save_role(policy, role, parent: Path) -> Path:
+    """Save one role's adapter (or full model) into ``parent/<role>/`` in a loadable format."""
+    parent = Path(parent)
+    out = parent / _role_name(role)
+    parent.mkdir(parents=True, exist_ok=True)
+    if policy.separate:
+        policy.models[role].save_pretrained(out)
+        policy.tokenizer.save_pretrained(out)
+    else:
+        # peft writes a non-"default" adapter under parent/<adapter name>/.
+        policy.peft_model.save_pretrained(str(parent), selected_adapters=[_role_name(role)])
+    return out
+
+
 def save_agents(policy, roles, target: Path) -> None:
     """Save each role's adapter into ``target/<role>/`` (the seeds' generator/ optimizer/ dirs)."""
     for role in roles:
-        policy.save(Path(target) / _role_name(role), role=role)
+        save_role(policy, role, target)
 
 
 def save_best(rl_dir: Path, *, episode: int, policy, roles, config: dict[str, Any],

@@ -1,0 +1,56 @@
+"""SFT: assistant-only labels from the chat template; a few steps lower the loss."""
+
+from __future__ import annotations
+
+import pytest
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.train.sft import IGNORE_INDEX, SFTConfig, SFTStatus, run_sft, tokenize_chat
+from tests.policy.helpers import gguf_tokenizer, tiny_policy
+
+EXAMPLES = [
+    [{"role": "user", "content": f"Write a kernel that adds {i}."},
+     {"role": "assistant", "content": f"```python\nclass ModelNew: pass  # add {i}\n```"}]
+    for i in range(4)
+]
+
+
+def test_labels_cover_only_assistant_tokens():
+    tok = gguf_tokenizer()
+    enc = tokenize_chat(tok, EXAMPLES[0], max_len=4096)
+    labelled = [t for t, lab in zip(enc["input_ids"], enc["labels"]) if lab != IGNORE_INDEX]
+    text = tok.decode(labelled)
+    assert "class ModelNew: pass  # add 0" in text
+    assert "Write a kernel" not in text and "system" not in text
+
+
+def test_multi_turn_labels_every_assistant_message():
+    tok = gguf_tokenizer()
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "first reply"},
+            {"role": "user", "content": "b"}, {"role": "assistant", "content": "second reply"}]
+    enc = tokenize_chat(tok, msgs, max_len=4096)
+    text = tok.decode([t for t, lab in zip(enc["input_ids"], enc["labels"]) if lab != IGNORE_INDEX])
+    assert "first reply" in text and "second reply" in text and "user" not in text
+
+
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="batch_size"):
+        SFTConfig(batch_size=0)
+    with pytest.raises(ValueError, match="exclude"):
+        SFTConfig(full_finetune=True, qlora=True)
+
+
+def test_sft_on_four_examples_lowers_loss_and_saves_adapter(tmp_path):
+    from datasets import Dataset
+
+    policy = tiny_policy()
+    before = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.OPTIMIZER)]
+    cfg = SFTConfig(output_dir=tmp_path, max_steps=12, batch_size=4, learning_rate=5e-3,
+                    logging_steps=4, report_to=())
+    result = run_sft(AgentRole.GENERATOR, policy.config, Dataset.from_dict({"messages": EXAMPLES}),
+                     cfg, policy=policy)
+    assert result.status is SFTStatus.OK
+    assert result.loss_after < result.loss_before
+    assert (tmp_path / "sft_checkpoints" / "generator" / "adapter_config.json").exists()
+    after = policy.trainable_parameters(AgentRole.OPTIMIZER)
+    assert all((a == b).all() for a, b in zip(before, after)), "the other agent's adapter moved"
