@@ -1,0 +1,324 @@
+"""Curriculum over problem tiers: gated advancement, review sampling, checkpointable state.
+
+The learner works on one *current* tier; a fraction of every batch reviews earlier tiers so
+skills are not forgotten. Outcomes are recorded per tier (the tier of the problem, so review
+episodes count for their own tier) into rolling windows. The current tier's gate opens when,
+over its window and after a minimum number of episodes on it, the compile rate and pass rate
+are above their thresholds (defaults from the seeds' critique: compile > 0.9, pass > 0.75)
+and, optionally, the geometric-mean speedup of correct kernels reaches a floor.
+
+Everything here is plain Python: sampling takes an explicit ``random.Random``; state is a
+JSON-serialisable dict so checkpoints restore it exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from multiminddev.tasks.problem import Problem
+
+log = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+@dataclass(kw_only=True, frozen=True)
+class TierGate:
+    """When a tier is mastered. Rates are strict lower bounds, as in the seeds."""
+
+    min_compile_rate: float = 0.9
+    min_pass_rate: float = 0.75
+    min_mean_speedup: float | None = None  # geometric mean over correct outcomes; None = ignore
+    min_episodes: int = 32  # episodes on the tier since it became current
+
+    def __post_init__(self) -> None:
+        for name in ("min_compile_rate", "min_pass_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"TierGate.{name} must be in [0, 1) (a strict bound), got {value}")
+        if self.min_mean_speedup is not None and self.min_mean_speedup <= 0:
+            raise ValueError(
+                f"TierGate.min_mean_speedup must be > 0 or None, got {self.min_mean_speedup}"
+            )
+        if self.min_episodes < 1:
+            raise ValueError(f"TierGate.min_episodes must be >= 1, got {self.min_episodes}")
+
+
+@dataclass(kw_only=True)
+class CurriculumConfig:
+    """``tiers``: the order to progress through (None = every tier that has problems, sorted).
+    ``gate`` applies to every tier unless ``tier_gates`` overrides it. ``review_fraction`` of
+    each batch comes from earlier tiers. ``window``: outcomes per tier in the rolling stats."""
+
+    tiers: list[int] | None = None
+    gate: TierGate = field(default_factory=TierGate)
+    tier_gates: dict[int, TierGate] = field(default_factory=dict)
+    review_fraction: float = 0.2
+    window: int = 64
+    start_tier: int | None = None  # None = the first tier
+
+    def __post_init__(self) -> None:
+        if self.tiers is not None:
+            if not self.tiers:
+                raise ValueError(
+                    "CurriculumConfig.tiers is empty: list at least one tier or pass None"
+                )
+            if len(set(self.tiers)) != len(self.tiers):
+                raise ValueError(f"CurriculumConfig.tiers has duplicates: {self.tiers}")
+        if not 0.0 <= self.review_fraction < 1.0:
+            raise ValueError(
+                f"CurriculumConfig.review_fraction must be in [0, 1), got {self.review_fraction}"
+            )
+        if self.window < 1:
+            raise ValueError(f"CurriculumConfig.window must be >= 1, got {self.window}")
+        for tier, gate in self.tier_gates.items():
+            if not isinstance(gate, TierGate):
+                raise ValueError(f"CurriculumConfig.tier_gates[{tier}] must be a TierGate")
+
+    def gate_for(self, tier: int) -> TierGate:
+        return self.tier_gates.get(tier, self.gate)
+
+
+@dataclass(kw_only=True, frozen=True)
+class Outcome:
+    """What the curriculum needs from one episode (or one evaluated candidate)."""
+
+    compiled: bool
+    correct: bool
+    speedup: float = 0.0  # vs eager PyTorch; only meaningful when correct
+
+    @classmethod
+    def of(cls, result: Any) -> Outcome:
+        """From an ``Outcome``, an ``EvalResult`` (or anything with ``compiled``, ``correct``,
+        ``speedup``), or a mapping with those keys."""
+        if isinstance(result, Outcome):
+            return result
+        if isinstance(result, Mapping):
+            get = result.get
+        else:
+            def get(key: str, default: Any = None) -> Any:
+                return getattr(result, key, default)
+        correct = bool(get("correct", False))
+        return cls(
+            compiled=bool(get("compiled", False)) or correct,  # correct implies it compiled
+            correct=correct,
+            speedup=float(get("speedup", 0.0) or 0.0) if correct else 0.0,
+        )
+
+
+@dataclass(kw_only=True, frozen=True)
+class TierStats:
+    episodes: int  # on this tier since it became current (review episodes included)
+    window: int  # outcomes in the rolling window
+    compile_rate: float
+    pass_rate: float
+    mean_speedup: float  # geometric mean over correct outcomes in the window, 0 if none
+
+
+def tier_stats(outcomes: Sequence[Outcome], episodes: int) -> TierStats:
+    """Rolling statistics of a window of outcomes (pure)."""
+    n = len(outcomes)
+    speedups = [o.speedup for o in outcomes if o.correct and o.speedup > 0]
+    return TierStats(
+        episodes=episodes,
+        window=n,
+        compile_rate=sum(o.compiled for o in outcomes) / n if n else 0.0,
+        pass_rate=sum(o.correct for o in outcomes) / n if n else 0.0,
+        mean_speedup=math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else 0.0,
+    )
+
+
+def gate_failures(stats: TierStats, gate: TierGate) -> list[str]:
+    """Why a tier's gate is closed; empty when it is open (pure)."""
+    failures = []
+    if stats.episodes < gate.min_episodes:
+        failures.append(f"episodes {stats.episodes} < {gate.min_episodes}")
+    if not stats.compile_rate > gate.min_compile_rate:
+        failures.append(f"compile rate {stats.compile_rate:.2f} <= {gate.min_compile_rate:.2f}")
+    if not stats.pass_rate > gate.min_pass_rate:
+        failures.append(f"pass rate {stats.pass_rate:.2f} <= {gate.min_pass_rate:.2f}")
+    if gate.min_mean_speedup is not None and stats.mean_speedup < gate.min_mean_speedup:
+        failures.append(f"mean speedup {stats.mean_speedup:.2f} < {gate.min_mean_speedup:.2f}")
+    return failures
+
+
+def _draw(pool: Sequence[Problem], k: int, rng: random.Random) -> list[Problem]:
+    """k problems from pool: successive shuffled passes, so a batch repeats none until all
+    have been drawn once."""
+    out: list[Problem] = []
+    while len(out) < k:
+        order = list(pool)
+        rng.shuffle(order)
+        out.extend(order[: k - len(out)])
+    return out
+
+
+class Curriculum:
+    """Tiered problem sampling with gated advancement. See the module docstring."""
+
+    def __init__(
+        self,
+        problems_by_tier: Mapping[int, Sequence[Problem]],
+        config: CurriculumConfig | None = None,
+    ):
+        self.config = config or CurriculumConfig()
+        self.problems = {int(t): list(ps) for t, ps in problems_by_tier.items() if ps}
+        configured = self.config.tiers
+        self.tiers = list(configured) if configured is not None else sorted(self.problems)
+        empty = [t for t in self.tiers if t not in self.problems]
+        if empty or not self.tiers:
+            raise ValueError(
+                f"curriculum tiers {empty or self.tiers} have no problems (tiers with problems: "
+                f"{sorted(self.problems)}); pass problems for them or leave them out of config.tiers"
+            )
+        self._tier_of = {p.name: t for t, ps in self.problems.items() for p in ps}
+        start = self.config.start_tier if self.config.start_tier is not None else self.tiers[0]
+        if start not in self.tiers:
+            raise ValueError(
+                f"CurriculumConfig.start_tier {start} is not one of the tiers {self.tiers}"
+            )
+        self.index = self.tiers.index(start)
+        self._windows = {t: deque(maxlen=self.config.window) for t in self.tiers}
+        self._episodes = {t: 0 for t in self.tiers}
+        self.history: list[dict[str, Any]] = []  # one entry per advancement
+
+    @classmethod
+    def from_problems(
+        cls, problems: Iterable[Problem], config: CurriculumConfig | None = None
+    ) -> Curriculum:
+        by_tier: dict[int, list[Problem]] = {}
+        for problem in problems:
+            by_tier.setdefault(problem.tier, []).append(problem)
+        return cls(by_tier, config)
+
+    # ------------------------------------------------------------------ sampling
+
+    @property
+    def current_tier(self) -> int:
+        return self.tiers[self.index]
+
+    @property
+    def is_last_tier(self) -> bool:
+        return self.index == len(self.tiers) - 1
+
+    def sample(self, n: int, rng: random.Random | int | None = None) -> list[Problem]:
+        """n problems: each is a review of an earlier tier with probability
+        ``review_fraction`` (when there is one; the tier picked uniformly), else from the
+        current tier. Returned in draw order, which is random."""
+        if n < 0:
+            raise ValueError(f"sample size must be >= 0, got {n}")
+        rng = rng if isinstance(rng, random.Random) else random.Random(rng)
+        earlier = self.tiers[: self.index]
+        drawn = [self._pick_tier(earlier, rng) for _ in range(n)]
+        pools = {t: iter(_draw(self.problems[t], c, rng)) for t, c in sorted(Counter(drawn).items())}
+        return [next(pools[t]) for t in drawn]
+
+    def _pick_tier(self, earlier: list[int], rng: random.Random) -> int:
+        if earlier and rng.random() < self.config.review_fraction:
+            return rng.choice(earlier)
+        return self.current_tier
+
+    # ------------------------------------------------------------------ recording
+
+    def tier_of(self, problem: Problem | str) -> int:
+        name = problem if isinstance(problem, str) else problem.name
+        if name in self._tier_of:
+            return self._tier_of[name]
+        if isinstance(problem, Problem):
+            return problem.tier
+        raise KeyError(f"problem {name!r} is not in the curriculum")
+
+    def record(self, problem: Problem | str, result: Any) -> None:
+        """Record one outcome (``EvalResult``, ``Outcome`` or mapping) for the problem's tier."""
+        tier = self.tier_of(problem)
+        if tier not in self._windows:  # a problem outside the curriculum's tiers: not gated
+            return
+        self._windows[tier].append(Outcome.of(result))
+        self._episodes[tier] += 1
+
+    def update(self, outcomes: Iterable[tuple[Problem | str, Any]]) -> bool:
+        """Record a batch of (problem, result) pairs, then try to advance; True if it did."""
+        for problem, result in outcomes:
+            self.record(problem, result)
+        return self.maybe_advance()
+
+    def stats(self, tier: int | None = None) -> TierStats:
+        tier = self.current_tier if tier is None else tier
+        return tier_stats(list(self._windows[tier]), self._episodes[tier])
+
+    def maybe_advance(self) -> bool:
+        """Move to the next tier when the current one's gate is open; logs why or why not."""
+        if self.is_last_tier:
+            return False
+        tier = self.current_tier
+        stats = self.stats(tier)
+        failures = gate_failures(stats, self.config.gate_for(tier))
+        if failures:
+            log.debug("curriculum: staying on tier %d (%s)", tier, "; ".join(failures))
+            return False
+        self.index += 1
+        nxt = self.current_tier
+        self._episodes[nxt] = 0  # episodes are counted from when a tier becomes current
+        self.history.append({"from": tier, "to": nxt, **asdict(stats)})
+        log.info(
+            "curriculum: tier %d mastered (compile %.2f, pass %.2f, speedup %.2fx over %d "
+            "episodes); advancing to tier %d",
+            tier, stats.compile_rate, stats.pass_rate, stats.mean_speedup, stats.episodes, nxt,
+        )  # fmt: skip
+        return True
+
+    # ------------------------------------------------------------------ state and logging
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-serialisable state (tier keys are strings, as JSON requires)."""
+        return {
+            "version": STATE_VERSION,
+            "tiers": list(self.tiers),
+            "current_tier": self.current_tier,
+            "episodes": {str(t): n for t, n in self._episodes.items()},
+            "windows": {
+                str(t): [[o.compiled, o.correct, o.speedup] for o in w]
+                for t, w in self._windows.items()
+            },
+            "history": [dict(h) for h in self.history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"curriculum state version {state.get('version')} != {STATE_VERSION}")
+        if [int(t) for t in state["tiers"]] != self.tiers:
+            raise ValueError(
+                f"checkpoint curriculum tiers {state['tiers']} differ from this run's {self.tiers}; "
+                "resume with the same problems and CurriculumConfig.tiers"
+            )
+        self.index = self.tiers.index(int(state["current_tier"]))
+        self._episodes = {t: int(state["episodes"].get(str(t), 0)) for t in self.tiers}
+        self._windows = {t: deque(maxlen=self.config.window) for t in self.tiers}
+        for t in self.tiers:
+            for compiled, correct, speedup in state["windows"].get(str(t), []):
+                self._windows[t].append(
+                    Outcome(compiled=bool(compiled), correct=bool(correct), speedup=float(speedup))
+                )
+        self.history = [dict(h) for h in state.get("history", [])]
+
+    def summary(self) -> dict[str, float]:
+        """Flat scalars for the metrics logger (``curriculum/...``)."""
+        out: dict[str, float] = {
+            "curriculum/tier": float(self.current_tier),
+            "curriculum/tier_index": float(self.index),
+            "curriculum/advancements": float(len(self.history)),
+        }
+        for tier in self.tiers[: self.index + 1]:
+            stats = self.stats(tier)
+            prefix = f"curriculum/tier{tier}"
+            out[f"{prefix}/compile_rate"] = stats.compile_rate
+            out[f"{prefix}/pass_rate"] = stats.pass_rate
+            out[f"{prefix}/mean_speedup"] = stats.mean_speedup
+            out[f"{prefix}/episodes"] = float(stats.episodes)
+        return out

@@ -1,0 +1,256 @@
+"""Curriculum: gating, sampling mix, state round trip."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+
+import pytest
+
+from multiminddev.env.results import BenchmarkResult, EvalResult, EvalStatus, StageStatus, CompileResult
+from multiminddev.tasks.curriculum import (
+    Curriculum,
+    CurriculumConfig,
+    Outcome,
+    TierGate,
+    gate_failures,
+    tier_stats,
+)
+from multiminddev.tasks.problem import Problem
+
+SOURCE = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return x
+def get_inputs():
+    return [torch.randn(4)]
+def get_init_inputs():
+    return []
+"""
+
+PASS = Outcome(compiled=True, correct=True, speedup=1.5)
+COMPILED_WRONG = Outcome(compiled=True, correct=False)
+BROKEN = Outcome(compiled=False, correct=False)
+
+
+def problems_by_tier(per_tier: int = 5, tiers=(0, 1, 2, 3)) -> dict[int, list[Problem]]:
+    return {
+        t: [Problem(name=f"t{t}_p{i}", source=SOURCE, tier=t) for i in range(per_tier)] for t in tiers
+    }
+
+
+def curriculum(**config) -> Curriculum:
+    config.setdefault("gate", TierGate(min_episodes=10))
+    config.setdefault("window", 20)
+    return Curriculum(problems_by_tier(), CurriculumConfig(**config))
+
+
+def feed(cur: Curriculum, tier: int, outcomes: list[Outcome]) -> None:
+    pool = cur.problems[tier]
+    for i, outcome in enumerate(outcomes):
+        cur.record(pool[i % len(pool)], outcome)
+
+
+# --------------------------------------------------------------------------- pure stats
+
+
+def test_tier_stats_rates_and_geometric_mean_speedup():
+    outcomes = [
+        Outcome(compiled=True, correct=True, speedup=2.0),
+        Outcome(compiled=True, correct=True, speedup=8.0),
+        COMPILED_WRONG,
+        BROKEN,
+    ]
+    stats = tier_stats(outcomes, episodes=4)
+    assert (stats.compile_rate, stats.pass_rate) == (0.75, 0.5)
+    assert stats.mean_speedup == pytest.approx(4.0)  # sqrt(2 * 8)
+
+
+def test_gate_bounds_are_strict_as_in_the_seeds():
+    gate = TierGate(min_compile_rate=0.9, min_pass_rate=0.75, min_episodes=4)
+    at_bound = tier_stats([PASS, PASS, PASS, COMPILED_WRONG], episodes=4)  # pass rate 0.75
+    assert any("pass rate" in f for f in gate_failures(at_bound, gate))
+    above = tier_stats([PASS] * 4, episodes=4)
+    assert gate_failures(above, gate) == []
+
+
+def test_outcome_of_eval_result_and_mapping():
+    ok = EvalResult(
+        status=EvalStatus.OK,
+        problem="p",
+        compile=CompileResult(status=StageStatus.OK),
+        benchmark=BenchmarkResult(status=StageStatus.OK, speedup_vs_eager=3.0),
+    )
+    assert Outcome.of(ok) == Outcome(compiled=True, correct=True, speedup=3.0)
+    wrong = EvalResult(status=EvalStatus.INCORRECT, problem="p", compile=CompileResult(status=StageStatus.OK))
+    assert Outcome.of(wrong) == Outcome(compiled=True, correct=False, speedup=0.0)
+    assert Outcome.of({"compiled": False, "correct": False}) == BROKEN
+
+
+# --------------------------------------------------------------------------- gating
+
+
+def test_does_not_advance_before_min_episodes():
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 9)
+    assert not cur.maybe_advance() and cur.current_tier == 0
+    feed(cur, 0, [PASS])
+    assert cur.maybe_advance() and cur.current_tier == 1
+
+
+def test_does_not_advance_with_low_compile_rate():
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 17 + [BROKEN] * 3)  # compile 0.85, pass 0.85
+    assert not cur.maybe_advance()
+
+
+def test_does_not_advance_with_low_pass_rate():
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 14 + [COMPILED_WRONG] * 6)  # compile 1.0, pass 0.70
+    assert not cur.maybe_advance()
+
+
+def test_optional_speedup_gate():
+    cur = curriculum(gate=TierGate(min_episodes=10, min_mean_speedup=2.0))
+    feed(cur, 0, [PASS] * 20)  # speedup 1.5
+    assert not cur.maybe_advance()
+    feed(cur, 0, [Outcome(compiled=True, correct=True, speedup=3.0)] * 20)
+    assert cur.maybe_advance()
+
+
+def test_rolling_window_forgets_old_failures():
+    cur = curriculum()
+    feed(cur, 0, [BROKEN] * 30 + [PASS] * 20)  # window 20 holds only the passes
+    assert cur.stats().compile_rate == 1.0
+    assert cur.maybe_advance()
+
+
+def test_review_outcomes_do_not_count_for_the_current_tier():
+    cur = curriculum(start_tier=1)
+    feed(cur, 0, [PASS] * 20)
+    assert cur.stats(1).episodes == 0 and not cur.maybe_advance()
+
+
+def test_per_tier_gate_override_and_last_tier_stays():
+    cur = curriculum(tier_gates={0: TierGate(min_episodes=2)})
+    feed(cur, 0, [PASS] * 2)
+    assert cur.maybe_advance()
+    for tier in (1, 2, 3):
+        feed(cur, tier, [PASS] * 10)
+        cur.maybe_advance()
+    assert cur.current_tier == 3 and cur.is_last_tier
+    assert not cur.maybe_advance()
+    assert [h["to"] for h in cur.history] == [1, 2, 3]
+
+
+def test_advancing_logs_a_message(caplog):
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 10)
+    with caplog.at_level(logging.INFO, logger="multiminddev.tasks.curriculum"):
+        cur.maybe_advance()
+    assert "tier 0 mastered" in caplog.text and "advancing to tier 1" in caplog.text
+
+
+def test_update_records_a_batch_and_advances():
+    cur = curriculum()
+    assert cur.update([(p, PASS) for p in cur.problems[0] * 2])
+    assert cur.current_tier == 1
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_first_tier_samples_only_itself():
+    cur = curriculum()
+    assert {p.tier for p in cur.sample(200, random.Random(0))} == {0}
+
+
+def test_sampling_mixes_review_at_the_configured_fraction():
+    cur = curriculum(start_tier=3, review_fraction=0.2)
+    batch = cur.sample(5000, random.Random(1234))
+    tiers = Counter(p.tier for p in batch)
+    assert tiers[3] / 5000 == pytest.approx(0.8, abs=0.02)
+    for earlier in (0, 1, 2):  # review spread evenly over the earlier tiers
+        assert tiers[earlier] / 5000 == pytest.approx(0.2 / 3, abs=0.015)
+
+
+def test_sampling_is_deterministic_for_a_seed():
+    cur = curriculum(start_tier=2)
+    assert [p.name for p in cur.sample(50, 7)] == [p.name for p in cur.sample(50, 7)]
+    assert [p.name for p in cur.sample(50, 7)] != [p.name for p in cur.sample(50, 8)]
+
+
+def test_a_batch_covers_the_current_tier_before_repeating():
+    cur = curriculum(review_fraction=0.0)
+    batch = cur.sample(5, random.Random(3))
+    assert sorted(p.name for p in batch) == sorted(p.name for p in cur.problems[0])
+
+
+# --------------------------------------------------------------------------- state
+
+
+def test_state_round_trips_through_json():
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 10)
+    cur.maybe_advance()
+    feed(cur, 1, [PASS, BROKEN, COMPILED_WRONG])
+    state = json.loads(json.dumps(cur.state_dict()))
+    restored = curriculum()
+    restored.load_state_dict(state)
+    assert restored.state_dict() == cur.state_dict()
+    assert restored.current_tier == 1 and restored.stats(1) == cur.stats(1)
+    assert [p.name for p in restored.sample(20, 5)] == [p.name for p in cur.sample(20, 5)]
+
+
+def test_state_from_other_tiers_is_refused():
+    cur = curriculum()
+    other = Curriculum(problems_by_tier(tiers=(0, 1)), CurriculumConfig())
+    with pytest.raises(ValueError, match="differ from this run"):
+        cur.load_state_dict(other.state_dict())
+
+
+def test_summary_is_flat_numbers_for_reached_tiers():
+    cur = curriculum()
+    feed(cur, 0, [PASS] * 10)
+    cur.maybe_advance()
+    summary = cur.summary()
+    assert summary["curriculum/tier"] == 1.0
+    assert summary["curriculum/tier0/pass_rate"] == 1.0
+    assert "curriculum/tier1/episodes" in summary and "curriculum/tier2/episodes" not in summary
+    assert all(isinstance(v, float) for v in summary.values())
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"review_fraction": 1.0}, "review_fraction"),
+        ({"window": 0}, "window"),
+        ({"tiers": []}, "tiers is empty"),
+        ({"tiers": [0, 0]}, "duplicates"),
+    ],
+)
+def test_config_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        CurriculumConfig(**kwargs)
+
+
+def test_gate_validation():
+    with pytest.raises(ValueError, match="min_pass_rate"):
+        TierGate(min_pass_rate=1.0)
+
+
+def test_tiers_without_problems_are_refused():
+    with pytest.raises(ValueError, match=r"tiers \[5\] have no problems"):
+        Curriculum(problems_by_tier(), CurriculumConfig(tiers=[0, 5]))
+
+
+def test_from_problems_groups_by_tier():
+    problems = [p for ps in problems_by_tier(per_tier=2).values() for p in ps]
+    cur = Curriculum.from_problems(problems)
+    assert cur.tiers == [0, 1, 2, 3] and len(cur.problems[2]) == 2
