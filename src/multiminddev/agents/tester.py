@@ -1,0 +1,427 @@
+"""The Tester: a rule-based agent that turns an ``EvalResult`` into feedback for the next turn.
+
+``tester_feedback(result, source)`` writes, within ``max_chars``: what happened (status and
+message), the detail that matters for that status (first compile errors with the offending
+source line, the first mismatch with expected vs actual values, timings against eager and
+``torch.compile``, the rule a rejected candidate broke), per-kernel registers / shared memory /
+spills with an occupancy estimate, and pitfall hints from static analysis of the CUDA source
+(``agents/pitfalls.py``). It never trains and never raises.
+
+``deep_profile(problem, source)`` optionally runs Nsight Compute and compute-sanitizer on the
+candidate in a subprocess when they are on PATH (GPU machines); elsewhere it says it skipped.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
+from multiminddev.env.results import EvalResult, EvalStatus, KernelResources, StageStatus
+
+# --------------------------------------------------------------------------- occupancy
+
+
+@dataclass(frozen=True, kw_only=True)
+class SMLimits:
+    """Per-SM limits; the defaults are sm_90 (H100/H200)."""
+
+    registers: int = 65536
+    shared_mem_bytes: int = 228 * 1024
+    max_shared_per_block: int = 227 * 1024
+    reserved_shared_per_block: int = 1024  # the runtime keeps 1 KB per block on sm_80+
+    shared_alloc_unit: int = 128
+    max_threads: int = 2048
+    max_blocks: int = 32
+    warp_size: int = 32
+    register_alloc_unit: int = 256  # registers are allocated per warp in units of 256
+    max_registers_per_thread: int = 255
+    max_threads_per_block: int = 1024
+
+
+SM90 = SMLimits()
+
+
+class OccupancyLimiter(str, enum.Enum):
+    THREADS = "threads"  # warps per SM
+    BLOCKS = "blocks"  # blocks per SM
+    REGISTERS = "registers"
+    SHARED_MEMORY = "shared_memory"
+    INVALID = "invalid"  # the block cannot launch at all (too many threads/registers/smem)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Occupancy:
+    blocks_per_sm: int
+    active_warps: int
+    max_warps: int
+    limiter: OccupancyLimiter
+
+    @property
+    def fraction(self) -> float:
+        return self.active_warps / self.max_warps if self.max_warps else 0.0
+
+
+def _round_up(x: int, unit: int) -> int:
+    return -(-x // unit) * unit
+
+
+def estimate_occupancy(
+    *,
+    registers_per_thread: int,
+    shared_mem_per_block: int,
+    threads_per_block: int,
+    limits: SMLimits = SM90,
+) -> Occupancy:
+    """Theoretical occupancy, as the CUDA occupancy calculator computes it."""
+    max_warps = limits.max_threads // limits.warp_size
+    warps = -(-max(threads_per_block, 1) // limits.warp_size)
+    regs_per_warp = _round_up(max(registers_per_thread, 0) * limits.warp_size,
+                              limits.register_alloc_unit)
+    smem = _round_up(max(shared_mem_per_block, 0), limits.shared_alloc_unit)
+    if (threads_per_block > limits.max_threads_per_block
+            or registers_per_thread > limits.max_registers_per_thread
+            or regs_per_warp * warps > limits.registers
+            or smem > limits.max_shared_per_block):
+        return Occupancy(blocks_per_sm=0, active_warps=0, max_warps=max_warps,
+                         limiter=OccupancyLimiter.INVALID)
+    candidates = {
+        OccupancyLimiter.THREADS: max_warps // warps,
+        OccupancyLimiter.BLOCKS: limits.max_blocks,
+        OccupancyLimiter.REGISTERS: (limits.registers // regs_per_warp) // warps
+        if regs_per_warp else limits.max_blocks,
+        OccupancyLimiter.SHARED_MEMORY: limits.shared_mem_bytes
+        // (smem + limits.reserved_shared_per_block),
+    }
+    limiter = min(candidates, key=lambda k: candidates[k])  # first minimum in this order
+    blocks = candidates[limiter]
+    return Occupancy(blocks_per_sm=blocks, active_warps=blocks * warps, max_warps=max_warps,
+                     limiter=limiter)
+
+
+# --------------------------------------------------------------------------- launch shapes
+
+
+def threads_per_block_in(source: str | None) -> int | None:
+    """Threads per block of the first ``block=(...)`` launch with literal (or module-constant)
+    sizes, or None when it cannot be read statically."""
+    if not source:
+        return None
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    constants = {
+        t.id: n.value.value
+        for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+        for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value.value, int)
+    }
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        for kw in node.keywords:
+            if kw.arg == "block":
+                dims = kw.value.elts if isinstance(kw.value, (ast.Tuple, ast.List)) else [kw.value]
+                values = [_int_value(d, constants) for d in dims]
+                if values and all(v is not None for v in values):
+                    return math.prod(values)  # type: ignore[arg-type]
+    return None
+
+
+def _int_value(node: ast.AST, constants: dict[str, int]) -> int | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name):
+        return constants.get(node.id)
+    return None
+
+
+# --------------------------------------------------------------------------- feedback sections
+
+
+def _header(result: EvalResult) -> str:
+    line = f"Status: {result.status.value}."
+    if result.message:
+        line += f" {result.message.strip()}"
+    return line
+
+
+def _source_line(cuda_sources: list[str], line: int | None) -> str:
+    if not line or not cuda_sources:
+        return ""
+    lines = cuda_sources[0].splitlines()
+    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+
+
+def _compile_section(result: EvalResult, cuda: list[str], max_errors: int = 3) -> str:
+    c = result.compile
+    errors = c.errors
+    if not errors:
+        text = (c.error or c.log or result.message).strip()
+        return "Compile failed:\n" + _tail_lines(text, 6) if text else ""
+    out = [f"Compile errors ({c.backend}, {len(errors)} total; first {min(len(errors), max_errors)}):"]
+    for d in errors[:max_errors]:
+        where = f"line {d.line}" if d.line else "?"
+        out.append(f"- {where}: {d.message.strip()[:200]}")
+        code = _source_line(cuda, d.line)
+        if code:
+            out.append(f"    > {code[:160]}")
+    return "\n".join(out)
+
+
+def _tail_lines(text: str, n: int) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return "\n".join(x[:200] for x in lines[-n:])
+
+
+def _mismatch_section(result: EvalResult) -> str:
+    v = result.verify
+    out = [f"Wrong output: {v.trials_passed}/{v.trials_run} trials passed "
+           f"(atol={v.atol:g}, rtol={v.rtol:g}); max abs error {v.max_abs_error:.4g}, "
+           f"max rel error {v.max_rel_error:.4g}."]
+    if v.mismatches:
+        m = v.mismatches[0]
+        out.append(f"First failure: trial {m.trial}, output {m.output_index}: {m.reason}"
+                   + (f" ({m.message.strip()[:200]})" if m.message else ""))
+        if m.mismatched_fraction:
+            out.append(f"{m.mismatched_fraction:.1%} of elements differ.")
+        if m.first_bad_indices:
+            pairs = []
+            for idx, exp, act in zip(m.first_bad_indices[:4], m.expected_values, m.actual_values):
+                pairs.append(f"{tuple(idx)}: expected {exp:.6g}, got {act:.6g}")
+            out.append("At " + "; ".join(pairs) if pairs else
+                       f"First bad indices: {m.first_bad_indices[:4]}")
+        out.append(_mismatch_hint(m.reason, m.mismatched_fraction))
+    elif v.error:
+        out.append(_tail_lines(v.error, 4))
+    return "\n".join(x for x in out if x)
+
+
+def _mismatch_hint(reason: str, fraction: float) -> str:
+    if reason == "shape":
+        return "Hint: the output shape is wrong; allocate it exactly like Model's output."
+    if reason == "dtype":
+        return "Hint: return the same dtype as Model."
+    if reason == "nan_inf":
+        return "Hint: NaN/Inf appear: uninitialised output, out-of-bounds reads or division by 0."
+    if 0 < fraction < 0.05:
+        return "Hint: few elements differ: check edge handling (last block, tails, boundaries)."
+    return ""
+
+
+def _runtime_section(result: EvalResult) -> str:
+    text = result.verify.error or result.benchmark.error or ""
+    if not text.strip():
+        return ""
+    return "Error:\n" + _tail_lines(text, 4)
+
+
+def _timeout_section(result: EvalResult) -> str:
+    return ("It ran past the time limit: look for an infinite loop (a loop variable that never "
+            "reaches its bound), a grid far larger than the data, or a deadlock at "
+            "__syncthreads() inside a branch not all threads take.")
+
+
+def _rejected_section(result: EvalResult) -> str:
+    reason = result.reject_reason.value if result.reject_reason else "unspecified"
+    out = [f"Rejected (rule broken: {reason}). The kernel must do the work itself; no torch "
+           "compute, reference Model use, fallbacks, threads or streams in forward."]
+    for f in result.static.findings[:3]:
+        where = f"line {f.line}: " if f.line else ""
+        out.append(f"- {where}{f.rule}: {f.message.strip()[:200]}")
+    return "\n".join(out)
+
+
+def _timing_section(result: EvalResult) -> str:
+    b = result.benchmark
+    if b.status is not StageStatus.OK:
+        return "Correct, but timing failed: " + (b.error.strip()[:200] or "no detail")
+    out = [f"Correct. Time {b.candidate.median_ms:.4g} ms vs eager PyTorch "
+           f"{b.eager.median_ms:.4g} ms: {b.speedup_vs_eager:.2f}x"]
+    if b.compiled is not None and b.speedup_vs_compile is not None:
+        out.append(f"vs torch.compile {b.compiled.median_ms:.4g} ms: {b.speedup_vs_compile:.2f}x")
+    if b.fraction_of_peak is not None and math.isfinite(b.fraction_of_peak):
+        out.append(f"memory bandwidth {b.fraction_of_peak:.0%} of peak")
+    text = "; ".join(out) + "."
+    if b.speedup_vs_eager < 1.0:
+        text += " Slower than PyTorch: optimise memory access first."
+    return text
+
+
+def _resources_section(kernels: list[KernelResources], threads: int | None) -> str:
+    if not kernels:
+        return ""
+    assumed = threads is None
+    tpb = threads or 256
+    out = [f"Kernel resources (occupancy at {tpb} threads/block"
+           f"{', assumed' if assumed else ''}, sm_90):"]
+    for k in kernels[:4]:
+        occ = estimate_occupancy(registers_per_thread=k.registers,
+                                 shared_mem_per_block=k.shared_mem_bytes, threads_per_block=tpb)
+        spill = (f", SPILLS {k.spill_store_bytes}B store/{k.spill_load_bytes}B load"
+                 if k.spill_store_bytes or k.spill_load_bytes else "")
+        out.append(f"- {k.name}: {k.registers} regs, {k.shared_mem_bytes} B smem{spill}; "
+                   f"occupancy {occ.fraction:.0%} (limited by {occ.limiter.value})")
+    return "\n".join(out)
+
+
+def _pitfalls_section(cuda: list[str], max_hints: int = 4) -> str:
+    hints = [h for src in cuda for h in find_pitfalls(src)][:max_hints]
+    if not hints:
+        return ""
+    return "Possible issues in the CUDA source:\n" + "\n".join(f"- {h.render()}" for h in hints)
+
+
+def _status_section(result: EvalResult, cuda: list[str]) -> str:
+    s = result.status
+    if s is EvalStatus.COMPILE_ERROR:
+        return _compile_section(result, cuda)
+    if s is EvalStatus.INCORRECT:
+        return _mismatch_section(result)
+    if s is EvalStatus.RUNTIME_ERROR:
+        return _runtime_section(result)
+    if s is EvalStatus.TIMEOUT:
+        return _timeout_section(result)
+    if s is EvalStatus.REJECTED:
+        return _rejected_section(result)
+    if s is EvalStatus.OK:
+        return _timing_section(result)
+    if s is EvalStatus.NO_GPU:
+        return ("Compile-only: it compiled, but there is no GPU here, so correctness and speed "
+                "were not measured.") if result.compiled else ""
+    if s is EvalStatus.INFRA_ERROR:
+        return "The evaluation infrastructure failed (not the kernel's fault)."
+    return ""
+
+
+def tester_feedback(result: EvalResult, source: str | None, *, max_chars: int = 1500) -> str:
+    """Feedback text for the next turn, most important first, at most ``max_chars``."""
+    try:
+        cuda = extract_cuda_sources(source)
+        kernels = result.compile.kernels if result.compiled else []
+        sections = [
+            _header(result),
+            _status_section(result, cuda),
+            _resources_section(kernels, threads_per_block_in(source)),
+            _pitfalls_section(cuda),
+        ]
+    except Exception as exc:  # noqa: BLE001 - feedback must never break an episode
+        sections = [_header(result), f"(feedback analysis failed: {exc!r})"[:200]]
+    return fit_sections([s for s in sections if s], max_chars)
+
+
+def format_failure_feedback(failure: str, detail: str, *, max_chars: int = 1500) -> str:
+    """Feedback for a reply that held no usable candidate (nothing was evaluated)."""
+    text = (f"Status: format failure ({failure}). {detail.strip()}\n"
+            "Reply with exactly one ```python code block containing the complete module: "
+            "imports, `kernels = compile_kernels(r'''...''')` and `class ModelNew(nn.Module)`.")
+    return text[:max_chars]
+
+
+def fit_sections(sections: list[str], max_chars: int) -> str:
+    """Join sections in priority order; the first is cut if needed, later ones are dropped."""
+    out = ""
+    for i, section in enumerate(sections):
+        candidate = section if not out else f"{out}\n{section}"
+        if len(candidate) <= max_chars:
+            out = candidate
+        elif i == 0 or len(out) < max_chars // 3:
+            out = candidate[: max(max_chars - 12, 0)] + " …(trimmed)"
+            break
+        else:
+            break
+    return out
+
+
+# --------------------------------------------------------------------------- deep profile
+
+_HARNESS = r'''
+import sys, torch
+from multiminddev.tasks.problem import load_problem
+ns_p, ns_c = {}, {}
+problem = load_problem(sys.argv[1])
+exec(compile(problem.source, "problem.py", "exec"), ns_p)
+exec(compile(open(sys.argv[2]).read(), "candidate.py", "exec"), ns_c)
+torch.manual_seed(0)
+inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in ns_p["get_inputs"]()]
+model = ns_c["ModelNew"](*ns_p["get_init_inputs"]()).cuda()
+with torch.no_grad():
+    model(*inputs)
+torch.cuda.synchronize()
+'''
+
+_NCU_METRICS = ("sm__warps_active.avg.pct_of_peak_sustained_active,"
+                "dram__throughput.avg.pct_of_peak_sustained_elapsed,gpu__time_duration.sum")
+
+
+def deep_profile(problem: Any, source: str, *, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Achieved occupancy / DRAM throughput (ncu) and memcheck / racecheck findings
+    (compute-sanitizer) for one forward pass, each in its own subprocess.
+
+    Returns {"ncu": {...} | {"skipped": why}, "sanitizer": {...} | {"skipped": why}}. The
+    candidate runs outside the evaluator's sandbox here: use it on trusted or already-evaluated
+    candidates only.
+    """
+    with tempfile.TemporaryDirectory(prefix="mmd-profile-") as tmp:
+        d = Path(tmp)
+        (d / "problem.py").write_text(problem.source)
+        (d / "candidate.py").write_text(source)
+        (d / "harness.py").write_text(_HARNESS)
+        cmd = [sys.executable, str(d / "harness.py"), str(d / "problem.py"), str(d / "candidate.py")]
+        return {
+            "ncu": _run_ncu(cmd, timeout_s),
+            "sanitizer": {tool: _run_sanitizer(cmd, tool, timeout_s)
+                          for tool in ("memcheck", "racecheck")},
+        }
+
+
+def _run_tool(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout_s:.0f} s"
+    except OSError as exc:
+        return f"could not run: {exc}"
+
+
+def _run_ncu(cmd: list[str], timeout_s: float) -> dict[str, Any]:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        return {"skipped": "ncu (Nsight Compute) is not on PATH"}
+    proc = _run_tool([ncu, "--csv", "--metrics", _NCU_METRICS, *cmd], timeout_s)
+    if isinstance(proc, str):
+        return {"error": proc}
+    return {"returncode": proc.returncode, "metrics": parse_ncu_csv(proc.stdout),
+            "stderr": proc.stderr[-500:]}
+
+
+def parse_ncu_csv(text: str) -> list[dict[str, str]]:
+    """Rows of ``ncu --csv`` output (kernel name, metric name, value)."""
+    import csv
+
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.DictReader(lines))
+    return [{"kernel": r.get("Kernel Name", ""), "metric": r.get("Metric Name", ""),
+             "unit": r.get("Metric Unit", ""), "value": r.get("Metric Value", "")} for r in rows]
+
+
+def _run_sanitizer(cmd: list[str], tool: str, timeout_s: float) -> dict[str, Any]:
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        return {"skipped": "compute-sanitizer is not on PATH"}
+    proc = _run_tool([sanitizer, "--tool", tool, "--error-exitcode", "3", *cmd], timeout_s)
+    if isinstance(proc, str):
+        return {"error": proc}
+    findings = [ln.strip() for ln in proc.stdout.splitlines()
+                if ln.startswith("=========") and ("Invalid" in ln or "hazard" in ln.lower()
+                                                  or "Error" in ln)]
+    return {"returncode": proc.returncode, "clean": proc.returncode == 0,
+            "findings": findings[:20]}

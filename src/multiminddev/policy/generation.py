@@ -1,0 +1,263 @@
+"""Batched sampling behind a small async protocol.
+
+Episodes talk only to ``GenerationBackend.generate(prompts, sampling, role)``, so the same
+episode code runs with the in-process HF backend here and with a vLLM / VERL AgentLoop backend
+later. A backend also exposes the ``tokenizer`` the prompts were encoded with.
+
+Log-probabilities (``HFGenerationBackend``): by default the sampled tokens are re-scored with
+one forward pass through ``token_logprobs`` — the exact function the trainer uses — so the
+recorded logprobs equal the trainer's recomputation (ratio 1 before an update). With
+``logprob_source=LogprobSource.SAMPLER`` they come from the sampler's own logits instead
+(no extra forward, tiny KV-cache numeric differences). Either way they are log-probs under
+``softmax(logits / temperature)`` — the sampling distribution at temperature T without the
+top-p truncation (exactly the sampling distribution when top_p = 1). Greedy decoding
+(temperature 0) records log-probs at temperature 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from multiminddev.agents.roles import AgentRole
+
+
+class FinishReason(str, enum.Enum):
+    EOS = "eos"  # the model ended its turn
+    STOP = "stop"  # a stop string was produced (kept in the text and tokens)
+    LENGTH = "length"  # max_new_tokens reached
+
+
+class LogprobSource(str, enum.Enum):
+    RECOMPUTE = "recompute"  # forward pass with token_logprobs (matches training exactly)
+    SAMPLER = "sampler"  # the logits generate() sampled from
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 1024
+    stop: tuple[str, ...] = ()
+    n: int = 1  # samples per prompt
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        self.stop = tuple(self.stop)
+        if self.temperature < 0:
+            raise ValueError("SamplingParams.temperature must be >= 0 (0 = greedy)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("SamplingParams.top_p must be in (0, 1]")
+        if self.max_new_tokens < 1:
+            raise ValueError("SamplingParams.max_new_tokens must be >= 1")
+        if self.n < 1:
+            raise ValueError("SamplingParams.n must be >= 1")
+        if any(not s for s in self.stop):
+            raise ValueError("SamplingParams.stop: empty stop strings would stop at once")
+
+    @property
+    def logprob_temperature(self) -> float:
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass(kw_only=True)
+class GenerationOutput:
+    token_ids: list[int]  # the sampled response tokens (EOS included when produced)
+    logprobs: list[float]  # one per token, see the module docstring
+    text: str
+    finish_reason: FinishReason
+    prompt_index: int = 0  # which prompt it answers (outputs of one prompt are adjacent)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    tokenizer: Any
+
+    async def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
+    ) -> list[GenerationOutput]:
+        """``len(prompts) * sampling.n`` outputs, prompt 0's samples first."""
+        ...
+
+
+class HFGenerationBackend:
+    """``model.generate`` with the role's adapter active, batched with left padding."""
+
+    def __init__(
+        self,
+        policy: Any,
+        *,
+        max_batch_size: int = 16,
+        logprob_source: LogprobSource = LogprobSource.RECOMPUTE,
+    ):
+        if max_batch_size < 1:
+            raise ValueError("HFGenerationBackend.max_batch_size must be >= 1")
+        self.policy = policy
+        self.tokenizer = policy.tokenizer
+        self.max_batch_size = max_batch_size
+        self.logprob_source = LogprobSource(logprob_source)
+        self._lock = threading.Lock()  # one generate at a time on the shared model
+        self.tokens_generated = 0
+
+    async def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
+    ) -> list[GenerationOutput]:
+        # A thread keeps the event loop free for evaluations submitted meanwhile.
+        return await asyncio.to_thread(self.generate_sync, prompts, sampling, role)
+
+    def generate_sync(
+        self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
+    ) -> list[GenerationOutput]:
+        import torch
+
+        if any(not p for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        expanded = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
+        outputs: list[GenerationOutput] = []
+        with self._lock, self.policy.use(role) as model:
+            was_training = model.training
+            model.eval()
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            try:
+                for start in range(0, len(expanded), self.max_batch_size):
+                    chunk = expanded[start : start + self.max_batch_size]
+                    outputs.extend(self._generate_batch(model, chunk, sampling))
+            finally:
+                model.train(was_training)
+        self.tokens_generated += sum(len(o.token_ids) for o in outputs)
+        return outputs
+
+    def _generate_batch(
+        self, model: Any, chunk: list[tuple[int, list[int]]], sampling: SamplingParams
+    ) -> list[GenerationOutput]:
+        import torch
+
+        input_ids, attention_mask = left_pad([p for _, p in chunk], self._pad_id, self.policy.device)
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=sampling.max_new_tokens,
+            pad_token_id=self._pad_id,
+            eos_token_id=self.tokenizer.eos_token_id,
+            return_dict_in_generate=True,
+            output_logits=self.logprob_source is LogprobSource.SAMPLER,
+        )
+        if sampling.temperature > 0:
+            kwargs.update(do_sample=True, temperature=sampling.temperature,
+                          top_p=sampling.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False)
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        with torch.no_grad():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        new_tokens = out.sequences[:, input_ids.shape[1] :].tolist()
+        kept = [self._cut(tokens, sampling) for tokens in new_tokens]
+        if self.logprob_source is LogprobSource.SAMPLER:
+            logprobs = _sampler_logprobs(out.logits, new_tokens, kept, sampling.logprob_temperature)
+        else:
+            logprobs = self._recompute_logprobs(model, chunk, kept, sampling.logprob_temperature)
+        return [
+            GenerationOutput(
+                token_ids=tokens,
+                logprobs=lps,
+                text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                finish_reason=reason,
+                prompt_index=index,
+            )
+            for (index, _), (tokens, reason), lps in zip(chunk, kept, logprobs)
+        ]
+
+    @property
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.tokenizer.eos_token_id
+
+    def _cut(self, tokens: list[int], sampling: SamplingParams) -> tuple[list[int], FinishReason]:
+        """The tokens actually sampled: up to the first stop string or EOS (padding dropped)."""
+        eos = self.tokenizer.eos_token_id
+        end = tokens.index(eos) + 1 if eos in tokens else len(tokens)
+        head = tokens[:end]
+        if sampling.stop:
+            stop_at = _stop_prefix_length(head, sampling.stop, self.tokenizer)
+            if stop_at is not None:
+                return head[:stop_at], FinishReason.STOP
+        if eos in tokens:
+            return head, FinishReason.EOS
+        return head, FinishReason.LENGTH
+
+    def _recompute_logprobs(
+        self,
+        model: Any,
+        chunk: list[tuple[int, list[int]]],
+        kept: list[tuple[list[int], FinishReason]],
+        temperature: float,
+    ) -> list[list[float]]:
+        import torch
+
+        from multiminddev.policy.logprobs import token_logprobs
+
+        # Left-pad prompts, right-pad responses: the prompt ends at one column for every row,
+        # so each row's response occupies the same slice.
+        ids, mask = left_pad([p for _, p in chunk], self._pad_id, self.policy.device)
+        width = max((len(t) for t, _ in kept), default=0)
+        if width == 0:
+            return [[] for _ in kept]
+        resp = torch.full((len(kept), width), self._pad_id, dtype=ids.dtype, device=ids.device)
+        resp_mask = torch.zeros_like(resp)
+        for row, (tokens, _) in enumerate(kept):
+            resp[row, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+            resp_mask[row, : len(tokens)] = 1
+        full_ids = torch.cat([ids, resp], dim=1)
+        full_mask = torch.cat([mask, resp_mask], dim=1)
+        with torch.no_grad():
+            lps = token_logprobs(model, full_ids, full_mask, temperature=temperature)
+        lps = lps[:, ids.shape[1] :].tolist()
+        return [row[: len(tokens)] for row, (tokens, _) in zip(lps, kept)]
+
+
+def _sampler_logprobs(
+    step_logits: tuple[Any, ...],
+    new_tokens: list[list[int]],
+    kept: list[tuple[list[int], FinishReason]],
+    temperature: float,
+) -> list[list[float]]:
+    import torch
+
+    logits = torch.stack(step_logits, dim=1).float() / temperature  # [B, steps, V]
+    targets = torch.tensor([row[: logits.shape[1]] for row in new_tokens], device=logits.device)
+    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    rows = picked.tolist()
+    return [row[: len(tokens)] for row, (tokens, _) in zip(rows, kept)]
+
+
+def _stop_prefix_length(tokens: list[int], stops: tuple[str, ...], tokenizer: Any) -> int | None:
+    """Fewest leading tokens whose text contains a stop string, or None."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    if not any(s in text for s in stops):
+        return None
+    lo, hi = 1, len(tokens)  # "contains a stop string" is monotone in the prefix length
+    while lo < hi:
+        mid = (lo + hi) // 2
+        prefix = tokenizer.decode(tokens[:mid], skip_special_tokens=True)
+        if any(s in prefix for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: Any) -> tuple[Any, Any]:
+    """[B, T] input ids and attention mask, prompts right-aligned."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)

