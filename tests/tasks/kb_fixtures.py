@@ -114,7 +114,7 @@ def get_init_inputs():
 ''',
     },
     3: {
-        "1_MLP": '''import torch
+        "1_MLP": """import torch
 import torch.nn as nn
 
 class Model(nn.Module):
@@ -142,8 +142,8 @@ def get_inputs():
 
 def get_init_inputs():
     return [input_size, layer_sizes, output_size]
-''',
-        "2_ShallowWideMLP": '''import torch
+""",
+        "2_ShallowWideMLP": """import torch
 import torch.nn as nn
 
 class Model(nn.Module):
@@ -171,7 +171,7 @@ def get_inputs():
 
 def get_init_inputs():
     return [input_size, hidden_layer_sizes, output_size]
-''',
+""",
     },
 }
 
@@ -239,7 +239,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def module_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+def module_fn(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Linear, ReLU, scale.
 
     Args:
@@ -278,7 +280,7 @@ def get_init_inputs():
     return [in_features, out_features, scale]
 '''
 
-SAKANA_CUDA_CORRECT = r'''#include <torch/extension.h>
+SAKANA_CUDA_CORRECT = r"""#include <torch/extension.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -319,7 +321,7 @@ torch::Tensor forward(torch::Tensor x, torch::Tensor weight, torch::Tensor bias,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("forward", &forward, "Linear + ReLU + scale (CUDA)");
 }
-'''
+"""
 
 # The archive also keeps failed attempts: this one forgets the bias.
 SAKANA_CUDA_WRONG = SAKANA_CUDA_CORRECT.replace("float acc = bias[o];", "float acc = 0.0f;")

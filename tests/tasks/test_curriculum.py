@@ -9,7 +9,13 @@ from collections import Counter
 
 import pytest
 
-from multiminddev.env.results import BenchmarkResult, EvalResult, EvalStatus, StageStatus, CompileResult
+from multiminddev.env.results import (
+    BenchmarkResult,
+    CompileResult,
+    EvalResult,
+    EvalStatus,
+    StageStatus,
+)
 from multiminddev.tasks.curriculum import (
     Curriculum,
     CurriculumConfig,
@@ -38,7 +44,8 @@ BROKEN = Outcome(compiled=False, correct=False)
 
 def problems_by_tier(per_tier: int = 5, tiers=(0, 1, 2, 3)) -> dict[int, list[Problem]]:
     return {
-        t: [Problem(name=f"t{t}_p{i}", source=SOURCE, tier=t) for i in range(per_tier)] for t in tiers
+        t: [Problem(name=f"t{t}_p{i}", source=SOURCE, tier=t) for i in range(per_tier)]
+        for t in tiers
     }
 
 
@@ -85,7 +92,9 @@ def test_outcome_of_eval_result_and_mapping():
         benchmark=BenchmarkResult(status=StageStatus.OK, speedup_vs_eager=3.0),
     )
     assert Outcome.of(ok) == Outcome(compiled=True, correct=True, speedup=3.0)
-    wrong = EvalResult(status=EvalStatus.INCORRECT, problem="p", compile=CompileResult(status=StageStatus.OK))
+    wrong = EvalResult(
+        status=EvalStatus.INCORRECT, problem="p", compile=CompileResult(status=StageStatus.OK)
+    )
     assert Outcome.of(wrong) == Outcome(compiled=True, correct=False, speedup=0.0)
     assert Outcome.of({"compiled": False, "correct": False}) == BROKEN
 

@@ -102,8 +102,10 @@ class Outcome:
         if isinstance(result, Mapping):
             get = result.get
         else:
+
             def get(key: str, default: Any = None) -> Any:
                 return getattr(result, key, default)
+
         correct = bool(get("correct", False))
         return cls(
             compiled=bool(get("compiled", False)) or correct,  # correct implies it compiled
@@ -175,7 +177,8 @@ class Curriculum:
         if empty or not self.tiers:
             raise ValueError(
                 f"curriculum tiers {empty or self.tiers} have no problems (tiers with problems: "
-                f"{sorted(self.problems)}); pass problems for them or leave them out of config.tiers"
+                f"{sorted(self.problems)}); pass problems for them or leave them out of "
+                "config.tiers"
             )
         self._tier_of = {p.name: t for t, ps in self.problems.items() for p in ps}
         start = self.config.start_tier if self.config.start_tier is not None else self.tiers[0]
@@ -216,7 +219,9 @@ class Curriculum:
         rng = rng if isinstance(rng, random.Random) else random.Random(rng)
         earlier = self.tiers[: self.index]
         drawn = [self._pick_tier(earlier, rng) for _ in range(n)]
-        pools = {t: iter(_draw(self.problems[t], c, rng)) for t, c in sorted(Counter(drawn).items())}
+        pools = {
+            t: iter(_draw(self.problems[t], c, rng)) for t, c in sorted(Counter(drawn).items())
+        }
         return [next(pools[t]) for t in drawn]
 
     def _pick_tier(self, earlier: list[int], rng: random.Random) -> int:
@@ -294,7 +299,8 @@ class Curriculum:
             raise ValueError(f"curriculum state version {state.get('version')} != {STATE_VERSION}")
         if [int(t) for t in state["tiers"]] != self.tiers:
             raise ValueError(
-                f"checkpoint curriculum tiers {state['tiers']} differ from this run's {self.tiers}; "
+                f"checkpoint curriculum tiers {state['tiers']} differ from this run's "
+                f"{self.tiers}; "
                 "resume with the same problems and CurriculumConfig.tiers"
             )
         self.index = self.tiers.index(int(state["current_tier"]))

@@ -30,7 +30,7 @@ import json
 import logging
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,9 +106,7 @@ def _data_files(root: Path, suffix: str) -> dict[str, list[str]]:
     grouped: dict[str, list[str]] = {}
     for path in files:
         level = _split_level(path.name)
-        grouped.setdefault(f"level_{level}" if level is not None else "train", []).append(
-            str(path)
-        )
+        grouped.setdefault(f"level_{level}" if level is not None else "train", []).append(str(path))
     return grouped
 
 
@@ -117,7 +115,9 @@ def _open_tabular(source: str | Path, levels: set[int] | None, what: str) -> dic
     datasets = _datasets()
     path = Path(source)
     if path.exists():
-        if path.is_dir() and ((path / "dataset_dict.json").exists() or (path / "state.json").exists()):
+        if path.is_dir() and (
+            (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+        ):
             loaded = datasets.load_from_disk(str(path))
             splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         else:
@@ -154,7 +154,9 @@ def _open_hub(datasets: Any, repo: str, levels: set[int] | None, what: str) -> d
     try:
         if levels is None:
             return dict(datasets.load_dataset(repo))
-        return {f"level_{n}": datasets.load_dataset(repo, split=f"level_{n}") for n in sorted(levels)}
+        return {
+            f"level_{n}": datasets.load_dataset(repo, split=f"level_{n}") for n in sorted(levels)
+        }
     except Exception as exc:  # network, auth, unknown split: all mean "get a local copy"
         raise ProblemError(
             f"could not load {what} {repo!r} from the hub ({type(exc).__name__}: {exc}); "
@@ -175,9 +177,13 @@ def _check_columns(ds: Any, required: Iterable[str], source: Any, split: str, wh
 
 def _finish(problems: list[Problem], skipped: list[str], source: Any, what: str) -> list[Problem]:
     if skipped:
-        log.warning("%s: skipped %d malformed problem(s): %s", what, len(skipped), "; ".join(skipped[:5]))
+        log.warning(
+            "%s: skipped %d malformed problem(s): %s", what, len(skipped), "; ".join(skipped[:5])
+        )
     if not problems and skipped:
-        raise ProblemError(f"{what} source {str(source)!r}: every problem was malformed: {skipped[0]}")
+        raise ProblemError(
+            f"{what} source {str(source)!r}: every problem was malformed: {skipped[0]}"
+        )
     return problems
 
 
@@ -202,7 +208,9 @@ def _kb_sort_key(path: Path) -> tuple[int, str]:
     return (int(match.group(1)) if match else 1 << 30, path.name)
 
 
-def _load_kernelbench_checkout(level_dirs: dict[int, Path], levels: set[int] | None) -> list[Problem]:
+def _load_kernelbench_checkout(
+    level_dirs: dict[int, Path], levels: set[int] | None
+) -> list[Problem]:
     problems: list[Problem] = []
     skipped: list[str] = []
     for level, folder in sorted(level_dirs.items()):
@@ -347,7 +355,9 @@ class _FunctionalToCandidate(ast.NodeTransformer):
         self.generic_visit(node)
         func = node.func
         if self.fn_param and isinstance(func, ast.Name) and func.id == self.fn_param:
-            node.func = ast.Attribute(value=ast.Name("_ext", ast.Load()), attr=self.function, ctx=ast.Load())
+            node.func = ast.Attribute(
+                value=ast.Name("_ext", ast.Load()), attr=self.function, ctx=ast.Load()
+            )
             self.rewritten_calls += 1
         # super(Model, self) would name a class the candidate does not define
         if isinstance(func, ast.Name) and func.id == "super" and node.args:
@@ -374,7 +384,9 @@ def sakana_candidate_source(cuda_code: str, functional_code: str, *, name: str) 
     try:
         tree = ast.parse(functional_code)
     except SyntaxError as exc:
-        raise ProblemError(f"{name}: PyTorch_Code_Functional is not valid Python: {exc.msg}")
+        raise ProblemError(
+            f"{name}: PyTorch_Code_Functional is not valid Python: {exc.msg}"
+        ) from exc
     tree.body = [
         node
         for node in tree.body
@@ -384,7 +396,8 @@ def sakana_candidate_source(cuda_code: str, functional_code: str, *, name: str) 
     tree = rewriter.visit(tree)
     if rewriter.fn_param is None or rewriter.rewritten_calls == 0:
         raise ProblemError(
-            f"{name}: PyTorch_Code_Functional has no Model.forward(..., fn=module_fn) calling fn(...)"
+            f"{name}: PyTorch_Code_Functional has no Model.forward(..., fn=module_fn) "
+            "calling fn(...)"
         )
     ext_name = "sakana_" + re.sub(r"\W", "_", name)[:40] + "_" + _short_hash(cuda_code)
     imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
@@ -396,10 +409,8 @@ def sakana_candidate_source(cuda_code: str, functional_code: str, *, name: str) 
         "                   functions=None, extra_cuda_cflags=['-O3'], verbose=False)\n\n"
     )
     return (
-        f"# {name}: CUDA kernel from the SakanaAI AI CUDA Engineer archive, built with load_inline.\n"
-        + _unparse(imports)
-        + build
-        + _unparse(body)
+        f"# {name}: CUDA kernel from the SakanaAI AI CUDA Engineer archive, "
+        "built with load_inline.\n" + _unparse(imports) + build + _unparse(body)
     )
 
 
@@ -425,10 +436,14 @@ def _optional_float(value: Any) -> float | None:
 
 
 def _sakana_rows(ds: Any, correct_only: bool) -> Iterator[dict[str, Any]]:
-    columns = list(SAKANA_REQUIRED_COLUMNS) + [c for c in SAKANA_OPTIONAL_COLUMNS if c in ds.column_names]
+    columns = list(SAKANA_REQUIRED_COLUMNS) + [
+        c for c in SAKANA_OPTIONAL_COLUMNS if c in ds.column_names
+    ]
     ds = ds.select_columns(columns)  # skip the large profile columns
     if correct_only:
-        ds = ds.filter(lambda flags: [bool(f) for f in flags], input_columns=["Correct"], batched=True)
+        ds = ds.filter(
+            lambda flags: [bool(f) for f in flags], input_columns=["Correct"], batched=True
+        )
     yield from ds
 
 
@@ -503,7 +518,11 @@ def load_sakana_archive(
         if limit is not None and len(records) >= limit:
             break
     if skipped:
-        log.warning("Sakana archive: skipped %d row(s) with a malformed problem: %s", len(skipped), skipped[0])
+        log.warning(
+            "Sakana archive: skipped %d row(s) with a malformed problem: %s",
+            len(skipped),
+            skipped[0],
+        )
     return records
 
 
@@ -515,7 +534,9 @@ def sakana_problems(records: Iterable[SakanaRecord]) -> list[Problem]:
     return list(seen.values())
 
 
-def reverify(records: Iterable[SakanaRecord], evaluator: Any) -> list[tuple[SakanaRecord, EvalResult]]:
+def reverify(
+    records: Iterable[SakanaRecord], evaluator: Any
+) -> list[tuple[SakanaRecord, EvalResult]]:
     """Evaluate the records' candidates with our evaluator (``Evaluator.evaluate_many``).
 
     Records without a candidate are left out (their ``candidate_error`` says why).
@@ -564,7 +585,7 @@ def load_jsonl(path: str | Path) -> list[Problem]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ProblemError(f"{where}: not valid JSON ({exc.msg}); one object per line")
+            raise ProblemError(f"{where}: not valid JSON ({exc.msg}); one object per line") from exc
         try:
             problems.append(_jsonl_problem(data, where))
         except ProblemError as exc:
@@ -602,8 +623,10 @@ def save_jsonl(
 # --------------------------------------------------------------------------- CLI specs
 
 _SPEC_HELP = (
-    "builtin, builtin:tier1, builtin:train, builtin:heldout (parts combine: builtin:tier0,tier1:train), "
-    "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, or a path to a .py problem, "
+    "builtin, builtin:tier1, builtin:train, builtin:heldout "
+    "(parts combine: builtin:tier0,tier1:train), "
+    "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
+    "or a path to a .py problem, "
     "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump"
 )
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
@@ -628,7 +651,9 @@ def _builtin(parts: list[str]) -> list[Problem]:
         kwargs["families"] = families
     problems = builtin_problems(**kwargs)
     if not problems:
-        raise ProblemError(f"spec 'builtin:{':'.join(parts)}' selects no problem; valid specs: {_SPEC_HELP}")
+        raise ProblemError(
+            f"spec 'builtin:{':'.join(parts)}' selects no problem; valid specs: {_SPEC_HELP}"
+        )
     return problems
 
 
@@ -640,7 +665,11 @@ def _load_folder(path: Path) -> list[Problem]:
     if jsonl or py:
         problems = [p for file in jsonl for p in load_jsonl(file)]
         return problems + [load_problem(file) for file in py]
-    if any(path.rglob("*.parquet")) or any(path.rglob("*.arrow")) or (path / "dataset_dict.json").exists():
+    if (
+        any(path.rglob("*.parquet"))
+        or any(path.rglob("*.arrow"))
+        or (path / "dataset_dict.json").exists()
+    ):
         return _load_tabular_any(path)
     raise ProblemError(f"folder {str(path)!r} holds no problems; valid specs: {_SPEC_HELP}")
 
@@ -691,4 +720,7 @@ def load_problems(spec: str) -> list[Problem]:
     path = Path(spec)
     if path.exists():
         return _load_path(path)
-    raise ProblemError(f"problem spec {spec!r} is neither a known kind nor an existing path; valid specs: {_SPEC_HELP}")
+    raise ProblemError(
+        f"problem spec {spec!r} is neither a known kind nor an existing path; "
+        f"valid specs: {_SPEC_HELP}"
+    )

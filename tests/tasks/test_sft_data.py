@@ -1,0 +1,304 @@
+"""SFT builders: conversations carry the agents' real prompts and a parseable fenced candidate."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from multiminddev.agents.parsing import parse_candidate
+from multiminddev.agents.prompts import generator_messages, optimizer_messages
+from multiminddev.tasks.loaders import load_jsonl, load_sakana_archive, save_jsonl
+from multiminddev.tasks.problem import Problem
+from multiminddev.tasks.sft_data import (
+    UNTIMED_CORRECT_FEEDBACK,
+    archive_feedback,
+    assistant_reply,
+    build_sft_dataset,
+    generator_examples,
+    generator_sft_examples,
+    optimizer_examples,
+    optimizer_sft_examples,
+    sakana_generator_examples,
+    sakana_optimizer_examples,
+)
+from tests.tasks.kb_fixtures import KERNELBENCH_PROBLEMS, sakana_rows, write_sakana_parquet
+
+RELU = KERNELBENCH_PROBLEMS[1]["19_ReLU"]
+
+NAIVE_RELU = '''import torch
+import torch.nn as nn
+from multiminddev.cuda import compile_kernels
+
+kernels = compile_kernels(r"""
+extern "C" __global__ void relu(const float* __restrict__ x, float* __restrict__ y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], 0.0f);
+}
+""")
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        kernels.relu(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))
+        return y
+'''
+
+FAST_RELU = '''import torch
+import torch.nn as nn
+from multiminddev.cuda import compile_kernels
+
+kernels = compile_kernels(r"""
+extern "C" __global__ void relu4(const float4* __restrict__ x, float4* __restrict__ y,
+                                 const float* __restrict__ xs, float* __restrict__ ys, long n) {
+    long n4 = n / 4;
+    long stride = (long)gridDim.x * blockDim.x;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 v = x[i];
+        v.x = fmaxf(v.x, 0.0f); v.y = fmaxf(v.y, 0.0f);
+        v.z = fmaxf(v.z, 0.0f); v.w = fmaxf(v.w, 0.0f);
+        y[i] = v;
+    }
+    for (long i = n4 * 4 + blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        ys[i] = fmaxf(xs[i], 0.0f);
+    }
+}
+""")
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        n = x.numel()
+        blocks = min((n // 4 + 255) // 256 + 1, 4096)
+        kernels.relu4(grid=(blocks,), block=(256,), args=(x, y, x, y, n))
+        return y
+'''
+
+SOLUTIONS = {
+    ("relu", "naive"): NAIVE_RELU,
+    ("relu", "fast"): FAST_RELU,
+    ("relu_naive_only", "naive"): NAIVE_RELU,
+}
+
+
+def solution(problem: Problem, variant: str) -> str | None:
+    return SOLUTIONS.get((problem.name, variant))
+
+
+PROBLEMS = [
+    Problem(name="relu", source=RELU, tier=0, family="relu"),
+    Problem(name="relu_naive_only", source=RELU, tier=0, family="relu"),
+    Problem(name="no_solution", source=RELU, tier=0),
+]
+
+
+def assert_well_formed(messages: list[dict[str, str]]) -> None:
+    roles = [m["role"] for m in messages]
+    assert set(messages[0]) == {"role", "content"}
+    assert roles[-1] == "assistant" and roles[0] in ("system", "user")
+    body = roles[1:] if roles[0] == "system" else roles
+    assert body == ["user", "assistant"] * (len(body) // 2), roles  # strictly alternating
+
+
+# --------------------------------------------------------------------------- Generator
+
+
+def test_generator_pairs_use_the_agents_prompt_and_a_fenced_candidate():
+    examples = generator_examples(PROBLEMS, solution=solution)
+    assert [(e.problem, e.variant) for e in examples] == [
+        ("relu", "naive"),
+        ("relu", "fast"),
+        ("relu_naive_only", "naive"),
+    ]
+    first = examples[0].messages
+    assert_well_formed(first)
+    assert first[:-1] == generator_messages(PROBLEMS[0])  # the inference prompt, unchanged
+    assert RELU.strip() in first[-2]["content"]
+    reply = first[-1]["content"]
+    assert reply.startswith("```python\n") and reply.endswith("\n```") and reply.count("```") == 2
+    assert parse_candidate(reply).source == NAIVE_RELU
+
+
+def test_generator_variants_can_be_restricted():
+    examples = generator_examples(PROBLEMS, solution=solution, variants=("fast",))
+    assert [(e.problem, e.variant) for e in examples] == [("relu", "fast")]
+
+
+def test_generator_sft_examples_returns_plain_message_lists():
+    conversations = generator_sft_examples(PROBLEMS, solution=solution)
+    assert len(conversations) == 3 and all(isinstance(c, list) for c in conversations)
+
+
+def test_generator_prompt_is_a_parameter():
+    def prompt(problem):
+        return [{"role": "user", "content": f"kernel for {problem.name}:\n{problem.source}"}]
+
+    (example, *_) = generator_examples(PROBLEMS, solution=solution, prompt=prompt)
+    assert example.messages[0]["content"].startswith("kernel for relu")
+    assert_well_formed(example.messages)
+
+
+def test_a_solution_that_would_not_parse_back_is_dropped(caplog):
+    def broken(problem, variant):
+        return NAIVE_RELU + '\nDOC = """\n```\n"""\n' if variant == "naive" else None
+
+    with caplog.at_level(logging.WARNING):
+        assert generator_examples(PROBLEMS[:1], solution=broken) == []
+    assert "would not parse back" in caplog.text
+
+
+def test_jsonl_solutions_are_used_by_default(tmp_path):
+    path = save_jsonl(
+        [Problem(name="relu_jsonl", source=RELU)],
+        tmp_path / "p.jsonl",
+        solutions={"relu_jsonl": NAIVE_RELU},
+    )
+    (example,) = generator_examples(load_jsonl(path))
+    assert (example.origin, example.variant) == ("jsonl", "solution")
+    assert parse_candidate(example.messages[-1]["content"]).source == NAIVE_RELU
+
+
+# --------------------------------------------------------------------------- Optimizer
+
+
+def test_optimizer_pairs_slow_kernel_and_feedback_to_fast_kernel():
+    (example,) = optimizer_examples(PROBLEMS, solution=solution)
+    assert (example.problem, example.variant) == ("relu", "naive->fast")
+    messages = example.messages
+    assert_well_formed(messages)
+    assert messages[:-1] == optimizer_messages(
+        PROBLEMS[0], NAIVE_RELU, UNTIMED_CORRECT_FEEDBACK, []
+    )
+    user = messages[-2]["content"]
+    assert RELU.strip() in user and NAIVE_RELU.strip() in user and UNTIMED_CORRECT_FEEDBACK in user
+    assert parse_candidate(messages[-1]["content"]).source == FAST_RELU
+
+
+def test_synthetic_feedback_states_facts_and_invents_no_numbers():
+    assert "not measured" in UNTIMED_CORRECT_FEEDBACK and "correct" in UNTIMED_CORRECT_FEEDBACK
+    assert not re.search(r"\d", UNTIMED_CORRECT_FEEDBACK)
+
+
+def test_optimizer_feedback_is_a_parameter():
+    (example,) = optimizer_examples(
+        PROBLEMS, solution=solution, feedback=lambda p, s: "REAL TESTER REPORT"
+    )
+    assert "REAL TESTER REPORT" in example.messages[-2]["content"]
+
+
+def test_optimizer_sft_examples_returns_plain_message_lists():
+    assert len(optimizer_sft_examples(PROBLEMS, solution=solution)) == 1
+
+
+# --------------------------------------------------------------------------- Sakana
+
+
+def sakana_records(tmp_path, second_correct: bool = True, second_speedup: float = 1.2):
+    rows = sakana_rows()
+    rows["Correct"][1] = second_correct
+    rows["CUDA_Speedup_Native"][1] = second_speedup
+    rows["CUDA_Runtime"][1] = 0.028
+    # the second row's kernel differs (not the no-bias bug this time): a fresh valid kernel
+    rows["CUDA_Code"][1] = rows["CUDA_Code"][0].replace("dim3 block(128);", "dim3 block(64);")
+    return load_sakana_archive(write_sakana_parquet(tmp_path, rows), correct_only=False)
+
+
+def test_sakana_generator_uses_correct_records_only(tmp_path):
+    records = sakana_records(tmp_path, second_correct=False)
+    (example,) = sakana_generator_examples(records)
+    assert (example.origin, example.variant) == ("sakana", "linear_relu_scale_base")
+    assert_well_formed(example.messages)
+    assert (
+        parse_candidate(example.messages[-1]["content"]).source.strip()
+        == records[0].candidate_source.strip()
+    )
+
+
+def test_sakana_optimizer_pairs_slower_to_faster_with_the_archive_timings(tmp_path):
+    records = sakana_records(tmp_path)
+    (example,) = sakana_optimizer_examples(records)
+    slow, fast = records[1], records[0]  # 1.2x -> 1.619x
+    assert example.variant == f"{slow.kernel_name}->{fast.kernel_name}"
+    user = example.messages[-2]["content"]
+    assert slow.candidate_source.strip() in user
+    assert "reported by the AI CUDA Engineer archive" in user and "1.20x" in user
+    assert (
+        parse_candidate(example.messages[-1]["content"]).source.strip()
+        == fast.candidate_source.strip()
+    )
+
+
+def test_sakana_optimizer_skips_pairs_below_min_gain(tmp_path):
+    records = sakana_records(tmp_path, second_speedup=1.55)
+    assert sakana_optimizer_examples(records, min_gain=0.1) == []
+
+
+def test_archive_feedback_without_timing_says_so(tmp_path):
+    records = load_sakana_archive(write_sakana_parquet(tmp_path), correct_only=False)
+    assert records[1].cuda_runtime is None
+    assert "not available" in archive_feedback(records[1])
+    assert "1.62x" in archive_feedback(records[0])
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def test_build_sft_dataset_has_messages_and_provenance_columns():
+    ds = build_sft_dataset("generator", PROBLEMS, solution=solution)
+    assert set(ds.column_names) == {"messages", "role", "problem", "origin", "variant"}
+    assert len(ds) == 3 and set(ds["role"]) == {"generator"}
+    for messages in ds["messages"]:
+        assert_well_formed(messages)
+
+
+def test_build_sft_dataset_shuffles_deterministically():
+    a = build_sft_dataset("generator", PROBLEMS, solution=solution, seed=3)
+    b = build_sft_dataset("generator", PROBLEMS, solution=solution, seed=3)
+    assert a["variant"] == b["variant"] and a["problem"] == b["problem"]
+
+    def order(seed):
+        ds = build_sft_dataset("generator", PROBLEMS, solution=solution, seed=seed)
+        return tuple(zip(ds["problem"], ds["variant"], strict=True))
+
+    orders = {order(s) for s in range(6)}
+    assert len(orders) > 1
+
+
+def test_build_sft_dataset_mixes_in_sakana_records(tmp_path):
+    ds = build_sft_dataset(
+        "optimizer", PROBLEMS, solution=solution, sakana_records=sakana_records(tmp_path)
+    )
+    assert sorted(ds["origin"]) == ["builtin", "sakana"] and set(ds["role"]) == {"optimizer"}
+
+
+def test_build_sft_dataset_refuses_the_tester_and_empty_data():
+    with pytest.raises(ValueError, match="never trained"):
+        build_sft_dataset("tester", PROBLEMS, solution=solution)
+    with pytest.raises(ValueError, match="naive and a fast"):
+        build_sft_dataset("optimizer", PROBLEMS[1:], solution=solution)
+
+
+def test_assistant_reply_is_one_fenced_python_block():
+    assert assistant_reply("\n\nx = 1\n\n") == "```python\nx = 1\n```"
+
+
+def test_builtin_corpus_gives_examples_for_both_roles():
+    builtin = pytest.importorskip("multiminddev.tasks.builtin", reason="corpus not written yet")
+    if not hasattr(builtin, "builtin_problems"):
+        pytest.skip("corpus not written yet")
+    problems = builtin.builtin_problems(tiers=[0])
+    generator = generator_examples(problems)
+    assert len(generator) >= len(problems)  # every family has a naive solution
+    for example in generator:
+        assert_well_formed(example.messages)
+    assert optimizer_examples(builtin.builtin_problems())  # >= 20 families have a fast one
