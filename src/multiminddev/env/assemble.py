@@ -1,0 +1,247 @@
+"""Turn what a worker reported (``JobOutcome``) into one ``EvalResult`` with a readable message.
+
+Precedence: a runtime anti-hack rejection, then wrong outputs (incorrect), then the first
+failure (compile error, runtime error, timeout, death), then ok. Verification happens here,
+in the evaluator's process, from the reference outputs the worker sent before the candidate
+was imported.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from typing import Any
+
+from multiminddev.env.candidate import candidate_hash, unpack_tensor
+from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.pool import JobOutcome
+from multiminddev.env.results import (
+    BenchmarkResult,
+    CompileResult,
+    EvalResult,
+    EvalStatus,
+    Finding,
+    RejectReason,
+    StageStatus,
+    StaticCheckResult,
+    TimingStats,
+    VerifyResult,
+    _from_jsonable,
+)
+from multiminddev.env.verify import verify_outputs
+from multiminddev.tasks.problem import Problem
+
+_FAILURE_STATUS = {
+    "compile_error": EvalStatus.COMPILE_ERROR,
+    "runtime_error": EvalStatus.RUNTIME_ERROR,
+    "no_gpu": EvalStatus.NO_GPU,
+    "rejected": EvalStatus.REJECTED,
+    "infra_error": EvalStatus.INFRA_ERROR,
+}
+_TRUSTED_STAGES = (Stage.SETUP.value, Stage.BASELINE.value)
+
+
+def rejected_by_static(problem: Problem, candidate: str, static: StaticCheckResult) -> EvalResult:
+    first = static.findings[0] if static.findings else Finding(
+        rule="static", reason=RejectReason.OTHER, message="static checks failed")
+    where = f" (line {first.line})" if first.line else ""
+    return EvalResult(
+        status=EvalStatus.REJECTED, problem=problem.name, candidate_hash=candidate_hash(candidate),
+        static=static, reject_reason=first.reason,
+        message=f"rejected by static check {first.rule}{where}: {first.message}",
+    )
+
+
+def assemble_result(problem: Problem, candidate: str, static: StaticCheckResult,
+                    outcome: JobOutcome, cfg: EvalConfig,
+                    inline_compile: CompileResult | None = None) -> EvalResult:
+    result = EvalResult(status=EvalStatus.OK, problem=problem.name,
+                        candidate_hash=candidate_hash(candidate), static=static,
+                        device=outcome.device, worker_restarted=outcome.worker_restarted)
+    if outcome.infra_error and not outcome.messages:
+        result.status, result.message = EvalStatus.INFRA_ERROR, outcome.infra_error
+        return result
+    result.compile = _compile_result(outcome, inline_compile)
+    result.verify = _verify(problem, outcome)
+    result.benchmark = _benchmark(problem, outcome, cfg)
+    status, message, reason = _overall(result, outcome, cfg)
+    result.status, result.message, result.reject_reason = status, message, reason
+    return result
+
+
+def _compile_result(outcome: JobOutcome, inline_compile: CompileResult | None) -> CompileResult:
+    payload = outcome.messages.get("compile")
+    if payload is None:
+        return inline_compile or CompileResult(status=StageStatus.SKIPPED)
+    result: CompileResult = _from_jsonable(CompileResult, payload["result"])
+    if inline_compile is not None and inline_compile.status is StageStatus.OK:
+        # The worker only loaded the library; the build time is the build pool's.
+        result.seconds += inline_compile.seconds
+        result.cached = inline_compile.cached
+        result.log = inline_compile.log or result.log
+    return result
+
+
+def _verify(problem: Problem, outcome: JobOutcome) -> VerifyResult:
+    ref, cand = outcome.messages.get("reference"), outcome.messages.get("outputs")
+    atol, rtol = problem.tolerances
+    if ref is None or cand is None:
+        return VerifyResult(status=StageStatus.SKIPPED, atol=atol, rtol=rtol)
+    reference = [[unpack_tensor(p) for p in trial] for trial in ref["outputs"]]
+    candidate = [[unpack_tensor(p) for p in trial] for trial in cand["outputs"]]
+    if len(candidate) < len(reference):  # a runtime rejection stopped the trials early
+        reference = reference[: len(candidate)]
+    return verify_outputs(reference, candidate, atol=atol, rtol=rtol)
+
+
+def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> BenchmarkResult:
+    base, bench = outcome.messages.get("baseline"), outcome.messages.get("benchmark")
+    if not cfg.benchmark:
+        return BenchmarkResult(status=StageStatus.SKIPPED, error="benchmark disabled")
+    if base is None or bench is None:
+        return BenchmarkResult(status=StageStatus.SKIPPED)
+    cand = _from_jsonable(TimingStats, bench["candidate"])
+    eager = _from_jsonable(TimingStats, base["eager"])
+    compiled = _from_jsonable(TimingStats, base["compiled"]) if base.get("compiled") else None
+    result = BenchmarkResult(
+        status=StageStatus.OK, candidate=cand, eager=eager, compiled=compiled,
+        gpu_name=base.get("gpu_name", ""), torch_version=base.get("torch_version", ""),
+        peak_gbps=base.get("peak_gbps"), bytes_moved=problem.bytes_moved, error=base.get("note", ""),
+        seconds=outcome.stages_seconds.get(Stage.BENCHMARK.value, 0.0),
+    )
+    if cand.median_ms > 0:
+        result.speedup_vs_eager = eager.median_ms / cand.median_ms
+        if compiled is not None and compiled.median_ms > 0:
+            result.speedup_vs_compile = compiled.median_ms / cand.median_ms
+        if problem.bytes_moved:
+            result.achieved_gbps = problem.bytes_moved / (cand.median_ms * 1e-3) / 1e9
+            if result.peak_gbps:
+                result.fraction_of_peak = result.achieved_gbps / result.peak_gbps
+    coverage = (outcome.messages.get("guards") or {}).get("coverage")
+    result.custom_kernel_time_fraction = coverage
+    return result
+
+
+def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
+             ) -> tuple[EvalStatus, str, RejectReason | None]:
+    failure = outcome.failure or {}
+    if failure.get("kind") == "rejected":
+        reason = RejectReason(failure.get("reason", RejectReason.OTHER.value))
+        _mark_stage(result, failure.get("stage", ""), StageStatus.FAILED, failure.get("message", ""))
+        return EvalStatus.REJECTED, f"rejected: {failure.get('message', '')}", reason
+    if result.verify.status is StageStatus.FAILED:
+        return EvalStatus.INCORRECT, f"incorrect: {result.verify.error}; fix the kernel so its " \
+            "outputs match the reference", None
+    if outcome.timed_out_stage:
+        return _timeout(result, outcome, cfg)
+    if outcome.died_in_stage:
+        return _death(result, outcome)
+    if failure:
+        return _failure(result, failure)
+    if outcome.infra_error:
+        return EvalStatus.INFRA_ERROR, outcome.infra_error, None
+    if "done" not in outcome.messages:
+        return EvalStatus.INFRA_ERROR, "the worker stopped without a result", None
+    return EvalStatus.OK, _ok_message(result), None
+
+
+def _timeout(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
+             ) -> tuple[EvalStatus, str, None]:
+    stage = outcome.timed_out_stage or ""
+    if stage in _TRUSTED_STAGES:
+        return (EvalStatus.INFRA_ERROR, f"the reference problem ran past the {stage} time limit; "
+                f"raise EvalConfig.{stage}_timeout_s or shrink the problem", None)
+    _mark_stage(result, stage, StageStatus.TIMEOUT, f"ran past the {stage} time limit")
+    return (EvalStatus.TIMEOUT, f"timed out in {stage} (hang or infinite loop?); the worker was "
+            "killed and replaced; make sure every kernel and loop terminates", None)
+
+
+def _death(result: EvalResult, outcome: JobOutcome) -> tuple[EvalStatus, str, None]:
+    stage = outcome.died_in_stage or ""
+    how = _exit_description(outcome.exitcode)
+    if stage in _TRUSTED_STAGES:
+        return EvalStatus.INFRA_ERROR, f"the worker died in {stage} ({how}) running the reference", None
+    _mark_stage(result, stage, StageStatus.FAILED, f"worker process died ({how})")
+    return (EvalStatus.RUNTIME_ERROR, f"the worker process died in {stage} ({how}): a crash in "
+            "the candidate's host or device code; the worker was replaced", None)
+
+
+def _failure(result: EvalResult, failure: dict[str, Any]) -> tuple[EvalStatus, str, None]:
+    status = _FAILURE_STATUS.get(failure.get("kind", ""), EvalStatus.INFRA_ERROR)
+    message = failure.get("message", "")
+    stage = failure.get("stage", "")
+    if status is EvalStatus.COMPILE_ERROR:
+        return status, compile_failure_message(result.compile, message), None
+    if status is EvalStatus.NO_GPU:
+        return status, _no_gpu_message(result), None
+    _mark_stage(result, stage, StageStatus.FAILED if status is EvalStatus.RUNTIME_ERROR
+                else StageStatus.ERROR, message)
+    if status is EvalStatus.RUNTIME_ERROR:
+        if failure.get("traceback"):
+            result.verify.error = result.verify.error or failure["traceback"][-2000:]
+        return status, f"runtime error in {message}; fix the error and resubmit", None
+    return status, message, None
+
+
+def _mark_stage(result: EvalResult, stage: str, status: StageStatus, error: str) -> None:
+    if stage == Stage.COMPILE.value:
+        if result.compile.status in (StageStatus.OK, StageStatus.SKIPPED) and status is StageStatus.TIMEOUT:
+            result.compile.status, result.compile.error = status, error
+    elif stage in (Stage.RUN.value, Stage.GUARDS.value):
+        if result.verify.status is StageStatus.SKIPPED:
+            result.verify.status, result.verify.error = status, error
+    elif stage == Stage.BENCHMARK.value:
+        result.benchmark.status, result.benchmark.error = status, error
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "exit code unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def compile_failure_message(compile_result: CompileResult, fallback: str = "") -> str:
+    errors = compile_result.errors
+    if errors:
+        first = errors[0]
+        where = f"line {first.line}" if first.line else "an unknown line"
+        more = f" (+{len(errors) - 1} more errors)" if len(errors) > 1 else ""
+        return (f"compile error ({compile_result.backend}) at {where}: {first.message}{more}; "
+                "fix the CUDA source")
+    if compile_result.status is StageStatus.SKIPPED:
+        return f"compile skipped: {compile_result.error}"
+    detail = compile_result.error.strip().splitlines()[0] if compile_result.error.strip() else ""
+    return fallback or f"compile failed ({compile_result.backend}): {detail or 'see compile.log'}"
+
+
+def _no_gpu_message(result: EvalResult) -> str:
+    c = result.compile
+    if c.status is StageStatus.OK:
+        what = (f"compiled {len(c.kernels)} kernel(s) for {c.arch} in {c.seconds:.2f} s"
+                f"{' (cached)' if c.cached else ''}")
+    elif c.status is StageStatus.SKIPPED:
+        what = f"compile skipped ({c.error})" if c.error else "nothing compiled"
+    else:
+        what = f"compile {c.status.value}"
+    return (f"{what}; no GPU on this machine, so correctness and speed were not measured; "
+            "run on a GPU machine for the full evaluation")
+
+
+def _ok_message(result: EvalResult) -> str:
+    v, b = result.verify, result.benchmark
+    text = f"correct on {v.trials_passed}/{v.trials_run} trials"
+    if b.status is StageStatus.OK:
+        text += (f"; {b.speedup_vs_eager:.2f}x vs eager ({b.candidate.median_ms:.4g} ms vs "
+                 f"{b.eager.median_ms:.4g} ms)")
+        if b.speedup_vs_compile is not None:
+            text += f", {b.speedup_vs_compile:.2f}x vs torch.compile"
+        if b.fraction_of_peak is not None and math.isfinite(b.fraction_of_peak):
+            text += f", {b.fraction_of_peak:.0%} of peak bandwidth"
+    else:
+        text += " (not timed)"
+    return text

@@ -1,0 +1,165 @@
+"""GPU timing: warm-up, an L2 flush before every timed run, CUDA events, median + IQR.
+
+``time_cuda`` repeats until the relative spread (IQR / median) is below a target or a time
+budget ends. Runs are recorded in batches between synchronisations so host overhead does not
+enter the figure; each run's interval is between two events on the current stream, with the
+flush (a write of ~2x the L2 size) enqueued before the start event. Peak bandwidth is measured
+once per GPU with a device-to-device copy and cached on disk, as are torch.compile baselines
+(keyed by problem source hash, GPU name and torch version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from multiminddev.env.results import TimingStats, _from_jsonable, _to_jsonable
+
+DEFAULT_L2_BYTES = 64 * 1024 * 1024
+BATCH = 10  # timed runs recorded between host synchronisations
+
+
+@dataclass(kw_only=True, frozen=True)
+class TimingPlan:
+    warmup_runs: int = 3
+    min_runs: int = 10
+    max_runs: int = 300
+    budget_s: float = 2.0
+    target_relative_spread: float = 0.02
+
+
+def stats_from_times(times_ms: list[float]) -> TimingStats:
+    """Median, mean, min, max, std and IQR of per-run times (pure)."""
+    if not times_ms:
+        return TimingStats()
+    ordered = sorted(times_ms)
+    q1, q3 = _quantile(ordered, 0.25), _quantile(ordered, 0.75)
+    return TimingStats(
+        median_ms=statistics.median(ordered),
+        mean_ms=statistics.fmean(ordered),
+        min_ms=ordered[0],
+        max_ms=ordered[-1],
+        std_ms=statistics.pstdev(ordered) if len(ordered) > 1 else 0.0,
+        iqr_ms=q3 - q1,
+        runs=len(ordered),
+    )
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    """Linear-interpolated quantile of sorted data (numpy's default method)."""
+    pos = q * (len(ordered) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def l2_flush_buffer(device: Any = None) -> Any:
+    """A byte buffer of twice the L2 size; ``buf.zero_()`` evicts whatever L2 held."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    l2 = int(getattr(props, "L2_cache_size", 0) or DEFAULT_L2_BYTES)
+    return torch.empty(2 * l2, dtype=torch.int8, device=device)
+
+
+def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any) -> TimingStats:
+    """Time ``fn`` on the current stream; ``flush`` is the L2 flush buffer (or None)."""
+    import torch
+
+    for _ in range(plan.warmup_runs):
+        fn()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    start_wall = time.perf_counter()
+    while len(times) < plan.max_runs:
+        n = min(BATCH, plan.max_runs - len(times))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+        for start, end in events:
+            if flush is not None:
+                flush.zero_()
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        times.extend(start.elapsed_time(end) for start, end in events)
+        if len(times) >= plan.min_runs:
+            stats = stats_from_times(times)
+            if stats.relative_spread <= plan.target_relative_spread:
+                break
+            if time.perf_counter() - start_wall > plan.budget_s:
+                break
+    return stats_from_times(times)
+
+
+def measure_peak_bandwidth(device: Any = None, nbytes: int = 512 * 1024 * 1024) -> float:
+    """Achievable DRAM bandwidth in GB/s (1e9 B/s): best of device-to-device copies.
+
+    A copy reads and writes ``nbytes`` each, so it moves ``2 * nbytes``."""
+    import torch
+
+    free, _ = torch.cuda.mem_get_info(device)
+    nbytes = min(nbytes, max(16 * 1024 * 1024, free // 8))
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    plan = TimingPlan(warmup_runs=3, min_runs=20, max_runs=50, budget_s=1.0,
+                      target_relative_spread=0.01)
+    stats = time_cuda(lambda: dst.copy_(src), plan, flush=None)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (stats.min_ms * 1e-3) / 1e9
+
+
+def gpu_identity(device: Any = None) -> tuple[str, str]:
+    import torch
+
+    return torch.cuda.get_device_name(device), torch.__version__
+
+
+class JsonCache:
+    """A directory of small JSON records keyed by arbitrary strings; misses are None."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        return data if data.get("key") == key else None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            tmp = self.root / f".{os.getpid()}.{time.monotonic_ns()}.tmp"
+            tmp.write_text(json.dumps({**value, "key": key}))
+            tmp.replace(self._path(key))
+        except OSError:
+            pass  # an unwritable cache only costs time
+
+
+def compile_baseline_key(problem_hash: str, gpu_name: str, torch_version: str) -> str:
+    return f"compile-baseline|{problem_hash}|{gpu_name}|{torch_version}"
+
+
+def peak_bandwidth_key(gpu_name: str, torch_version: str) -> str:
+    return f"peak-bandwidth|{gpu_name}|{torch_version}"
+
+
+def stats_to_dict(stats: TimingStats) -> dict[str, Any]:
+    return _to_jsonable(stats)
+
+
+def stats_from_dict(data: dict[str, Any]) -> TimingStats:
+    return _from_jsonable(TimingStats, data)

@@ -1,0 +1,106 @@
+"""Candidate and problem modules as data: hashing, kind detection, loading, tensor transport.
+
+Tensors cross the worker -> evaluator pipe as plain bytes (``pack_tensor``), never through
+torch's shared-memory reducers, so a dead worker cannot leave half-shared storage behind and
+the evaluator's copy is its own.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import hashlib
+import importlib.util
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+
+class CandidateKind(str, enum.Enum):
+    NVRTC = "nvrtc"  # multiminddev.cuda.compile_kernels
+    LOAD_INLINE = "load_inline"  # torch.utils.cpp_extension.load_inline (compat path)
+    UNKNOWN = "unknown"
+
+
+def candidate_hash(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+def detect_kind(source: str) -> CandidateKind:
+    """Which build path the candidate uses, from the names it references (no execution)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return CandidateKind.UNKNOWN
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.name.rsplit(".", 1)[-1])
+    if "load_inline" in names:
+        return CandidateKind.LOAD_INLINE
+    if "compile_kernels" in names:
+        return CandidateKind.NVRTC
+    return CandidateKind.UNKNOWN
+
+
+def load_module_from_source(source: str, name: str, directory: Path) -> types.ModuleType:
+    """Write ``source`` to ``directory/name.py`` and import it (tracebacks show real lines)."""
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def as_output_list(outputs: Any) -> list[Any]:
+    """A forward's result as a list of outputs (a tensor, or a tuple/list of them)."""
+    if isinstance(outputs, (list, tuple)):
+        return list(outputs)
+    return [outputs]
+
+
+def pack_tensor(t: Any) -> dict[str, Any]:
+    """A tensor (any dtype, any device) as a picklable dict of bytes; other values by repr."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return {"kind": "other", "type": type(t).__name__, "repr": repr(t)[:200]}
+    cpu = t.detach().to("cpu").contiguous()
+    raw = cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b""
+    return {"kind": "tensor", "dtype": str(cpu.dtype).removeprefix("torch."),
+            "shape": list(cpu.shape), "data": raw}
+
+
+def unpack_tensor(packed: dict[str, Any]) -> Any:
+    """Inverse of ``pack_tensor``; non-tensors come back as a ``NonTensorOutput``."""
+    import torch
+
+    if packed.get("kind") != "tensor":
+        return NonTensorOutput(packed.get("type", "?"), packed.get("repr", ""))
+    dtype = getattr(torch, packed["dtype"])
+    if not packed["data"]:
+        return torch.empty(packed["shape"], dtype=dtype)
+    flat = torch.frombuffer(bytearray(packed["data"]), dtype=torch.uint8)
+    return flat.view(dtype).reshape(packed["shape"])
+
+
+class NonTensorOutput:
+    """A forward output that was not a tensor (verify reports it as a dtype mismatch)."""
+
+    def __init__(self, type_name: str, text: str):
+        self.type_name, self.text = type_name, text
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name} {self.text}>"

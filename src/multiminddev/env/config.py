@@ -1,0 +1,128 @@
+"""``EvalConfig``: every knob of the evaluation environment, validated on construction.
+
+Default stage time limits keep one evaluation of an NVRTC candidate well under a minute; the
+``load_inline`` compat path gets its own, longer build limit because nvcc + ninja take ~50 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+class StartMethod(str, enum.Enum):
+    """How worker processes start. FORKSERVER forks fresh workers from a server that has
+    already imported torch (fast, and CUDA is never initialised before the fork); SPAWN starts
+    each from scratch (slowest, most isolated)."""
+
+    FORKSERVER = "forkserver"
+    SPAWN = "spawn"
+
+
+class Stage(str, enum.Enum):
+    """Worker stages; each has its own time limit enforced by the parent."""
+
+    SETUP = "setup"  # build the reference Model, inputs and reference outputs
+    BASELINE = "baseline"  # time eager and torch.compile reference (trusted code)
+    COMPILE = "compile"  # import the candidate (NVRTC compiles happen here)
+    RUN = "run"  # correctness trials
+    GUARDS = "guards"  # one-off runtime anti-hack checks (profiler, stale output)
+    BENCHMARK = "benchmark"  # candidate timing
+
+
+CANDIDATE_STAGES = (Stage.COMPILE, Stage.RUN, Stage.GUARDS, Stage.BENCHMARK)
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    # Concurrency: evaluation slots (one active candidate each); None -> one per GPU (1 without).
+    num_workers: int | None = None
+    max_jobs_per_worker: int = 1  # 1: a fresh process per candidate (no state leaks between them)
+    spare_workers: int = 1  # started ahead per slot so the next job does not wait for startup
+    start_method: StartMethod = StartMethod.FORKSERVER
+    # Correctness
+    num_trials: int = 5
+    seed: int = 42
+    # Time limits (seconds), enforced by the parent which kills the worker
+    timeout_s: float = 60.0  # cap on all candidate stages together (inline builds excluded)
+    startup_timeout_s: float = 120.0
+    setup_timeout_s: float = 60.0
+    baseline_timeout_s: float = 120.0  # first torch.compile of a problem; then cached on disk
+    compile_timeout_s: float = 30.0
+    inline_build_timeout_s: float = 300.0
+    run_timeout_s: float = 20.0
+    guards_timeout_s: float = 20.0
+    benchmark_timeout_s: float = 30.0
+    # Benchmark
+    benchmark: bool = True
+    warmup_runs: int = 3
+    min_timed_runs: int = 10
+    max_timed_runs: int = 300
+    bench_budget_s: float = 2.0  # per timed function; stops earlier once the spread is small
+    target_relative_spread: float = 0.02  # IQR / median
+    compile_baseline: bool = True  # also time torch.compile(Model) (cached per problem/GPU/torch)
+    cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
+    # Defenses
+    defenses: bool = True  # runtime guards (torch-compute, aliasing, stale output, ...)
+    sandbox: bool = True  # install the sandbox in the worker before candidate code loads
+    min_kernel_coverage: float = 0.5  # own kernels' share of GPU time below this -> rejected
+    # Compile target where no GPU is present (None -> sm_90)
+    arch: str | None = None
+    inline_build_workers: int = 2  # parallel CPU processes building load_inline candidates
+
+    def __post_init__(self) -> None:
+        if isinstance(self.start_method, str) and not isinstance(self.start_method, StartMethod):
+            self.start_method = StartMethod(self.start_method)
+        _positive_int(self, "num_trials", "max_jobs_per_worker", "min_timed_runs", "max_timed_runs")
+        _positive_int(self, "inline_build_workers")
+        if self.num_workers is not None and self.num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1 or None (one per GPU), got {self.num_workers}")
+        if self.spare_workers < 0 or self.warmup_runs < 0:
+            raise ValueError("spare_workers and warmup_runs must be >= 0")
+        for f in fields(self):
+            if f.name.endswith("_timeout_s") or f.name in ("timeout_s", "bench_budget_s"):
+                if getattr(self, f.name) <= 0:
+                    raise ValueError(f"{f.name} must be > 0 seconds, got {getattr(self, f.name)}")
+        if self.min_timed_runs > self.max_timed_runs:
+            raise ValueError(
+                f"min_timed_runs ({self.min_timed_runs}) must be <= max_timed_runs "
+                f"({self.max_timed_runs})"
+            )
+        if not 0 < self.target_relative_spread < 1:
+            raise ValueError("target_relative_spread is IQR/median; use a value in (0, 1), e.g. 0.02")
+        if not 0 <= self.min_kernel_coverage <= 1:
+            raise ValueError("min_kernel_coverage is a fraction in [0, 1]")
+        if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
+            raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
+
+    def stage_timeout(self, stage: Stage) -> float:
+        return float(getattr(self, f"{stage.value}_timeout_s"))
+
+    @property
+    def cache_path(self) -> Path:
+        if self.cache_dir:
+            return Path(self.cache_dir)
+        env = os.environ.get("MULTIMINDDEV_CACHE")
+        return Path(env) if env else Path.home() / ".cache" / "multiminddev"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["start_method"] = self.start_method.value
+        data["cache_dir"] = str(self.cache_path)  # resolved once, so workers agree with the parent
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _positive_int(cfg: EvalConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

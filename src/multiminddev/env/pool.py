@@ -1,0 +1,250 @@
+"""A pool of evaluation workers that replaces any worker that faults, hangs or dies.
+
+One *slot* per concurrent evaluation (default: one per GPU). A slot owns the worker running
+its current job plus ``spare_workers`` started ahead of time, so after a fault (or after every
+job, with the default ``max_jobs_per_worker=1``) the next job finds a warm process. The parent
+enforces every stage's time limit by polling the pipe and SIGKILLing the worker; the pool and
+the evaluator never die with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
+
+
+@dataclass
+class JobOutcome:
+    """Everything a worker said about one job, plus what the pool saw (death, timeout)."""
+
+    messages: dict[str, Any] = field(default_factory=dict)  # tag -> payload (last wins)
+    failure: dict[str, Any] | None = None  # the worker's ("fail", ...) payload
+    timed_out_stage: str | None = None
+    died_in_stage: str | None = None
+    exitcode: int | None = None
+    worker_restarted: bool = False
+    infra_error: str = ""
+    device: str = ""
+    gpu: bool = False
+    stages_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class WorkerHandle:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self, ctx: Any, device_index: int | None, config: dict[str, Any]):
+        from multiminddev.env.worker import worker_main
+
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=worker_main, args=(child, device_index, config),
+                                   name=f"mmd-eval-worker-{device_index}", daemon=False)
+        self.started_at = time.monotonic()
+        self.process.start()
+        child.close()
+        self.info: dict[str, Any] | None = None
+        self.jobs_done = 0
+        self.startup_error = ""
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        if self.info is not None:
+            return True
+        deadline = self.started_at + timeout_s
+        try:
+            if not self.conn.poll(max(0.0, deadline - time.monotonic())):
+                self.startup_error = f"worker did not start within {timeout_s:.0f} s"
+                return False
+            tag, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1.0)
+            self.startup_error = f"worker exited during startup (exit code {self.process.exitcode})"
+            return False
+        if tag != "ready":
+            self.startup_error = f"worker failed to start: {payload.get('message', tag)}"
+            return False
+        self.info = payload
+        return True
+
+    def kill(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(5.0)
+
+    def stop(self) -> None:
+        """Ask politely (None on the pipe), then kill if it lingers."""
+        with contextlib.suppress(Exception):
+            self.conn.send(None)
+        self.process.join(1.0)
+        self.kill()
+
+
+class Slot:
+    def __init__(self, pool: WorkerPool, device_index: int | None):
+        self.pool = pool
+        self.device_index = device_index
+        self.idle: deque[WorkerHandle] = deque()
+        self.lock = threading.Lock()
+
+    def take(self) -> WorkerHandle:
+        with self.lock:
+            worker = self.idle.popleft() if self.idle else self.pool.start_worker(self.device_index)
+            self.refill_locked()
+        return worker
+
+    def refill_locked(self) -> None:
+        while len(self.idle) < max(1, self.pool.config.spare_workers) and not self.pool.closed:
+            self.idle.append(self.pool.start_worker(self.device_index))
+
+    def give_back(self, worker: WorkerHandle) -> None:
+        with self.lock:
+            self.idle.appendleft(worker)
+
+    def close(self) -> None:
+        with self.lock:
+            while self.idle:
+                self.idle.popleft().stop()
+
+
+class WorkerPool:
+    """``run(job) -> JobOutcome`` on a free slot; thread-safe; replaces faulted workers."""
+
+    def __init__(self, config: EvalConfig):
+        self.config = config
+        self.closed = False
+        self._config_dict = config.to_dict()
+        method = config.start_method
+        if method is StartMethod.FORKSERVER and "forkserver" not in multiprocessing.get_all_start_methods():
+            method = StartMethod.SPAWN
+        self._ctx = multiprocessing.get_context(method.value)
+        if method is StartMethod.FORKSERVER:
+            # The server imports torch once; each worker is a fork of it (CUDA never initialised
+            # before the fork), so a fresh worker costs a fork plus CUDA context creation.
+            self._ctx.set_forkserver_preload(["torch", "multiminddev.env.worker"])
+        devices = visible_gpu_count()
+        self.gpu_count = devices
+        n = config.num_workers or max(1, devices)
+        self.slots = [Slot(self, (i % devices) if devices else None) for i in range(n)]
+        self._free: queue.Queue[Slot] = queue.Queue()
+        for slot in self.slots:
+            self._free.put(slot)
+        self.restarts = 0
+
+    def start(self) -> None:
+        """Start every slot's workers now (otherwise they start on first use)."""
+        for slot in self.slots:
+            with slot.lock:
+                slot.refill_locked()
+
+    def start_worker(self, device_index: int | None) -> WorkerHandle:
+        return WorkerHandle(self._ctx, device_index, self._config_dict)
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    def run(self, job: dict[str, Any]) -> JobOutcome:
+        if self.closed:
+            return JobOutcome(infra_error="the evaluator is closed")
+        slot = self._free.get()
+        try:
+            return self._run_on_slot(slot, job)
+        finally:
+            self._free.put(slot)
+
+    def _run_on_slot(self, slot: Slot, job: dict[str, Any]) -> JobOutcome:
+        worker = slot.take()
+        if not worker.wait_ready(self.config.startup_timeout_s):
+            error = worker.startup_error
+            worker.kill()
+            worker = slot.take()  # one retry with a fresh process
+            if not worker.wait_ready(self.config.startup_timeout_s):
+                worker.kill()
+                return JobOutcome(infra_error=f"{error}; retry: {worker.startup_error}")
+        outcome = JobOutcome(device=str(worker.info.get("device", "")), gpu=bool(worker.info.get("gpu")))
+        try:
+            worker.conn.send(job)
+            self._collect(worker, outcome, job)
+        except (OSError, EOFError, BrokenPipeError) as exc:
+            outcome.died_in_stage = outcome.died_in_stage or "send"
+            outcome.infra_error = outcome.infra_error or f"pipe to worker failed: {exc}"
+        worker.jobs_done += 1
+        faulted = bool(outcome.timed_out_stage or outcome.died_in_stage
+                       or (outcome.failure or {}).get("fatal"))
+        if faulted:
+            outcome.worker_restarted = True
+            self.restarts += 1
+        if faulted or worker.jobs_done >= self.config.max_jobs_per_worker or self.closed:
+            if faulted:
+                worker.kill()
+            else:
+                worker.stop()
+        else:
+            slot.give_back(worker)
+        return outcome
+
+    def _collect(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any]) -> None:
+        """Read messages until done/fail; enforce each stage's time limit by killing.
+
+        ``job["compile_timeout_s"]`` (load_inline builds in the worker) overrides the compile
+        limit and extends the cap on all candidate stages by the same amount."""
+        cfg = self.config
+        compile_limit = float(job.get("compile_timeout_s") or cfg.compile_timeout_s)
+        extra = max(0.0, compile_limit - cfg.compile_timeout_s)
+        stage = Stage.SETUP
+        stage_start = time.monotonic()
+        candidate_start: float | None = None
+        while True:
+            now = time.monotonic()
+            limit = compile_limit if stage is Stage.COMPILE else cfg.stage_timeout(stage)
+            deadline = stage_start + limit
+            if candidate_start is not None and stage in CANDIDATE_STAGES:
+                deadline = min(deadline, candidate_start + cfg.timeout_s + extra)
+            try:
+                ready = worker.conn.poll(max(0.0, deadline - now))
+                message = worker.conn.recv() if ready else None
+            except (EOFError, OSError):
+                worker.process.join(2.0)
+                outcome.died_in_stage = stage.value
+                outcome.exitcode = worker.process.exitcode
+                return
+            if message is None:
+                outcome.timed_out_stage = stage.value
+                worker.kill()
+                outcome.exitcode = worker.process.exitcode
+                return
+            tag, payload = message
+            if tag == "begin":
+                outcome.stages_seconds[stage.value] = time.monotonic() - stage_start
+                stage, stage_start = Stage(payload), time.monotonic()
+                if stage is Stage.COMPILE:
+                    candidate_start = stage_start
+                continue
+            outcome.messages[tag] = payload
+            if tag in ("done", "fail"):
+                outcome.stages_seconds[stage.value] = time.monotonic() - stage_start
+                if tag == "fail":
+                    outcome.failure = payload
+                return
+
+    def close(self) -> None:
+        self.closed = True
+        for slot in self.slots:
+            slot.close()
+
+
+def visible_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken driver means "no GPU" here
+        return 0

@@ -1,0 +1,169 @@
+"""Worker stages after the candidate is imported: run (correctness trials), guards, benchmark.
+
+Runs inside the worker process (see ``worker.py``). With defenses on, each trial frees a
+same-shaped reference output and poisons free GPU memory right before the candidate runs (so
+an uninitialised ``torch.empty`` cannot inherit the reference's answer), and the runtime guards
+of ``env/guards.py`` watch the forward. The profiler and stale-output checks run once, not per
+timed run, to keep the defended path cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multiminddev.env.candidate import as_output_list, pack_tensor
+from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.results import Finding, _to_jsonable
+
+
+def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, ref: Any,
+                         module: Any) -> bool:
+    """Run, guards, benchmark. Returns True when the worker must exit (fatal CUDA error)."""
+    import torch
+
+    from multiminddev.env.worker import _report_exception
+
+    stage = Stage.RUN
+    try:
+        conn.send(("begin", stage.value))
+        torch.manual_seed(cfg.seed)
+        model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
+        outputs, findings = _correctness_trials(state, cfg, ref, model_new)
+        conn.send(("outputs", {"outputs": outputs}))
+        if findings:
+            return _reject(conn, stage, findings)
+        if state.guards is not None:
+            stage = Stage.GUARDS
+            conn.send(("begin", stage.value))
+            guard_out = _one_off_guards(state, cfg, ref, model_new, module)
+            conn.send(("guards", {"coverage": guard_out["coverage"],
+                                  "notes": guard_out["notes"]}))
+            if guard_out["findings"]:
+                return _reject(conn, stage, guard_out["findings"])
+        if cfg.benchmark:
+            stage = Stage.BENCHMARK
+            conn.send(("begin", stage.value))
+            bench, findings = _benchmark_candidate(state, cfg, problem, ref, model_new)
+            conn.send(("benchmark", bench))
+            if findings:
+                return _reject(conn, stage, findings)
+        conn.send(("done", {"notes": state.notes}))
+        return False
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+        return _report_exception(conn, stage, exc, trusted=False)
+
+
+def _reject(conn: Any, stage: Stage, findings: list[Finding]) -> bool:
+    first = findings[0]
+    conn.send(("fail", {"kind": "rejected", "stage": stage.value, "reason": first.reason.value,
+                        "message": f"runtime check {first.rule}: {first.message}",
+                        "findings": [_to_jsonable(f) for f in findings]}))
+    return False
+
+
+def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
+                        ) -> tuple[list[list[dict[str, Any]]], list[Finding]]:
+    import torch
+
+    from multiminddev.env.worker import clone_inputs
+
+    guards = state.guards
+    packed: list[list[dict[str, Any]]] = []
+    findings: list[Finding] = []
+    for trial_inputs in ref.trial_inputs:
+        inputs = clone_inputs(trial_inputs)
+        with torch.no_grad():
+            if guards is None:
+                outs = as_output_list(model_new(*inputs))
+                torch.cuda.synchronize()
+            else:
+                outs, found = _guarded_forward(guards, ref, model_new, trial_inputs, inputs)
+                findings.extend(found)
+        packed.append([pack_tensor(o) for o in outs])
+        del outs
+        if findings:
+            break
+    return packed, findings
+
+
+def _guarded_forward(guards: Any, ref: Any, model_new: Any, pristine: list[Any],
+                     inputs: list[Any]) -> tuple[list[Any], list[Finding]]:
+    import torch
+
+    from multiminddev.env.worker import clone_inputs
+
+    # A reference output of the same shape is freed right before the candidate runs, then
+    # free memory is poisoned: returning torch.empty(...) can no longer pass by luck.
+    freed = as_output_list(ref.model(*clone_inputs(pristine)))
+    del freed
+    guards.poison_free_cuda_memory()
+    snapshot = guards.snapshot_tensors(inputs)
+    threads = guards.thread_snapshot()
+    compute_guard = guards.TorchComputeGuard()
+    with compute_guard:
+        outs = as_output_list(model_new(*inputs))
+    found: list[Finding] = list(compute_guard.findings)
+    found += guards.check_streams_synchronized()
+    torch.cuda.synchronize()
+    found += guards.check_inputs_unchanged(snapshot, inputs)
+    found += guards.check_output_aliasing(inputs, outs)
+    found += guards.check_threads(threads)
+    return outs, found
+
+
+def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, module: Any
+                    ) -> dict[str, Any]:
+    """Stale-output check and the share of GPU time spent in the candidate's own kernels."""
+    import torch
+
+    from multiminddev.env.worker import clone_inputs
+
+    guards = state.guards
+    inputs = clone_inputs(ref.trial_inputs[0])
+    findings: list[Finding] = []
+    notes: list[str] = []
+
+    def run_fn(*args: Any) -> list[Any]:
+        with torch.no_grad():
+            return as_output_list(model_new(*(args or inputs)))
+
+    def expected_fn(*args: Any) -> list[Any]:
+        with torch.no_grad():
+            return as_output_list(ref.model(*(args or inputs)))
+
+    findings += guards.check_stale_output(run_fn, inputs, expected_fn)
+    coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs), own_kernel_names(module))
+    if coverage is not None and coverage < cfg.min_kernel_coverage:
+        from multiminddev.env.results import RejectReason
+
+        findings.append(Finding(
+            rule="kernel_time_coverage", reason=RejectReason.LOW_KERNEL_COVERAGE,
+            message=f"the candidate's own kernels account for {coverage:.0%} of its GPU time "
+                    f"(minimum {cfg.min_kernel_coverage:.0%}); do the work in your kernels"))
+    if coverage is None:
+        notes.append("kernel coverage unavailable (no kernel names or no profiler data)")
+    return {"findings": findings, "coverage": coverage, "notes": notes}
+
+
+def own_kernel_names(module: Any) -> list[str]:
+    """Names of the kernels this process compiled with NVRTC (load_inline: unknown -> [])."""
+    from multiminddev.cuda import kernels as kernels_mod
+
+    return sorted({k.name for r in kernels_mod.compile_log for k in r.kernels})
+
+
+def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, model_new: Any
+                         ) -> tuple[dict[str, Any], list[Finding]]:
+    import torch
+
+    from multiminddev.env import benchmark as bm
+    from multiminddev.env.worker import clone_inputs, timing_plan
+
+    inputs = clone_inputs(ref.trial_inputs[0])
+    with torch.no_grad():
+        stats = bm.time_cuda(lambda: model_new(*inputs), timing_plan(cfg), state.flush)
+    findings: list[Finding] = []
+    if state.guards is not None and problem.bytes_moved and state.peak_gbps:
+        findings += state.guards.check_impossible_speed(stats.median_ms, problem.bytes_moved,
+                                                        state.peak_gbps)
+    return {"candidate": bm.stats_to_dict(stats)}, findings

@@ -1,0 +1,411 @@
+"""The evaluation worker: a separate process that runs one untrusted candidate per job.
+
+Protocol (parent -> worker over a ``multiprocessing`` Pipe): a job dict, or ``None`` to exit.
+Worker -> parent: ``(tag, payload)`` tuples; ``("begin", stage)`` starts a stage whose time limit
+the parent enforces by killing the process. Per job, in order:
+
+1. setup (trusted): exec the problem, build ``Model`` from a fixed seed and
+   ``get_init_inputs()``, draw N trials of inputs from per-trial seeds, compute the reference
+   outputs and SEND them before any candidate code is imported, so the candidate cannot alter
+   them. Baselines (eager, torch.compile) are timed here too, before the candidate loads.
+2. compile: install the sandbox, route ``load_inline`` to the build cache, import the candidate
+   from a private temp dir; the NVRTC ``compile_log`` becomes the CompileResult.
+3. run: build ``ModelNew`` with the same seed and init inputs, run every trial (inputs cloned;
+   with defenses: a same-shaped reference output freed right before, free memory poisoned,
+   runtime guards around the forward) and send the outputs as bytes. The parent verifies.
+4. guards (once): stale-output and kernel-coverage checks; benchmark: timing with L2 flushes.
+
+Covered: a CUDA fault, segfault, abort, OOM or hang kills only this process (the parent replaces
+it); reference outputs are out of the candidate's reach before it loads. Not covered: code that
+is already running in this process (the candidate) can in principle find the pipe and forge
+later messages (e.g. via ``gc``); the static checks and sandbox forbid the means, and with
+``max_jobs_per_worker=1`` (default) each process serves one candidate only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multiminddev.env.candidate import as_output_list, candidate_hash, load_module_from_source, pack_tensor
+from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
+
+
+class FailureKind:
+    """Tags for ("fail", {...}) messages (strings cross the pipe; the parent maps them)."""
+
+    COMPILE = "compile_error"
+    RUNTIME = "runtime_error"
+    NO_GPU = "no_gpu"
+    REJECTED = "rejected"
+    INFRA = "infra_error"
+
+
+@dataclass
+class WorkerState:
+    gpu: bool
+    device_index: int | None
+    device_name: str
+    workdir: Path
+    flush: Any = None
+    peak_gbps: float | None = None
+    sandboxed: bool = False
+    routed: bool = False
+    guards: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
+    """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
+    try:
+        state = _init_worker(device_index, EvalConfig.from_dict(config))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which marks infra_error
+        with contextlib.suppress(Exception):
+            conn.send(("startup_failed", {"message": f"{type(exc).__name__}: {exc}"}))
+        return
+    conn.send(("ready", {"pid": os.getpid(), "gpu": state.gpu, "device": state.device_name}))
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        fatal = _run_job(conn, state, job)
+        if fatal:  # a CUDA error poisons the context: leave, the parent starts a fresh worker
+            return
+
+
+def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
+    import torch
+
+    # TF32 off on both sides: the reference and the candidate compute in full fp32.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
+    gpu = device_index is not None and torch.cuda.is_available()
+    if not gpu:
+        from multiminddev.cuda import compiler
+
+        # compile_kernels resolves arch = explicit or GPU's or DEFAULT_ARCH; honour config.arch.
+        compiler.DEFAULT_ARCH = cfg.arch or compiler.DEFAULT_ARCH
+        return WorkerState(gpu=False, device_index=None, workdir=workdir,
+                           device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})")
+    from multiminddev.env.benchmark import l2_flush_buffer
+
+    torch.cuda.set_device(device_index)
+    torch.cuda.init()
+    state = WorkerState(gpu=True, device_index=device_index, workdir=workdir,
+                        device_name=torch.cuda.get_device_name(device_index))
+    state.flush = l2_flush_buffer(device_index)
+    if cfg.defenses:
+        try:
+            from multiminddev.env import guards
+
+            state.guards = guards
+        except ImportError as exc:
+            state.notes.append(f"runtime guards unavailable ({exc})")
+    return state
+
+
+def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
+    """Run one job; returns True when the process must exit (CUDA context poisoned)."""
+    from multiminddev.tasks.problem import Problem
+
+    cfg = EvalConfig.from_dict(job["config"])
+    problem = Problem.from_dict(job["problem"])
+    send = conn.send
+    stage = Stage.SETUP
+    try:
+        reference = None
+        if state.gpu:
+            send(("begin", Stage.SETUP.value))
+            reference = _setup_reference(problem, cfg)
+            send(("reference", {"outputs": reference.packed_outputs}))
+            if cfg.benchmark:
+                stage = Stage.BASELINE
+                send(("begin", stage.value))
+                send(("baseline", _baselines(state, problem, cfg, reference, job.get("peak_gbps"))))
+        stage = Stage.COMPILE
+        send(("begin", stage.value))
+        module = _import_candidate(conn, state, cfg, job["candidate"])
+        if module is None:
+            return False
+        if not state.gpu:
+            send(("fail", {"kind": FailureKind.NO_GPU, "stage": stage.value,
+                           "message": "compiled; this machine has no GPU to run it"}))
+            return False
+        from multiminddev.env import stages
+
+        return stages.run_candidate_stages(conn, state, cfg, problem, reference, module)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+        return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE))
+
+
+@dataclass
+class Reference:
+    model: Any
+    init_inputs: list[Any]
+    trial_inputs: list[list[Any]]  # pristine inputs on the GPU, one list per trial
+    packed_outputs: list[list[dict[str, Any]]]
+    problem_module: Any
+
+
+def _setup_reference(problem: Any, cfg: EvalConfig) -> Reference:
+    import torch
+
+    directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
+    name = f"mmd_problem_{problem.source_hash}"
+    module = load_module_from_source(problem.source, name, directory)
+    sys.modules.pop(name, None)  # the candidate should not find the reference by name
+    torch.manual_seed(cfg.seed)
+    init_inputs = list(module.get_init_inputs())
+    torch.manual_seed(cfg.seed)
+    model = module.Model(*init_inputs).cuda().eval()
+    trials, packed = [], []
+    for t in range(cfg.num_trials):
+        torch.manual_seed(cfg.seed + 1000 * (t + 1))
+        inputs = [to_device(x) for x in module.get_inputs()]
+        with torch.no_grad():
+            outs = as_output_list(model(*inputs))
+        torch.cuda.synchronize()
+        trials.append(inputs)
+        packed.append([pack_tensor(o) for o in outs])
+        del outs
+    return Reference(model=model, init_inputs=init_inputs, trial_inputs=trials,
+                     packed_outputs=packed, problem_module=module)
+
+
+def to_device(x: Any) -> Any:
+    import torch
+
+    return x.cuda() if isinstance(x, torch.Tensor) else x
+
+
+def clone_inputs(inputs: list[Any]) -> list[Any]:
+    import torch
+
+    return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
+def _baselines(state: WorkerState, problem: Any, cfg: EvalConfig, ref: Reference,
+               peak_gbps: float | None) -> dict[str, Any]:
+    """Eager and torch.compile timings of the reference, plus the GPU's peak bandwidth."""
+    import torch
+
+    from multiminddev.env import benchmark as bm
+
+    plan = timing_plan(cfg)
+    cache = bm.JsonCache(Path(cfg.cache_dir or ".") / "baselines")
+    gpu_name, torch_version = bm.gpu_identity(state.device_index)
+    if peak_gbps is None:
+        key = bm.peak_bandwidth_key(gpu_name, torch_version)
+        hit = cache.get(key)
+        peak_gbps = hit["gbps"] if hit else bm.measure_peak_bandwidth(state.device_index)
+        if not hit:
+            cache.put(key, {"gbps": peak_gbps})
+    state.peak_gbps = peak_gbps
+    inputs = clone_inputs(ref.trial_inputs[0])
+    with torch.no_grad():
+        eager = bm.time_cuda(lambda: ref.model(*inputs), plan, state.flush)
+    out: dict[str, Any] = {"eager": bm.stats_to_dict(eager), "compiled": None, "peak_gbps": peak_gbps,
+                           "gpu_name": gpu_name, "torch_version": torch_version, "note": ""}
+    if cfg.compile_baseline:
+        key = bm.compile_baseline_key(problem.source_hash, gpu_name, torch_version)
+        hit = cache.get(key)
+        if hit is not None:
+            out["compiled"] = hit["stats"]
+        else:
+            try:
+                compiled_model = torch.compile(ref.model)
+                with torch.no_grad():
+                    stats = bm.time_cuda(lambda: compiled_model(*inputs), plan, state.flush)
+                out["compiled"] = bm.stats_to_dict(stats)
+                cache.put(key, {"stats": out["compiled"]})
+            except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
+                out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def timing_plan(cfg: EvalConfig) -> Any:
+    from multiminddev.env.benchmark import TimingPlan
+
+    return TimingPlan(warmup_runs=cfg.warmup_runs, min_runs=cfg.min_timed_runs,
+                      max_runs=cfg.max_timed_runs, budget_s=cfg.bench_budget_s,
+                      target_relative_spread=cfg.target_relative_spread)
+
+
+def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: str) -> Any:
+    """Sandbox, then import the candidate; sends ("compile", ...) or ("fail", ...)."""
+    from multiminddev.cuda import KernelCompileError, NoGPUError
+    from multiminddev.cuda import kernels as kernels_mod
+    from multiminddev.env import inline_build
+
+    if not state.routed:
+        inline_build.install_routing(Path(cfg.cache_dir or "."), inline_build.inline_arch(cfg.arch))
+        state.routed = True
+    if cfg.sandbox and not state.sandboxed:
+        _install_sandbox(state, cfg)
+    first_nvrtc, first_inline = len(kernels_mod.compile_log), len(inline_build.inline_log)
+    name = f"mmd_candidate_{candidate_hash(source)}_{time.monotonic_ns()}"
+    known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
+             inline_build.InlineBuildUnavailable)
+    try:
+        module = load_module_from_source(source, name, state.workdir)
+    except known as exc:
+        return _known_import_failure(conn, state, exc, first_nvrtc, first_inline)
+    except BaseException:
+        # Any other import failure: report what compiled so far, then the exception.
+        conn.send(("compile", _compile_payload(kernels_mod.compile_log[first_nvrtc:],
+                                               inline_build.inline_log[first_inline:])))
+        raise
+    conn.send(("compile", _compile_payload(kernels_mod.compile_log[first_nvrtc:],
+                                           inline_build.inline_log[first_inline:])))
+    if not hasattr(module, "ModelNew"):
+        conn.send(("fail", {"kind": FailureKind.REJECTED, "stage": Stage.COMPILE.value,
+                            "reason": RejectReason.NO_MODEL_NEW.value,
+                            "message": "the candidate defines no ModelNew class"}))
+        return None
+    return module
+
+
+def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException | None,
+                          first_nvrtc: int, first_inline: int) -> None:
+    from multiminddev.cuda import KernelCompileError, NoGPUError
+    from multiminddev.cuda import kernels as kernels_mod
+    from multiminddev.env import inline_build
+
+    try:
+        raise exc  # type: ignore[misc]
+    except KernelCompileError as exc:
+        conn.send(("compile", _compile_payload(kernels_mod.compile_log[first_nvrtc:] or [exc.result],
+                                               inline_build.inline_log[first_inline:])))
+        conn.send(("fail", {"kind": FailureKind.COMPILE, "stage": Stage.COMPILE.value,
+                            "message": _compile_message(exc.result)}))
+        return None
+    except inline_build.InlineBuildError as exc:
+        conn.send(("compile", _compile_payload([], inline_build.inline_log[first_inline:])))
+        conn.send(("fail", {"kind": FailureKind.COMPILE, "stage": Stage.COMPILE.value,
+                            "message": _compile_message(exc.result)}))
+        return None
+    except (NoGPUError, inline_build.InlineBuildUnavailable) as exc:
+        payload = _compile_payload(kernels_mod.compile_log[first_nvrtc:],
+                                   inline_build.inline_log[first_inline:])
+        if isinstance(exc, inline_build.InlineBuildUnavailable):
+            payload["result"] = _to_jsonable(CompileResult(
+                status=StageStatus.SKIPPED, backend="load_inline", error=str(exc)))
+        conn.send(("compile", payload))
+        kind = FailureKind.NO_GPU if not state.gpu else FailureKind.INFRA
+        conn.send(("fail", {"kind": kind, "stage": Stage.COMPILE.value, "message": str(exc)}))
+        return None
+
+
+def _install_sandbox(state: WorkerState, cfg: EvalConfig) -> None:
+    try:
+        from multiminddev.env import sandbox
+    except ImportError as exc:
+        state.notes.append(f"sandbox unavailable ({exc})")
+        return
+    policy = None
+    policy_cls = getattr(sandbox, "SandboxPolicy", None)
+    if policy_cls is not None:
+        policy = _sandbox_policy(policy_cls, cfg)
+    sandbox.install_sandbox(state.workdir, policy)
+    state.sandboxed = True
+
+
+def _sandbox_policy(policy_cls: Any, cfg: EvalConfig) -> Any:
+    """The default policy, plus read/write access to our caches if the policy has such fields."""
+    import dataclasses
+
+    cache = str(cfg.cache_dir or "")
+    names = {f.name for f in dataclasses.fields(policy_cls)} if dataclasses.is_dataclass(policy_cls) else set()
+    kwargs: dict[str, Any] = {}
+    for fname in ("extra_writable_paths", "writable_paths", "extra_readable_paths", "readable_paths"):
+        if fname in names and cache:
+            default = getattr(policy_cls(), fname)
+            kwargs[fname] = type(default)([*default, cache]) if isinstance(default, (list, tuple)) else (cache,)
+    return policy_cls(**kwargs)
+
+
+def _compile_payload(nvrtc: list[CompileResult], inline: list[CompileResult]) -> dict[str, Any]:
+    return {"result": _to_jsonable(merge_compile_results([*nvrtc, *inline]))}
+
+
+def merge_compile_results(results: list[CompileResult]) -> CompileResult:
+    """One CompileResult for all the modules a candidate compiled (first failure wins)."""
+    if not results:
+        return CompileResult(status=StageStatus.SKIPPED, backend="none",
+                             error="the candidate compiled no kernel at import time")
+    failed = [r for r in results if r.status is not StageStatus.OK]
+    base = failed[0] if failed else results[0]
+    return CompileResult(
+        status=base.status,
+        backend=base.backend,
+        arch=base.arch,
+        seconds=sum(r.seconds for r in results),
+        cached=all(r.cached for r in results),
+        log="\n".join(r.log for r in results if r.log)[-20000:],
+        diagnostics=[d for r in results for d in r.diagnostics],
+        kernels=[k for r in results for k in r.kernels],
+        error=base.error,
+    )
+
+
+def _compile_message(result: CompileResult) -> str:
+    errors = result.errors
+    if errors:
+        first = errors[0]
+        where = f"line {first.line}" if first.line else "unknown line"
+        more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+        return f"CUDA compile error at {where} of the kernel source: {first.message}{more}"
+    return f"CUDA compile failed: {result.error.strip().splitlines()[0] if result.error.strip() else 'see log'}"
+
+
+def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: bool) -> bool:
+    """Send a ("fail", ...) for ``exc``; returns True when the CUDA context is unusable."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    lowered = text.lower()
+    fatal = "cuda error" in lowered or "illegal" in lowered or "cudaerror" in lowered
+    if trusted:
+        kind, message = FailureKind.INFRA, f"the reference problem failed in {stage.value}: {text[:400]}"
+    elif _is_sandbox_violation(exc):
+        kind, message = FailureKind.REJECTED, f"sandbox refused an operation: {text[:400]}"
+    elif _is_no_gpu(exc):
+        kind, message = FailureKind.NO_GPU, f"needs a GPU: {text[:300]}"
+    else:
+        kind, message = FailureKind.RUNTIME, f"{stage.value}: {_short(text)}"
+    payload = {"kind": kind, "stage": stage.value, "message": message,
+               "traceback": "".join(traceback.format_exception(exc))[-4000:], "fatal": fatal}
+    if kind == FailureKind.REJECTED:
+        payload["reason"] = RejectReason.SANDBOX_VIOLATION.value
+    with contextlib.suppress(Exception):
+        conn.send(("fail", payload))
+    return fatal
+
+
+def _short(text: str) -> str:
+    first = text.splitlines()[0] if text else ""
+    return first[:400]
+
+
+def _is_sandbox_violation(exc: BaseException) -> bool:
+    return any("sandbox" in cls.__name__.lower() for cls in type(exc).__mro__)
+
+
+def _is_no_gpu(exc: BaseException) -> bool:
+    from multiminddev.cuda import NoGPUError
+
+    if isinstance(exc, NoGPUError):
+        return True
+    text = str(exc).lower()
+    return "not compiled with cuda" in text or "no nvidia driver" in text or "no cuda gpus" in text
