@@ -1,0 +1,1102 @@
+"""Static (AST) anti-hack checks on a candidate's source, run before anything executes.
+
+``run_static_checks(source)`` parses the candidate once and runs one pure
+``check_<pattern>(tree, source) -> list[Finding]`` per known reward hack. Each check's docstring
+names the real incident it defends against. A candidate with any finding is rejected
+(``StaticCheckResult.status == FAILED``) and every finding says which rule fired and on which
+line, so the Tester agent can explain it.
+
+What static checks can and cannot do: they read the source, so they catch the hacks that are
+visible in it (torch doing the work in ``forward``, using the reference ``Model``, try/except
+fallbacks, threads and side streams, monkey-patching, file access, pointer-keyed caches,
+forbidden imports, precision downgrades). Dynamic tricks (``getattr`` with computed strings,
+compute hidden behind an unknown object) can slip past a static reading; ``eval``/``exec``/
+``__import__`` are refused outright for that reason, and the runtime guards (``env/guards.py``:
+a TorchDispatchMode during ``forward``, input/output/stream/thread checks, stale-output and
+roofline checks) plus the sandbox (``env/sandbox.py``) cover what runs.
+
+Tensor tracking is a flow-insensitive heuristic: names bound to ``forward``'s parameters, to
+``self`` tensors (``nn.Parameter``, buffers), to results of torch calls and views, and to
+expressions over those are tensors; arithmetic on them is torch compute, while arithmetic on
+shapes, sizes and ints (``(n + 255) // 256``) is not.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
+
+# ---------------------------------------------------------------------------------------------
+# Policy tables (frozen: checks read them, nothing mutates them)
+# ---------------------------------------------------------------------------------------------
+
+# Torch functions allowed in forward: allocation, views, shape queries, stream/device queries.
+ALLOWED_TORCH_FUNCTIONS = frozenset(
+    {
+        *(f"torch.{n}" for n in (
+            "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like",
+            "full", "full_like", "reshape", "flatten", "unflatten", "permute", "transpose", "t",
+            "squeeze", "unsqueeze", "narrow", "as_strided", "broadcast_to", "movedim",
+            "swapaxes", "chunk", "split", "unbind", "select", "is_tensor", "numel", "device",
+            "Size", "finfo", "iinfo", "get_default_dtype", "no_grad", "inference_mode",
+            "is_grad_enabled", "broadcast_shapes", "is_floating_point", "is_complex",
+        )),
+        *(f"torch.cuda.{n}" for n in (
+            "current_stream", "current_device", "is_available", "device_count", "device",
+            "get_device_properties", "get_device_capability", "get_device_name", "synchronize",
+        )),
+        "torch.utils.cpp_extension.load_inline",
+        "torch.nn.Parameter",
+    }
+)
+# Torch functions returning non-tensors (so arithmetic on their results is fine).
+NON_TENSOR_TORCH_FUNCTIONS = frozenset(
+    n for n in ALLOWED_TORCH_FUNCTIONS
+    if n.startswith("torch.cuda.") or n.rsplit(".", 1)[1] in {
+        "is_tensor", "numel", "device", "Size", "finfo", "iinfo", "get_default_dtype",
+        "no_grad", "inference_mode", "is_grad_enabled", "broadcast_shapes",
+        "is_floating_point", "is_complex",
+    }
+)
+# Tensor methods allowed in forward, split by whether they return a tensor.
+VIEW_METHODS = frozenset(
+    {
+        "contiguous", "view", "view_as", "reshape", "reshape_as", "permute", "transpose", "t",
+        "flatten", "unflatten", "unsqueeze", "squeeze", "expand", "expand_as", "narrow",
+        "as_strided", "detach", "new_empty", "new_zeros", "new_ones", "new_full",
+        "new_empty_strided", "zero_", "fill_", "to", "float", "cuda", "movedim", "swapaxes",
+        "chunk", "split", "unbind", "select", "requires_grad_",
+    }
+)
+QUERY_METHODS = frozenset(
+    {
+        "size", "stride", "numel", "nelement", "dim", "ndimension", "data_ptr", "element_size",
+        "is_contiguous", "storage_offset", "item", "get_device", "is_floating_point",
+        "is_complex", "tolist",
+    }
+)
+NON_TENSOR_ATTRIBUTES = frozenset(
+    {"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad", "itemsize",
+     "nbytes", "is_leaf", "grad_fn", "names"}
+)
+TENSOR_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real", "imag"})
+# Builtins that may take a tensor without computing on it.
+HARMLESS_BUILTINS = frozenset(
+    {"len", "isinstance", "type", "int", "float", "bool", "print", "hasattr", "getattr", "repr",
+     "str", "super", "tuple", "list"}
+)
+
+ALLOWED_IMPORTS = frozenset(
+    {
+        "__future__", "typing", "math", "numpy", "functools", "itertools", "operator",
+        "dataclasses", "enum", "collections", "collections.abc", "torch", "torch.nn",
+        "torch.nn.functional", "torch.utils.cpp_extension", "torch.cuda",
+        "multiminddev.cuda", "multiminddev.cuda.kernels", "multiminddev.cuda.compiler",
+    }
+)
+CONCURRENCY_MODULES = frozenset(
+    {"threading", "_thread", "multiprocessing", "concurrent", "asyncio", "subprocess", "sched",
+     "queue", "torch.multiprocessing"}
+)
+# torch names that run work outside the timed stream or replay it: side streams, events, graphs.
+CONCURRENCY_TORCH = frozenset(
+    f"torch.{n}" for n in (
+        "cuda.Stream", "cuda.Event", "cuda.graph", "cuda.CUDAGraph", "cuda.stream",
+        "cuda.ExternalStream", "cuda.set_stream", "cuda.default_stream", "cuda.graphs",
+        "cuda.make_graphed_callables", "Stream", "Event", "cuda.streams", "multiprocessing",
+        "futures", "jit.fork", "jit.wait",
+    )
+)
+TORCH_PRIVATE_OK = frozenset()  # no private torch attribute is needed by a kernel candidate
+LOW_PRECISION_DTYPES = frozenset(
+    {"torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"}
+)
+LOW_PRECISION_METHODS = frozenset({"half", "bfloat16"})
+LOW_PRECISION_CUDA_TOKENS = ("__half", "__nv_bfloat16", "cuda_fp16.h", "cuda_bf16.h", "__float2half")
+FILE_FUNCTIONS = frozenset(
+    {"open", "io.open", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",
+     "numpy.memmap", "numpy.save", "numpy.savez", "torch.load", "torch.save", "torch.from_file",
+     "torch.utils.cpp_extension.load", "pickle.load", "pickle.loads", "marshal.load",
+     "pathlib.Path", "pathlib.PurePath", "os.open", "os.listdir", "os.scandir"}
+)
+FILE_METHODS = frozenset({"read_text", "read_bytes", "write_text", "write_bytes", "open"})
+DYNAMIC_CODE = frozenset({"eval", "exec", "compile", "__import__", "globals", "vars", "locals",
+                          "breakpoint"})
+CACHE_DECORATORS = frozenset({"functools.lru_cache", "functools.cache", "functools.cached_property"})
+KERNEL_BUILDERS = frozenset(
+    {"multiminddev.cuda.compile_kernels", "multiminddev.cuda.kernels.compile_kernels",
+     "torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"}
+)
+
+
+def _finding(rule: str, reason: RejectReason, message: str, node: ast.AST | None) -> Finding:
+    return Finding(rule=rule, reason=reason, message=message, line=getattr(node, "lineno", None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Module analysis shared by the checks (pure functions of the tree)
+# ---------------------------------------------------------------------------------------------
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _root(node: ast.AST) -> ast.AST:
+    """The innermost receiver of an Attribute/Subscript/Call chain (``a`` in ``a.b[0].c()``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call, ast.Starred)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node
+
+
+def import_aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> fully qualified name for every import and module-qualified alias."""
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:
+                    top = a.name.split(".")[0]
+                    aliases[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    # ``mm = torch.matmul`` / ``F2 = F``: plain aliases of imported names, anywhere.
+    for _ in range(2):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, dotted = node.targets[0], _dotted(node.value)
+                if isinstance(target, ast.Name) and dotted and dotted.split(".")[0] in aliases:
+                    aliases.setdefault(target.id, _resolve_dotted(dotted, aliases))
+    return aliases
+
+
+def _resolve_dotted(dotted: str, aliases: dict[str, str]) -> str:
+    head, _, rest = dotted.partition(".")
+    base = aliases.get(head, head)
+    return f"{base}.{rest}" if rest else base
+
+
+def resolve(node: ast.AST, aliases: dict[str, str]) -> str | None:
+    dotted = _dotted(node)
+    return _resolve_dotted(dotted, aliases) if dotted else None
+
+
+@dataclass(kw_only=True)
+class ModuleInfo:
+    """What the checks need to know about the candidate module, computed once."""
+
+    tree: ast.Module
+    aliases: dict[str, str]
+    functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]
+    classes: dict[str, ast.ClassDef]
+    model_new: ast.ClassDef | None
+    kernel_holders: set[str] = field(default_factory=set)  # names bound to compiled kernels
+    self_holders: set[str] = field(default_factory=set)  # self.<attr> bound to compiled kernels
+    self_tensors: set[str] = field(default_factory=set)  # self.<attr> holding tensors
+    self_modules: dict[str, str] = field(default_factory=dict)  # self.<attr> -> torch module/class
+    self_callables: dict[str, str] = field(default_factory=dict)  # self.<attr> = torch.fn
+
+    def methods(self, cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+        """Methods of ``cls`` and of its bases defined in this module (subclass wins)."""
+        found: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+        for base in cls.bases:
+            if isinstance(base, ast.Name) and base.id in self.classes and base.id != cls.name:
+                found.update(self.methods(self.classes[base.id]))
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found[node.name] = node
+        return found
+
+    @property
+    def forward(self) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+        return self.methods(self.model_new).get("forward") if self.model_new else None
+
+
+def _is_builder_call(node: ast.AST, aliases: dict[str, str]) -> bool:
+    return isinstance(node, ast.Call) and resolve(node.func, aliases) in KERNEL_BUILDERS
+
+
+def _self_attr(node: ast.AST) -> str | None:
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id == "self"):
+        return node.attr
+    return None
+
+
+def _assignments(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
+    """(target, value) for every simple assignment in ``tree`` (tuple targets unpacked)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            pairs = [(t, node.value) for t in node.targets]
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            pairs = [(node.target, node.value)]
+        elif isinstance(node, ast.Call) and _dotted(node.func) in {"setattr"} and len(node.args) == 3:
+            obj, name, value = node.args
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                pairs = [(ast.Attribute(value=obj, attr=name.value, ctx=ast.Store()), value)]
+            else:
+                pairs = []
+        else:
+            pairs = []
+        for target, value in pairs:
+            if isinstance(target, (ast.Tuple, ast.List)):
+                for elt in target.elts:
+                    yield elt, value
+            else:
+                yield target, value
+
+
+def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
+    """Does ``value`` evaluate to compiled kernels (or one kernel / extension function)?
+
+    Walks the chain ``a.b[0].c()`` inward: ``kernels.relu``, ``self.ext.fn``, ``_get()``
+    (a module function returning kernels) and ``compile_kernels(...)`` all qualify.
+    """
+    node = value
+    while True:
+        if _is_builder_call(node, info.aliases):
+            return True
+        attr = _self_attr(node)
+        if attr is not None:
+            return attr in info.self_holders
+        if isinstance(node, ast.Name):
+            if node.id in info.kernel_holders:
+                return True
+            fn = info.functions.get(node.id)
+            return fn is not None and _function_returns_kernels(fn, info)
+        if isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        else:
+            return False
+
+
+def _function_returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            if _is_builder_call(node.value, info.aliases):
+                return True
+            root = _root(node.value)
+            if isinstance(root, ast.Name) and root.id in info.kernel_holders:
+                return True
+    return False
+
+
+def _classify_self_attrs(info: ModuleInfo) -> None:
+    """Find self attributes holding kernels, tensors, torch modules and torch callables."""
+    if info.model_new is None:
+        return
+    nn_module_names = ("torch.nn.", "torch.ao.nn.")
+    for target, value in _assignments(info.model_new):
+        attr = _self_attr(target)
+        if attr is None:
+            continue
+        callee = resolve(value.func, info.aliases) if isinstance(value, ast.Call) else None
+        if _holds_kernels(value, info):
+            info.self_holders.add(attr)
+        elif callee in {"torch.nn.Parameter", "torch.nn.parameter.Parameter"} or (
+            callee is not None and callee.startswith("torch.") and callee.count(".") == 1
+        ):
+            info.self_tensors.add(attr)
+        elif callee is not None and callee.startswith(nn_module_names):
+            info.self_modules[attr] = callee
+        elif callee in info.classes:
+            info.self_modules[attr] = callee
+        else:
+            dotted = resolve(value, info.aliases)
+            if dotted and dotted.startswith("torch."):
+                info.self_callables[attr] = dotted
+    for node in ast.walk(info.model_new):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"register_buffer", "register_parameter"} and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            info.self_tensors.add(str(node.args[0].value))
+
+
+@functools.lru_cache(maxsize=64)
+def _analyse_cached(source: str) -> ModuleInfo:
+    return analyse(ast.parse(source))
+
+
+def analyse(tree: ast.Module) -> ModuleInfo:
+    aliases = import_aliases(tree)
+    functions = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    info = ModuleInfo(
+        tree=tree, aliases=aliases, functions=functions, classes=classes,
+        model_new=classes.get("ModelNew"),
+    )
+    for _ in range(3):  # fixed point over chains like ``k = _build(); self.k = k``
+        for target, value in _assignments(tree):
+            if isinstance(target, ast.Name) and _holds_kernels(value, info):
+                info.kernel_holders.add(target.id)
+    _classify_self_attrs(info)
+    return info
+
+
+# ---------------------------------------------------------------------------------------------
+# Reachability from ModelNew.forward, with tensor tracking
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class FunctionScope:
+    """One function reachable from forward, with the names that hold tensors in it."""
+
+    fn: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+    tensors: set[str]
+    aliases_of_inputs: set[str] = field(default_factory=set)  # forward only
+
+
+def _params(fn: ast.AST) -> list[str]:
+    a = fn.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args)]
+    return names
+
+
+def is_tensor_expr(node: ast.AST, tensors: set[str], info: ModuleInfo) -> bool:
+    """Heuristic: does ``node`` evaluate to a tensor (so operators on it are torch compute)?"""
+    if isinstance(node, ast.Name):
+        return node.id in tensors
+    if isinstance(node, ast.Starred):
+        return is_tensor_expr(node.value, tensors, info)
+    if isinstance(node, ast.Attribute):
+        attr = _self_attr(node)
+        if attr is not None:
+            return attr in info.self_tensors
+        if isinstance(node.value, ast.Attribute) and _self_attr(node.value) in info.self_modules:
+            return node.attr in {"weight", "bias"}
+        if node.attr in TENSOR_ATTRIBUTES:
+            return is_tensor_expr(node.value, tensors, info)
+        return False
+    if isinstance(node, ast.Subscript):
+        return is_tensor_expr(node.value, tensors, info)
+    if isinstance(node, ast.BinOp):
+        return is_tensor_expr(node.left, tensors, info) or is_tensor_expr(node.right, tensors, info)
+    if isinstance(node, ast.UnaryOp):
+        return is_tensor_expr(node.operand, tensors, info)
+    if isinstance(node, ast.IfExp):
+        return is_tensor_expr(node.body, tensors, info) or is_tensor_expr(node.orelse, tensors, info)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return any(is_tensor_expr(e, tensors, info) for e in node.elts)
+    if isinstance(node, ast.Call):
+        return _call_returns_tensor(node, tensors, info)
+    return False
+
+
+def _call_returns_tensor(node: ast.Call, tensors: set[str], info: ModuleInfo) -> bool:
+    func = node.func
+    name = resolve(func, info.aliases)
+    if name and name.startswith("torch."):
+        return name not in NON_TENSOR_TORCH_FUNCTIONS
+    if isinstance(func, ast.Attribute) and is_tensor_expr(func.value, tensors, info):
+        return func.attr not in QUERY_METHODS
+    if _holds_kernels(func, info):  # load_inline extension functions return tensors
+        return True
+    attr = _self_attr(func)
+    return attr is not None and (attr in info.self_modules or attr in info.self_callables)
+
+
+def _bind_tensors(fn: ast.AST, seeds: set[str], info: ModuleInfo) -> set[str]:
+    """Names holding tensors in ``fn``: seeds plus names assigned from tensor expressions."""
+    tensors = set(seeds)
+    for _ in range(4):
+        before = len(tensors)
+        for target, value in _assignments(fn):
+            if isinstance(target, ast.Name) and is_tensor_expr(value, tensors, info):
+                tensors.add(target.id)
+        for node in ast.walk(fn):
+            if isinstance(node, (ast.For, ast.comprehension)) and isinstance(node.target, ast.Name):
+                if is_tensor_expr(node.iter, tensors, info):
+                    tensors.add(node.target.id)
+            if isinstance(node, ast.withitem) and isinstance(node.optional_vars, ast.Name):
+                if is_tensor_expr(node.context_expr, tensors, info):
+                    tensors.add(node.optional_vars.id)
+        if len(tensors) == before:
+            break
+    return tensors
+
+
+def _call_target(call: ast.Call, info: ModuleInfo) -> tuple[ast.AST | None, bool]:
+    """The module-local function a call runs (and whether it is a bound method), if any."""
+    func = call.func
+    if isinstance(func, ast.Name):
+        if func.id in info.functions:
+            return info.functions[func.id], False
+        if func.id in info.classes:
+            return info.methods(info.classes[func.id]).get("__init__"), True
+        return None, False
+    if not isinstance(func, ast.Attribute):
+        return None, False
+    if isinstance(func.value, ast.Name) and func.value.id == "self" and info.model_new:
+        method = info.methods(info.model_new).get(func.attr)
+        if method is not None:
+            return method, True
+        local_cls = info.self_modules.get(func.attr)
+        if local_cls in info.classes:  # ``self.helper(x)`` on a module-local class instance
+            methods = info.methods(info.classes[local_cls])
+            return methods.get("forward") or methods.get("__call__"), True
+        return None, False
+    owner = _self_attr(func.value)
+    if owner in info.self_modules and info.self_modules[owner] in info.classes:
+        return info.methods(info.classes[info.self_modules[owner]]).get(func.attr), True
+    if isinstance(func.value, ast.Name) and func.value.id in info.classes:
+        method = info.methods(info.classes[func.value.id]).get(func.attr)
+        is_static = method is not None and any(
+            _dotted(d) == "staticmethod" for d in method.decorator_list
+        )
+        return method, not is_static
+    return None, False
+
+
+def reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
+    """forward and every module-local function/method it calls, transitively.
+
+    Parameters of a helper are tensors when the call site passes a tensor in that position, so
+    ``self._grid(n)`` with an int ``n`` does not make ``n + 255`` look like compute.
+    """
+    forward = info.forward
+    if forward is None:
+        return []
+    params = _params(forward)[1:]
+    seeds = set(params) | {a.arg for a in (forward.args.vararg, forward.args.kwarg) if a}
+    seeds |= {a.arg for a in forward.args.kwonlyargs}
+    scopes: list[FunctionScope] = []
+    seen: set[tuple[int, frozenset[str]]] = set()
+    work: list[tuple[ast.AST, set[str]]] = [(forward, seeds)]
+    while work:
+        fn, fn_seeds = work.pop()
+        key = (id(fn), frozenset(fn_seeds))
+        if key in seen or len(seen) > 200:
+            continue
+        seen.add(key)
+        tensors = _bind_tensors(fn, fn_seeds, info)
+        scopes.append(FunctionScope(fn=fn, tensors=tensors))
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Call):
+                target, bound = _call_target(node, info)
+                if target is not None:
+                    work.append((target, _tensor_params(node, target, bound, tensors, info)))
+    scopes[0].aliases_of_inputs = _input_aliases(forward, set(params), info)
+    return scopes
+
+
+def _tensor_params(call: ast.Call, target: ast.AST, bound: bool, tensors: set[str],
+                   info: ModuleInfo) -> set[str]:
+    names = _params(target)[1:] if bound else _params(target)
+    out = {name for name, arg in zip(names, call.args) if is_tensor_expr(arg, tensors, info)}
+    out |= {kw.arg for kw in call.keywords if kw.arg and is_tensor_expr(kw.value, tensors, info)}
+    if target.args.vararg and any(is_tensor_expr(a, tensors, info) for a in call.args[len(names):]):
+        out.add(target.args.vararg.arg)
+    return out
+
+
+def _input_aliases(forward: ast.AST, params: set[str], info: ModuleInfo) -> set[str]:
+    """Names in forward that are always the inputs themselves or views of them (never copies).
+
+    Flow-insensitive and conservative: a name assigned anything but a view of an input at any
+    point is not an alias, so ``x = torch.empty_like(x)`` clears ``x``.
+    """
+    assigned: dict[str, list[ast.AST]] = {}
+    for target, value in _assignments(forward):
+        if isinstance(target, ast.Name):
+            assigned.setdefault(target.id, []).append(value)
+    aliases = {p for p in params if p not in assigned}
+    for _ in range(4):
+        grown = {
+            name for name, values in assigned.items()
+            if all(_is_view_of(v, aliases | params) for v in values)
+        }
+        if grown <= aliases:
+            break
+        aliases |= grown
+    return aliases
+
+
+def _is_view_of(node: ast.AST, aliases: set[str]) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in aliases
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"view", "reshape", "view_as", "flatten", "squeeze",
+                                   "unsqueeze", "detach", "expand", "as_strided"}):
+        return _is_view_of(node.func.value, aliases)
+    return False
+
+
+def _walk_scopes(info: ModuleInfo) -> Iterator[tuple[FunctionScope, ast.AST]]:
+    for scope in reachable_scopes(info):
+        for node in ast.walk(scope.fn):
+            yield scope, node
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks: one per hack pattern
+# ---------------------------------------------------------------------------------------------
+
+
+def check_syntax(tree: ast.Module, source: str) -> list[Finding]:
+    """The candidate must compile as Python.
+
+    Rationale: a broken candidate must fail cleanly with the line, not crash the worker; some
+    errors (``return`` outside a function, bad ``nonlocal``) only appear at compile time, after
+    ``ast.parse`` succeeded.
+    """
+    try:
+        compile(source, "<candidate>", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        return [Finding(rule="syntax", reason=RejectReason.SYNTAX, line=exc.lineno,
+                        message=f"not valid Python: {exc.msg}")]
+    return []
+
+
+def check_model_new(tree: ast.Module, source: str) -> list[Finding]:
+    """A top-level ``class ModelNew`` with a ``forward`` method must exist.
+
+    Rationale: the evaluator instantiates ``ModelNew``; ``ModelNew = Model`` or a missing class
+    must be refused with a clear message rather than an AttributeError inside the worker.
+    """
+    info = _analyse_cached(source)
+    if info.model_new is None:
+        return [_finding("model_new_class", RejectReason.NO_MODEL_NEW,
+                         "define `class ModelNew(nn.Module)` at module level with the "
+                         "reference Model's __init__ and forward signature", None)]
+    if info.forward is None:
+        return [_finding("model_new_forward", RejectReason.NO_MODEL_NEW,
+                         "ModelNew has no forward method", info.model_new)]
+    return []
+
+
+def check_kernel_defined_and_launched(tree: ast.Module, source: str) -> list[Finding]:
+    """At least one kernel is defined and ModelNew.forward (or a helper it calls) launches one.
+
+    Rationale: KernelBench's "torch fallback" — candidates that define a CUDA string but never
+    call it, or define none at all, and let PyTorch compute the answer.
+    """
+    info = _analyse_cached(source)
+    defines = any(_is_builder_call(n, info.aliases) for n in ast.walk(tree)) or any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "__global__" in n.value
+        for n in ast.walk(tree)
+    )
+    if not defines:
+        return [_finding("kernel_defined", RejectReason.NO_KERNEL,
+                         "no CUDA kernel defined: compile one with "
+                         "multiminddev.cuda.compile_kernels(...) (or load_inline)", None)]
+    if info.forward is None:
+        return []
+    for _, node in _walk_scopes(info):
+        if isinstance(node, ast.Call) and _is_launch(node, info):
+            return []
+    return [_finding("kernel_launched", RejectReason.NO_KERNEL,
+                     "ModelNew.forward never launches one of your kernels (call e.g. "
+                     "kernels.<name>(grid=..., block=..., args=...))", info.forward)]
+
+
+def _is_launch(call: ast.Call, info: ModuleInfo) -> bool:
+    func = call.func
+    if not isinstance(func, (ast.Attribute, ast.Subscript, ast.Call, ast.Name)):
+        return False
+    if isinstance(func, ast.Name):
+        return func.id in info.kernel_holders  # ``relu = kernels.relu; relu(...)``
+    if _is_builder_call(func, info.aliases):
+        return False
+    return _holds_kernels(func.value if isinstance(func, (ast.Attribute, ast.Subscript)) else func,
+                          info)
+
+
+def check_torch_compute(tree: ast.Module, source: str) -> list[Finding]:
+    """No torch compute in ModelNew.forward or the module-local helpers it calls.
+
+    Rationale: KernelBench/Kevin/CUDA-L1 "torch fallback" hacks — ``torch.matmul``, ``F.relu``,
+    ``x @ w``, ``x.sum()``, ``self.linear(x)`` do the work while a token kernel runs; also
+    compute hidden in a helper method. Allocation, views, shape queries and stream queries are
+    allowed; arithmetic on ints and shapes is fine.
+    """
+    info = _analyse_cached(source)
+    findings: list[Finding] = []
+    for scope, node in _walk_scopes(info):
+        message = _compute_message(node, scope.tensors, info)
+        if message:
+            findings.append(_finding("torch_compute", RejectReason.TORCH_COMPUTE,
+                                     f"{message} in forward; do the computation in your kernel",
+                                     node))
+    return _dedup(findings)
+
+
+def _compute_message(node: ast.AST, tensors: set[str], info: ModuleInfo) -> str | None:
+    if isinstance(node, ast.Call):
+        return _call_compute_message(node, tensors, info)
+    if isinstance(node, ast.BinOp) and is_tensor_expr(node, tensors, info):
+        return f"tensor arithmetic `{ast.unparse(node)[:60]}`"
+    if isinstance(node, ast.UnaryOp) and not isinstance(node.op, ast.Not) and is_tensor_expr(
+            node.operand, tensors, info):
+        return f"tensor arithmetic `{ast.unparse(node)[:60]}`"
+    if isinstance(node, ast.AugAssign) and is_tensor_expr(node.target, tensors, info):
+        return f"in-place tensor arithmetic `{ast.unparse(node)[:60]}`"
+    if isinstance(node, ast.Compare) and not all(
+            isinstance(op, (ast.Is, ast.IsNot, ast.In, ast.NotIn)) for op in node.ops):
+        if any(is_tensor_expr(x, tensors, info) for x in (node.left, *node.comparators)):
+            return f"tensor comparison `{ast.unparse(node)[:60]}`"
+    if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Subscript) and is_tensor_expr(t.value, tensors, info)
+            for t in node.targets):
+        return f"tensor item assignment `{ast.unparse(node)[:60]}`"
+    return None
+
+
+def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -> str | None:
+    func = node.func
+    name = resolve(func, info.aliases)
+    if name and (name == "torch" or name.startswith("torch.")):
+        if name in ALLOWED_TORCH_FUNCTIONS or name in CONCURRENCY_TORCH or name.startswith(
+                "torch.utils.cpp_extension."):
+            return None  # allowed, or reported by check_concurrency / check_file_access
+        if name.startswith("torch.Tensor.") and name.rsplit(".", 1)[1] in VIEW_METHODS | QUERY_METHODS:
+            return None
+        return f"torch call `{name}`"
+    if isinstance(func, ast.Attribute) and is_tensor_expr(func.value, tensors, info):
+        if func.attr not in VIEW_METHODS | QUERY_METHODS | LOW_PRECISION_METHODS:
+            return f"tensor method `.{func.attr}()`"
+        return None
+    attr = _self_attr(func)
+    if attr in info.self_modules and info.self_modules[attr] not in info.classes:
+        return f"torch module call `self.{attr}(...)` ({info.self_modules[attr]})"
+    if attr in info.self_callables:
+        return f"torch call `self.{attr}` ({info.self_callables[attr]})"
+    if isinstance(func, ast.Attribute) and _self_attr(func.value) in info.self_modules:
+        if info.self_modules[_self_attr(func.value)] not in info.classes:
+            return f"torch module method `{ast.unparse(func)}(...)`"
+    if _is_launch(node, info) or _call_target(node, info)[0] is not None:
+        return None
+    args = [*node.args, *(kw.value for kw in node.keywords)]
+    if any(is_tensor_expr(a, tensors, info) for a in args):
+        if isinstance(func, ast.Name) and func.id in HARMLESS_BUILTINS | {"id", "hash"}:
+            return None
+        if isinstance(func, ast.Name) and func.id in info.kernel_holders:
+            return None
+        return f"`{ast.unparse(func)[:40]}` applied to tensors"
+    return None
+
+
+def check_reference_use(tree: ast.Module, source: str) -> list[Finding]:
+    """No use of the reference ``Model``: no inheriting, instantiating, importing or calling it.
+
+    Rationale: KernelBench and Sakana archive hacks — ``class ModelNew(Model)`` inherits the
+    reference forward; ``self.ref = Model(...)`` calls it; ``from <problem> import Model``.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "Model" and isinstance(node.ctx, ast.Load):
+            findings.append(_finding("reference_model", RejectReason.REFERENCE_USE,
+                                     "uses the reference `Model`; ModelNew must compute with "
+                                     "its own kernels", node))
+        elif isinstance(node, ast.Attribute) and node.attr == "Model":
+            findings.append(_finding("reference_model", RejectReason.REFERENCE_USE,
+                                     f"uses the reference `{ast.unparse(node)}`", node))
+        elif isinstance(node, ast.ImportFrom) and any(a.name == "Model" for a in node.names):
+            findings.append(_finding("reference_import", RejectReason.REFERENCE_USE,
+                                     f"imports the reference Model from {node.module!r}", node))
+    if info.model_new is not None:
+        for base in info.model_new.bases:
+            name = resolve(base, info.aliases)
+            if name not in {"torch.nn.Module", "torch.nn.modules.module.Module"} and (
+                    name not in info.classes):
+                findings.append(_finding("reference_inheritance", RejectReason.REFERENCE_USE,
+                                         f"ModelNew must subclass nn.Module, not {name}", base))
+    return _dedup(findings)
+
+
+def check_try_except_fallback(tree: ast.Module, source: str) -> list[Finding]:
+    """No try/except in forward (or its helpers) or around kernel compilation/launch.
+
+    Rationale: "try the kernel, fall back to torch on error" — the kernel fails (or is never
+    meant to work) and torch silently produces the answer; also ``contextlib.suppress``.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for _, node in _walk_scopes(info):
+        if isinstance(node, (ast.Try, ast.TryStar)):
+            findings.append(_finding("try_in_forward", RejectReason.TRY_EXCEPT_FALLBACK,
+                                     "try/except in forward: errors must surface, not fall back",
+                                     node))
+        elif isinstance(node, ast.withitem) and "suppress" in (ast.unparse(node.context_expr)):
+            findings.append(_finding("suppress_in_forward", RejectReason.TRY_EXCEPT_FALLBACK,
+                                     "contextlib.suppress in forward hides kernel failures",
+                                     node.context_expr))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, ast.TryStar)) and any(
+                isinstance(n, ast.Call) and (_is_builder_call(n, info.aliases) or _is_launch(n, info))
+                for stmt in node.body for n in ast.walk(stmt)):
+            findings.append(_finding("try_around_kernel", RejectReason.TRY_EXCEPT_FALLBACK,
+                                     "try/except around kernel compilation or launch: a failing "
+                                     "kernel must fail the candidate", node))
+    return _dedup(findings)
+
+
+def check_concurrency(tree: ast.Module, source: str) -> list[Finding]:
+    """No threads, processes, async tasks, side streams, events or CUDA graphs.
+
+    Rationale: GPU MODE / CUDA-L1 hacks — work launched on a side stream the timing events do
+    not see; threads that finish the output after forward returned; graph replays that skip
+    work. The timer only measures work ordered on the current stream.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        for module in _imported_modules(node):
+            if module in CONCURRENCY_MODULES or module.split(".")[0] in CONCURRENCY_MODULES:
+                findings.append(_finding("concurrency_import", RejectReason.CONCURRENCY,
+                                         f"imports {module}: no threads or processes", node))
+        if isinstance(node, (ast.Attribute, ast.Name)):
+            name = resolve(node, info.aliases)
+            if name in CONCURRENCY_TORCH or (name and name.split(".")[0] in CONCURRENCY_MODULES
+                                             and isinstance(node, ast.Attribute)):
+                findings.append(_finding("streams_events_graphs", RejectReason.CONCURRENCY,
+                                         f"uses {name}: launch on the current stream only", node))
+        if isinstance(node, (ast.AsyncFunctionDef, ast.Await)):
+            findings.append(_finding("async", RejectReason.CONCURRENCY,
+                                     "async code in a candidate", node))
+    return _dedup(findings)
+
+
+def _imported_modules(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        return [f"{module}.{a.name}" if module else a.name for a in node.names] + [module]
+    return []
+
+
+def check_monkey_patch(tree: ast.Module, source: str) -> list[Finding]:
+    """No assignments to attributes or items of imported modules/classes, no setattr on them.
+
+    Rationale: timer hacks that replace ``torch.cuda.Event.elapsed_time`` or
+    ``time.perf_counter``; patching ``torch.allclose`` or the harness so comparisons pass;
+    flipping ``torch.backends`` flags. Also tensor subclasses with ``__torch_function__`` /
+    ``__torch_dispatch__`` (lazy tensors that compute, or fake equality, at comparison time).
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            root = _root(target)
+            if isinstance(target, (ast.Attribute, ast.Subscript)) and isinstance(root, ast.Name) and (
+                    root.id in info.aliases or root.id == "__builtins__"):
+                findings.append(_finding("patch_module", RejectReason.MONKEY_PATCH,
+                                         f"modifies {ast.unparse(target)[:60]} (imported from "
+                                         f"{info.aliases.get(root.id, root.id)})", node))
+        if isinstance(node, ast.Call) and _dotted(node.func) in {"setattr", "delattr"}:
+            if not (node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                findings.append(_finding("setattr", RejectReason.MONKEY_PATCH,
+                                         "setattr/delattr on something other than self", node))
+        findings.extend(_tensor_subclass_findings(node, info))
+    return _dedup(findings)
+
+
+def _tensor_subclass_findings(node: ast.AST, info: ModuleInfo) -> list[Finding]:
+    if isinstance(node, ast.ClassDef):
+        bases = {resolve(b, info.aliases) for b in node.bases}
+        if bases & {"torch.Tensor", "torch._C.TensorBase", "torch._C._TensorBase"}:
+            return [_finding("tensor_subclass", RejectReason.MONKEY_PATCH,
+                             f"class {node.name} subclasses torch.Tensor; return plain tensors",
+                             node)]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in {
+            "__torch_function__", "__torch_dispatch__"}:
+        return [_finding("tensor_subclass", RejectReason.MONKEY_PATCH,
+                         f"defines {node.name}: overriding torch dispatch is not allowed", node)]
+    if isinstance(node, ast.Attribute) and node.attr in {"_make_subclass", "_make_wrapper_subclass",
+                                                         "as_subclass"}:
+        return [_finding("tensor_subclass", RejectReason.MONKEY_PATCH,
+                         f"{node.attr}: tensor subclasses are not allowed", node)]
+    return []
+
+
+def check_file_access(tree: ast.Module, source: str) -> list[Finding]:
+    """No reading or writing files (``open``, pathlib, ``np.load``, ``torch.load``, pickle).
+
+    Rationale: candidates that load precomputed outputs from disk, or rebuild from on-disk
+    sources, instead of computing; the evaluator's own files are off limits.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = resolve(node.func, info.aliases)
+        if name in FILE_FUNCTIONS or (name and name.startswith(("pickle.", "shelve.", "marshal."))):
+            findings.append(_finding("file_access", RejectReason.FILE_ACCESS,
+                                     f"calls {name}: candidates may not touch files", node))
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in FILE_METHODS - {"open"}:
+            findings.append(_finding("file_access", RejectReason.FILE_ACCESS,
+                                     f"calls .{node.func.attr}(): candidates may not touch files",
+                                     node))
+    return _dedup(findings)
+
+
+def check_pointer_cache(tree: ast.Module, source: str) -> list[Finding]:
+    """No caches keyed by data pointers, ``id()`` or tensors; no memoised forward.
+
+    Rationale: caching outputs keyed by ``x.data_ptr()`` (or ``lru_cache`` on forward, which
+    keys by identity) returns stale results when the harness reuses input buffers — and makes
+    timed runs free. Caches keyed by shapes (e.g. a kernel per shape) are fine.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for deco in node.decorator_list:
+                name = resolve(deco.func if isinstance(deco, ast.Call) else deco, info.aliases)
+                params = [p for p in _params(node) if p not in {"self", "cls"}]
+                if name in CACHE_DECORATORS and params:
+                    findings.append(_finding("memoised_function", RejectReason.POINTER_CACHE,
+                                             f"@{name} on {node.name}: results keyed by "
+                                             "argument identity", deco))
+    for scope, node in _walk_scopes(info):
+        key = _cache_key(node)
+        container = getattr(node, "value", None) if isinstance(node, ast.Subscript) else None
+        if container is not None and is_tensor_expr(container, scope.tensors, info):
+            continue  # indexing a tensor, not a cache
+        if key is not None and (_is_pointer_key(key, scope, info) or is_tensor_expr(
+                key, scope.tensors, info)):
+            findings.append(_finding("pointer_cache", RejectReason.POINTER_CACHE,
+                                     f"cache keyed by `{ast.unparse(key)[:50]}` (a pointer or "
+                                     "tensor identity)", node))
+    return _dedup(findings)
+
+
+def _cache_key(node: ast.AST) -> ast.AST | None:
+    if isinstance(node, ast.Subscript):
+        return node.slice if isinstance(node.value, (ast.Attribute, ast.Name)) else None
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"get", "setdefault", "pop", "__getitem__", "__contains__"}
+            and node.args):
+        return node.args[0]
+    if isinstance(node, ast.Compare) and any(isinstance(o, (ast.In, ast.NotIn)) for o in node.ops):
+        return node.left
+    return None
+
+
+def _is_pointer_key(key: ast.AST, scope: FunctionScope, info: ModuleInfo) -> bool:
+    pointer_names = {
+        t.id for t, v in _assignments(scope.fn)
+        if isinstance(t, ast.Name) and _mentions_pointer(v)
+    }
+    return _mentions_pointer(key) or any(
+        isinstance(n, ast.Name) and n.id in pointer_names for n in ast.walk(key))
+
+
+def _mentions_pointer(node: ast.AST) -> bool:
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            if isinstance(n.func, ast.Attribute) and n.func.attr in {"data_ptr", "untyped_storage",
+                                                                     "storage"}:
+                return True
+            if isinstance(n.func, ast.Name) and n.func.id in {"id", "hash"}:
+                return True
+    return False
+
+
+def check_forbidden_import(tree: ast.Module, source: str) -> list[Finding]:
+    """Only torch, torch.nn(.functional), torch.utils.cpp_extension, math, numpy and
+    multiminddev.cuda (plus typing helpers) may be imported; no dynamic code or torch internals.
+
+    Rationale: os/sys/ctypes/subprocess/socket/importlib/inspect/gc give escape hatches: find
+    the reference through ``gc``/``inspect``/``sys.modules``, call cudaMemcpy via ctypes, read
+    the harness's files. ``eval``/``exec``/``__import__`` would hide all of that from this check.
+    """
+    findings = []
+    for node in ast.walk(tree):
+        for module in _imported_modules(node) if isinstance(node, ast.Import) else _from_modules(node):
+            if not _import_allowed(module):
+                findings.append(_finding("forbidden_import", RejectReason.FORBIDDEN_IMPORT,
+                                         f"import of {module!r} is not allowed (allowed: torch, "
+                                         "torch.nn, math, numpy, multiminddev.cuda, "
+                                         "torch.utils.cpp_extension)", node))
+        if isinstance(node, ast.ImportFrom) and node.level:
+            findings.append(_finding("relative_import", RejectReason.FORBIDDEN_IMPORT,
+                                     "relative imports are not allowed", node))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
+                node.func.id in DYNAMIC_CODE):
+            findings.append(_finding("dynamic_code", RejectReason.FORBIDDEN_IMPORT,
+                                     f"{node.func.id}() hides code from the checks", node))
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not (
+                node.attr.startswith("__") and node.attr.endswith("__")):
+            root = _dotted(node)
+            if root and root.split(".")[0] in {"torch", "multiminddev"}:
+                findings.append(_finding("private_internals", RejectReason.FORBIDDEN_IMPORT,
+                                         f"{root}: private torch/harness internals", node))
+        if isinstance(node, ast.Attribute) and node.attr in {"__globals__", "__subclasses__",
+                                                             "__builtins__", "__code__",
+                                                             "f_back", "f_globals"}:
+            findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
+                                     f".{node.attr}: introspection escapes are not allowed", node))
+    return _dedup(findings)
+
+
+def _from_modules(node: ast.AST) -> list[str]:
+    if not isinstance(node, ast.ImportFrom) or node.level:
+        return []
+    module = node.module or ""
+    if module == "torch":  # ``from torch import nn, Tensor`` fine; ``_C``/``library`` not
+        return [f"torch.{a.name}" for a in node.names
+                if a.name.startswith("_") or a.name in {"multiprocessing", "distributed", "library",
+                                                        "ops", "hub", "package", "utils", "jit"}]
+    return [module]
+
+
+def _import_allowed(module: str) -> bool:
+    return module in ALLOWED_IMPORTS or module.startswith("multiminddev.cuda.") or (
+        module.startswith("numpy.") and module.split(".")[1] not in {"ctypeslib", "lib", "f2py"})
+
+
+def check_precision_downgrade(tree: ast.Module, source: str, *,
+                              problem_dtype: str = "float32") -> list[Finding]:
+    """No casting to fp16/bf16 (in forward or inside kernels) on a float32 problem.
+
+    Rationale: half-precision compute is ~2-16x faster and can pass loose tolerances on easy
+    inputs; the reward must compare like with like. Only applies when the problem is float32.
+    """
+    if problem_dtype != "float32":
+        return []
+    info = _analyse_cached(source)
+    findings = []
+    for _, node in _walk_scopes(info):
+        name = resolve(node, info.aliases) if isinstance(node, ast.Attribute) else None
+        if name in LOW_PRECISION_DTYPES:
+            findings.append(_finding("low_precision_dtype", RejectReason.PRECISION_DOWNGRADE,
+                                     f"uses {name} on a float32 problem", node))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in LOW_PRECISION_METHODS):
+            findings.append(_finding("low_precision_cast", RejectReason.PRECISION_DOWNGRADE,
+                                     f".{node.func.attr}() on a float32 problem", node))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
+            token = next((t for t in LOW_PRECISION_CUDA_TOKENS if t in node.value), None)
+            if token:
+                findings.append(_finding("low_precision_kernel", RejectReason.PRECISION_DOWNGRADE,
+                                         f"kernel uses {token} on a float32 problem", node))
+    return _dedup(findings)
+
+
+def check_returns_input(tree: ast.Module, source: str) -> list[Finding]:
+    """forward must not return one of its inputs (or a view of one).
+
+    Rationale: "in-place" hacks write the result into the input buffer and return it — the
+    input is corrupted for the reference and the output aliases the input. The runtime guard
+    checks storage overlap; this catches the visible case early.
+    """
+    info = _analyse_cached(source)
+    scopes = reachable_scopes(info)
+    if not scopes:
+        return []
+    aliases = scopes[0].aliases_of_inputs
+    findings = []
+    for node in ast.walk(scopes[0].fn):
+        if isinstance(node, ast.Return) and node.value is not None:
+            values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+            if any(_is_view_of(v, aliases) for v in values):
+                findings.append(_finding("returns_input", RejectReason.OUTPUT_ALIASING,
+                                         "forward returns its input (or a view of it): write to "
+                                         "a new output tensor", node))
+    return findings
+
+
+def check_dynamic_torch_access(tree: ast.Module, source: str) -> list[Finding]:
+    """No ``getattr(torch, ...)``-style access to torch functions in forward.
+
+    Rationale: a computed attribute name (``getattr(torch, "mat" + "mul")``) would hide torch
+    compute from ``check_torch_compute``.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for _, node in _walk_scopes(info):
+        if (isinstance(node, ast.Call) and _dotted(node.func) == "getattr" and node.args
+                and (resolve(node.args[0], info.aliases) or "").startswith("torch")):
+            findings.append(_finding("dynamic_torch_access", RejectReason.TORCH_COMPUTE,
+                                     "getattr on torch in forward", node))
+    return findings
+
+
+def _dedup(findings: Iterable[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in findings:
+        key = (f.rule, f.line) if f.line is not None else (f.rule, f.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+CheckFn = Callable[[ast.Module, str], list[Finding]]
+
+CHECKS: tuple[CheckFn, ...] = (
+    check_syntax,
+    check_model_new,
+    check_kernel_defined_and_launched,
+    check_torch_compute,
+    check_dynamic_torch_access,
+    check_reference_use,
+    check_try_except_fallback,
+    check_concurrency,
+    check_monkey_patch,
+    check_file_access,
+    check_pointer_cache,
+    check_forbidden_import,
+    check_returns_input,
+)
+
+
+def candidate_kind(tree: ast.Module) -> str:
+    """"nvrtc" when the candidate compiles with compile_kernels, "load_inline" for load_inline."""
+    aliases = import_aliases(tree)
+    names = {resolve(n.func, aliases) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    if names & {"multiminddev.cuda.compile_kernels", "multiminddev.cuda.kernels.compile_kernels"}:
+        return "nvrtc"
+    if names & {"torch.utils.cpp_extension.load_inline", "torch.utils.cpp_extension.load"}:
+        return "load_inline"
+    return "unknown"
+
+
+def run_static_checks(source: str, *, problem_dtype: str = "float32") -> StaticCheckResult:
+    """Run every check; FAILED with all findings (sorted by line) when any fires."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        finding = Finding(rule="syntax", reason=RejectReason.SYNTAX, line=exc.lineno,
+                          message=f"not valid Python: {exc.msg}")
+        return StaticCheckResult(status=StageStatus.FAILED, findings=[finding])
+    findings: list[Finding] = []
+    for check in CHECKS:
+        findings.extend(check(tree, source))
+        if findings and check is check_syntax:
+            break  # later checks assume a compilable module
+    else:
+        findings.extend(check_precision_downgrade(tree, source, problem_dtype=problem_dtype))
+    findings.sort(key=lambda f: (f.line or 0, f.rule))
+    return StaticCheckResult(
+        status=StageStatus.FAILED if findings else StageStatus.OK,
+        findings=findings,
+        candidate_kind=candidate_kind(tree),
+    )
