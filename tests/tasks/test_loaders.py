@@ -233,6 +233,16 @@ def test_sakana_candidate_maps_arguments_and_weights_like_the_module_reference(m
     torch.testing.assert_close(new(x), ref(x))
 
 
+def test_sakana_candidate_passes_static_checks_and_its_build_is_statically_known():
+    static = pytest.importorskip("multiminddev.env.static_checks")
+    inline = pytest.importorskip("multiminddev.env.inline_build")
+    source = sakana_candidate_source(SAKANA_CUDA_CORRECT, SAKANA_FUNCTIONAL, name="t")
+    result = static.run_static_checks(source)
+    assert result.findings == [] and result.candidate_kind == "load_inline"
+    specs = inline.extract_inline_specs(source)  # the cached parallel build path can take it
+    assert specs is not None and len(specs) == 1
+
+
 def test_sakana_candidate_rejects_code_without_pybind_or_fn():
     with pytest.raises(ProblemError, match="PYBIND11_MODULE"):
         sakana_candidate_source("__global__ void k() {}", SAKANA_FUNCTIONAL, name="t")

@@ -22,6 +22,7 @@ from multiminddev.tasks.sft_data import (
     optimizer_sft_examples,
     sakana_generator_examples,
     sakana_optimizer_examples,
+    untimed_feedback,
 )
 from tests.tasks.kb_fixtures import KERNELBENCH_PROBLEMS, sakana_rows, write_sakana_parquet
 
@@ -177,7 +178,7 @@ def test_optimizer_pairs_slow_kernel_and_feedback_to_fast_kernel():
     messages = example.messages
     assert_well_formed(messages)
     assert messages[:-1] == optimizer_messages(
-        PROBLEMS[0], NAIVE_RELU, UNTIMED_CORRECT_FEEDBACK, []
+        PROBLEMS[0], NAIVE_RELU, untimed_feedback(PROBLEMS[0], NAIVE_RELU), []
     )
     user = messages[-2]["content"]
     assert RELU.strip() in user and NAIVE_RELU.strip() in user and UNTIMED_CORRECT_FEEDBACK in user
@@ -187,6 +188,12 @@ def test_optimizer_pairs_slow_kernel_and_feedback_to_fast_kernel():
 def test_synthetic_feedback_states_facts_and_invents_no_numbers():
     assert "not measured" in UNTIMED_CORRECT_FEEDBACK and "correct" in UNTIMED_CORRECT_FEEDBACK
     assert not re.search(r"\d", UNTIMED_CORRECT_FEEDBACK)
+
+
+def test_synthetic_feedback_adds_the_testers_pitfall_hints():
+    unchecked = NAIVE_RELU.replace("if (i < n) y[i]", "y[i]")
+    assert "Possible issues" in untimed_feedback(PROBLEMS[0], unchecked)
+    assert untimed_feedback(PROBLEMS[0], NAIVE_RELU) == UNTIMED_CORRECT_FEEDBACK
 
 
 def test_optimizer_feedback_is_a_parameter():
@@ -231,7 +238,7 @@ def test_sakana_optimizer_pairs_slower_to_faster_with_the_archive_timings(tmp_pa
     assert example.variant == f"{slow.kernel_name}->{fast.kernel_name}"
     user = example.messages[-2]["content"]
     assert slow.candidate_source.strip() in user
-    assert "reported by the AI CUDA Engineer archive" in user and "1.20x" in user
+    assert "reported by the archive" in user and "1.20x" in user
     assert (
         parse_candidate(example.messages[-1]["content"]).source.strip()
         == fast.candidate_source.strip()

@@ -50,13 +50,24 @@ FeedbackFn = Callable[[Problem, str], str]
 NAIVE, FAST = "naive", "fast"
 
 # Written from what is known without a GPU run: the slow kernel is a reference solution that
-# the corpus's integrity test verifies; nothing was timed. No figure is invented.
+# the corpus's integrity test verifies; nothing was timed. No figure is invented. The layout
+# follows the Tester's reports (agents/tester.py: status line, then detail, then hints).
 UNTIMED_CORRECT_FEEDBACK = (
-    "Result: correct. The kernel compiled and its outputs matched the reference within "
-    "tolerance.\n"
-    "Timing: not measured for this kernel, so no speedup figure is available.\n"
-    "Next: make it faster while keeping it correct."
+    "Status: correct, not timed. The kernel compiled and its outputs matched the reference "
+    "within tolerance.\n"
+    "Timing was not measured for this kernel, so no speedup figure is available. "
+    "Make it faster while keeping it correct."
 )
+
+
+def _pitfall_hints(source: str, max_hints: int = 4) -> str:
+    """The Tester's static pitfall hints for the kernel (real analysis of its CUDA source)."""
+    from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
+
+    hints = [h for cuda in extract_cuda_sources(source) for h in find_pitfalls(cuda)][:max_hints]
+    if not hints:
+        return ""
+    return "\nPossible issues in the CUDA source:\n" + "\n".join(f"- {h.render()}" for h in hints)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -76,7 +87,8 @@ def assistant_reply(candidate_source: str) -> str:
 
 
 def untimed_feedback(problem: Problem, current_source: str) -> str:
-    return UNTIMED_CORRECT_FEEDBACK
+    """Feedback for a verified but untimed kernel, plus the Tester's static pitfall hints."""
+    return UNTIMED_CORRECT_FEEDBACK + _pitfall_hints(current_source)
 
 
 def _default_generator_prompt() -> GeneratorPrompt:
@@ -239,17 +251,19 @@ def sakana_generator_examples(
 
 def archive_feedback(record: SakanaRecord) -> str:
     """A Tester-style report built only from the archive's own figures, labelled as such."""
-    lines = ["Result: correct. The kernel compiled and its outputs matched the reference."]
+    lines = ["Status: correct (as recorded by the AI CUDA Engineer archive)."]
     if record.speedup_native is not None and record.cuda_runtime is not None:
+        eager = record.torch_native_runtime
         lines.append(
-            "Timing (reported by the AI CUDA Engineer archive, measured on its GPU, not here): "
-            f"kernel {record.cuda_runtime:g}, PyTorch eager {record.torch_native_runtime or 0:g} "
-            f"(archive's time unit); speedup {record.speedup_native:.2f}x vs eager."
+            f"Time {record.cuda_runtime:.4g}"
+            + (f" vs eager PyTorch {eager:.4g}" if eager is not None else "")
+            + f": {record.speedup_native:.2f}x (figures reported by the archive, measured on "
+            "its GPU in its units, not here)."
         )
     else:
         lines.append("Timing: not available for this kernel.")
-    lines.append("Next: make it faster while keeping it correct.")
-    return "\n".join(lines)
+    lines.append("Make it faster while keeping it correct.")
+    return "\n".join(lines) + _pitfall_hints(record.candidate_source or "")
 
 
 def sakana_optimizer_examples(
