@@ -249,6 +249,12 @@ def test_config_validation(kwargs, message):
         CurriculumConfig(**kwargs)
 
 
+def test_config_from_json_like_dicts():
+    config = CurriculumConfig(gate={"min_episodes": 5}, tier_gates={"1": {"min_pass_rate": 0.5}})
+    assert config.gate == TierGate(min_episodes=5)
+    assert config.gate_for(1) == TierGate(min_pass_rate=0.5) and config.gate_for(2) == config.gate
+
+
 def test_gate_validation():
     with pytest.raises(ValueError, match="min_pass_rate"):
         TierGate(min_pass_rate=1.0)

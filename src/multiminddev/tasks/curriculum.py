@@ -77,9 +77,16 @@ class CurriculumConfig:
             )
         if self.window < 1:
             raise ValueError(f"CurriculumConfig.window must be >= 1, got {self.window}")
+        # configs read from JSON/YAML give dicts and string keys: accept them
+        if isinstance(self.gate, Mapping):
+            self.gate = TierGate(**self.gate)
+        gates = {}
         for tier, gate in self.tier_gates.items():
+            gate = TierGate(**gate) if isinstance(gate, Mapping) else gate
             if not isinstance(gate, TierGate):
-                raise ValueError(f"CurriculumConfig.tier_gates[{tier}] must be a TierGate")
+                raise ValueError(f"CurriculumConfig.tier_gates[{tier}] must be a TierGate or dict")
+            gates[int(tier)] = gate
+        self.tier_gates = gates
 
     def gate_for(self, tier: int) -> TierGate:
         return self.tier_gates.get(tier, self.gate)
