@@ -98,6 +98,14 @@ def test_kernelbench_missing_path_says_what_to_pass(tmp_path):
         load_kernelbench(tmp_path / "nowhere")
 
 
+def test_a_missing_local_file_is_not_mistaken_for_a_hub_id(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for spec in ("data/level_1.parquet", "dumps/level_2.parquet", "data/nothing"):
+        with pytest.raises(ProblemError, match="does not exist"):
+            load_sakana_archive(spec)
+
+
 def test_kernelbench_hub_without_network_says_how_to_get_a_local_copy():
     code = (
         "from multiminddev.tasks.loaders import load_kernelbench\n"

@@ -70,6 +70,7 @@ _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _SPLIT_LEVEL_RE = re.compile(r"level_?(\d+)", re.IGNORECASE)
 _LEVEL_DIR_RE = re.compile(r"^level(\d+)$")
 _KB_ID_RE = re.compile(r"^(\d+)_")
+_LOCAL_SUFFIXES = frozenset({".parquet", ".arrow", ".jsonl", ".json", ".py", ".csv"})
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -110,6 +111,14 @@ def _data_files(root: Path, suffix: str) -> dict[str, list[str]]:
     return grouped
 
 
+def _looks_like_hub_id(source: str) -> bool:
+    """``owner/name`` that is not a missing local file (``data/x.parquet``) or folder."""
+    if not _HUB_ID_RE.match(source):
+        return False
+    owner = Path(source).parts[0]
+    return Path(source).suffix not in _LOCAL_SUFFIXES and not Path(owner).exists()
+
+
 def _open_tabular(source: str | Path, levels: set[int] | None, what: str) -> dict[str, Any]:
     """Open a hub id, a parquet/arrow dump or a ``save_to_disk`` folder as {split: Dataset}."""
     datasets = _datasets()
@@ -122,12 +131,13 @@ def _open_tabular(source: str | Path, levels: set[int] | None, what: str) -> dic
             splits = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         else:
             splits = _open_files(datasets, path, what)
-    elif _HUB_ID_RE.match(str(source)):
+    elif _looks_like_hub_id(str(source)):
         splits = _open_hub(datasets, str(source), levels, what)
     else:
+        example = SAKANA_HUB if what.startswith("Sakana") else KERNELBENCH_HUB
         raise ProblemError(
             f"{what} source {str(source)!r} does not exist: pass a local folder or file "
-            f"(a checkout, a parquet/arrow dump) or a hub dataset id such as {KERNELBENCH_HUB!r}"
+            f"(a checkout, a parquet/arrow dump) or a hub dataset id such as {example!r}"
         )
     if levels is not None:  # drop whole splits whose name says they are another level
         splits = {
@@ -365,7 +375,7 @@ class _FunctionalToCandidate(ast.NodeTransformer):
         return node
 
 
-_DROPPED_TOP_LEVEL = {"module_fn", "get_inputs", "get_init_inputs"}
+_DROPPED_TOP_LEVEL = frozenset({"module_fn", "get_inputs", "get_init_inputs"})
 
 
 def sakana_candidate_source(cuda_code: str, functional_code: str, *, name: str) -> str:
@@ -548,7 +558,7 @@ def reverify(
 
 # --------------------------------------------------------------------------- JSONL
 
-_JSONL_FIELDS = set(Problem.__dataclass_fields__) - {"source", "extra"}
+_JSONL_FIELDS = frozenset(Problem.__dataclass_fields__) - {"source", "extra"}
 
 
 def _jsonl_problem(data: Any, where: str) -> Problem:
