@@ -256,3 +256,26 @@ def test_access_without_thread_index_is_not_coalesced():
 def test_compound_assignment_is_not_a_lane_definition():
     src = "__global__ void k(float* y, int s) { int i = 0; i += threadIdx.x * s; y[i] = 0; }"
     assert not uses_coalesced_access(src)
+
+
+def test_one_thread_per_row_pointer_offset_is_not_coalesced():
+    src = r"""
+    __global__ void row_sum(const float* x, float* y, int rows, int cols) {
+        int r = blockIdx.x * blockDim.x + threadIdx.x;
+        const float* row = x + (long)r * cols;
+        float acc = 0.f;
+        for (int c = 0; c < cols; ++c) acc += row[c];
+        y[r] = acc;
+    }"""
+    assert not uses_coalesced_access(src)
+
+
+def test_warp_lane_modulo_indexing_is_coalesced():
+    src = r"""
+    __global__ void k(const float* x, float* y, int rows, int cols) {
+        int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+        int lane = threadIdx.x % 32;
+        const float* row = x + (long)warp * cols;
+        for (int c = lane; c < cols; c += 32) y[c] = row[c];
+    }"""
+    assert uses_coalesced_access(src)

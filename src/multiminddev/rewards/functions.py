@@ -318,22 +318,26 @@ def uses_warp_shuffle(source: str) -> bool:
 
 
 def uses_coalesced_access(source: str) -> bool:
-    """Heuristic: some array index has ``threadIdx.x`` as its fastest-varying (unscaled) term.
+    """Heuristic: memory is indexed with ``threadIdx.x`` as the fastest-varying (unscaled) term.
 
-    A *lane* is ``threadIdx.x`` or a variable assigned an expression with ``threadIdx.x`` as an
-    unscaled additive term (``i = blockIdx.x * blockDim.x + threadIdx.x``). Access is called
-    coalesced when some subscript has a lane as an unscaled additive term and no subscript scales
-    a lane (``x[threadIdx.x * stride]``, a strided pattern). Not covered: lanes flowing through
-    function calls or pointer arithmetic, and 2-D indexing where ``threadIdx.y`` is innermost.
+    A *lane* is ``threadIdx.x``, or a variable assigned an expression with a lane as an unscaled
+    additive term (``i = blockIdx.x * blockDim.x + threadIdx.x``, ``c = lane``) or as
+    ``lane % n`` / ``lane & m``. Access is called coalesced when some subscript has a lane as an
+    unscaled additive term and no subscript or assignment multiplies a lane by a stride
+    (``x[t * stride]``, ``row = x + (long)r * cols``: one thread per row). Division makes a
+    warp-uniform index (``tid / 32``), which is neither. Not covered: lanes passed through
+    function calls, and 2-D layouts whose innermost index is ``threadIdx.y``.
     """
+    assignments = _ASSIGN.findall(source)
     lanes = {"threadIdx.x"}
     for _ in range(3):  # lanes derived from lanes (j = i + offset)
-        for name, expr in _ASSIGN.findall(source):
-            if any(_unscaled_term(expr, lane) for lane in lanes):
+        for name, expr in assignments:
+            if any(_lane_term(expr, lane) for lane in lanes):
                 lanes.add(name)
     subscripts = _SUBSCRIPT.findall(source)
     unscaled = any(_unscaled_term(s, lane) for s in subscripts for lane in lanes)
-    scaled = any(_scaled_term(s, lane) for s in subscripts for lane in lanes)
+    exprs = subscripts + [expr for _, expr in assignments]
+    scaled = any(_scaled_term(e, lane) for e in exprs for lane in lanes)
     return unscaled and not scaled
 
 
@@ -365,10 +369,14 @@ def _unscaled_term(expr: str, lane: str) -> bool:
     return any(_strip(t) == lane for t in _terms(expr))
 
 
+def _lane_term(expr: str, lane: str) -> bool:
+    """A lane as an additive term, or reduced modulo a warp/tile (``lane % 32``, ``lane & 31``)."""
+    mod = re.compile(rf"^{re.escape(lane)}\s*(%|&)\s*\w+$")
+    return any(_strip(t) == lane or mod.match(_strip(t)) for t in _terms(expr))
+
+
 def _scaled_term(expr: str, lane: str) -> bool:
-    pattern = re.compile(rf"(?<![\w.]){re.escape(lane)}(?![\w.])")
-    for t in _terms(expr):
-        t = _strip(t)
-        if t != lane and pattern.search(t) and re.search(r"[*/%]|<<", t):
-            return True
-    return False
+    """A lane multiplied by something (``lane * stride``, ``stride * (long)lane``, ``lane << k``)."""
+    name = re.escape(lane)
+    pattern = rf"(?<![\w.]){name}\s*(\*|<<)|\*\s*(\([\w\s]*\)\s*)?{name}(?![\w.])"
+    return re.search(pattern, expr) is not None
