@@ -1,0 +1,142 @@
+"""The built-in problem corpus: operation families in four tiers, with reference solutions.
+
+    problems = builtin_problems(tiers=[0, 1], split="train", seed=0)
+    source = reference_solution(problems[0], variant="fast")   # a ModelNew candidate, or None
+
+Tier 0: elementwise ops and activations. Tier 1: reductions, scans, transposes, mat-vec,
+gathers. Tier 2: softmax, norms, matmul variants, pooling, convolution. Tier 3: fused patterns
+(linear + activation, scaled softmax, residual + norm, bias + GELU, SwiGLU, attention).
+Every family has a naive reference solution; most have a faster one. docs/CORPUS.md lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from types import MappingProxyType
+
+from multiminddev.tasks.builtin.conv import tier2_conv_families, tier3_conv_families
+from multiminddev.tasks.builtin.elementwise import fused_elementwise_families, tier0_families
+from multiminddev.tasks.builtin.linalg import (
+    matmul_families,
+    tier1_linalg_families,
+    tier3_matmul_families,
+)
+from multiminddev.tasks.builtin.rows import (
+    tier1_row_families,
+    tier2_row_families,
+    tier3_row_families,
+)
+from multiminddev.tasks.builtin.spec import Family, Shape, Variant
+from multiminddev.tasks.problem import Problem, load_problem_source
+
+
+def _all_families() -> tuple[Family, ...]:
+    families = [
+        *tier0_families(),
+        *tier1_row_families(),
+        *tier1_linalg_families(),
+        *tier2_row_families(),
+        *matmul_families(),
+        *tier2_conv_families(),
+        *tier3_matmul_families(),
+        *tier3_row_families(),
+        *fused_elementwise_families(),
+        *tier3_conv_families(),
+    ]
+    names = [f.name for f in families]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise RuntimeError(f"duplicate built-in family names: {duplicates}")
+    return tuple(sorted(families, key=lambda f: (f.tier, f.name)))
+
+
+FAMILIES: tuple[Family, ...] = _all_families()
+FAMILY_BY_NAME = MappingProxyType({f.name: f for f in FAMILIES})
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILY_BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"no built-in family {name!r}; `multiminddev problems list` shows them"
+        ) from None
+
+
+def make_problem(family: Family, s: Shape, split: str = "") -> Problem:
+    """Render one (family, shape) point into a Problem, metadata read back from its source."""
+    source = family.render_problem(s)
+    problem = load_problem_source(source, name=family.problem_name(s))
+    return dataclasses.replace(problem, split=split)
+
+
+def builtin_problems(
+    *,
+    tiers: Iterable[int] | None = None,
+    families: Iterable[str] | None = None,
+    split: str | None = None,
+    seed: int = 0,
+    shapes_per_family: int | None = 2,
+    small: bool = False,
+) -> list[Problem]:
+    """Problems of the built-in corpus, deterministic for a given seed.
+
+    ``split`` ("train" | "heldout" | None for both) filters by the seed's split; then at most
+    ``shapes_per_family`` shapes per family are kept (None: all). ``small=True`` gives one tiny
+    problem per family (for CPU tests), labelled with its family's split.
+    """
+    from multiminddev.tasks.splits import Split, SplitConfig, assign_splits, heldout_families
+
+    wanted_split = Split(split) if split is not None else None
+    if shapes_per_family is not None and shapes_per_family < 1:
+        raise ValueError(f"shapes_per_family must be >= 1 or None, got {shapes_per_family}")
+    selected = _select(tiers, families)
+    config = SplitConfig(seed=seed)
+    assignment = assign_splits(FAMILIES, config)
+    held = heldout_families(FAMILIES, config)
+    problems: list[Problem] = []
+    for family in selected:
+        if small:
+            points = [(family.small, Split.HELDOUT if family.name in held else Split.TRAIN)]
+        else:
+            points = list(zip(family.shapes, assignment[family.name], strict=True))
+        points = [(s, sp) for s, sp in points if wanted_split is None or sp is wanted_split]
+        if shapes_per_family is not None:
+            points = points[:shapes_per_family]
+        problems.extend(make_problem(family, s, sp.value) for s, sp in points)
+    return problems
+
+
+def _select(tiers: Iterable[int] | None, names: Iterable[str] | None) -> list[Family]:
+    tier_set = set(tiers) if tiers is not None else None
+    name_list = list(names) if names is not None else None
+    if name_list is not None:
+        for name in name_list:
+            get_family(name)  # unknown names fail loudly
+    return [
+        f for f in FAMILIES
+        if (tier_set is None or f.tier in tier_set) and (name_list is None or f.name in name_list)
+    ]
+
+
+def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE) -> str | None:
+    """A reference candidate (ModelNew source) for a built-in problem; None when the problem is
+    not built-in or its family has no such variant."""
+    family = FAMILY_BY_NAME.get(problem.family)
+    if family is None or problem.extra.get("source") != "multiminddev.builtin":
+        return None
+    return family.render_solution(Variant(variant), problem.dtype)
+
+
+__all__ = [
+    "FAMILIES",
+    "FAMILY_BY_NAME",
+    "Family",
+    "Shape",
+    "Variant",
+    "builtin_problems",
+    "get_family",
+    "make_problem",
+    "reference_solution",
+]
