@@ -1,0 +1,184 @@
+"""``multiminddev problems list|show|export``: browse and export the built-in corpus.
+
+``export DIR`` writes a KernelBench layout that ``multiminddev eval-dir`` reads:
+
+    DIR/level0/1_abs_4096x4096.py ...              problems, numbered per tier
+    DIR/solutions/naive/level0/1_abs_4096x4096.py  reference candidates (--with-solutions),
+    DIR/solutions/fast/level0/...                  same file names as their problems
+    DIR/splits.json                                the seed's split manifest
+    DIR/index.json                                 one entry per problem (file, split, family...)
+
+    multiminddev eval-dir DIR/level0 DIR/solutions/naive/level0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("problems", help="list, show or export the built-in problems")
+    sub = parser.add_subparsers(dest="problems_command", metavar="ACTION")
+
+    listing = sub.add_parser("list", help="list built-in problems")
+    _selection_options(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    listing.set_defaults(handler=run_list)
+
+    show = sub.add_parser("show", help="print a problem's source (or a reference solution)")
+    show.add_argument("name", help="problem name (e.g. relu_4096x4096) or a family name")
+    show.add_argument("--solution", choices=["naive", "fast"], default=None,
+                      help="print this reference solution instead of the problem")
+    show.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    show.set_defaults(handler=run_show)
+
+    export = sub.add_parser("export", help="write a KernelBench-layout folder")
+    export.add_argument("out_dir", type=Path)
+    _selection_options(export)
+    export.add_argument("--with-solutions", action="store_true",
+                        help="also write the naive and fast reference solutions")
+    export.set_defaults(handler=run_export)
+    parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
+
+
+def _selection_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tier", type=int, action="append", default=None,
+                        help="only this tier (0-3); repeat for several")
+    parser.add_argument("--family", action="append", default=None,
+                        help="only this family; repeat for several")
+    parser.add_argument("--split", choices=["train", "heldout"], default=None)
+    parser.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    parser.add_argument("--shapes-per-family", type=int, default=None,
+                        help="at most this many shapes per family (default: all)")
+
+
+def _select(args: argparse.Namespace) -> list[Any]:
+    from multiminddev.tasks.builtin import builtin_problems
+
+    return builtin_problems(tiers=args.tier, families=args.family, split=args.split,
+                            seed=args.seed, shapes_per_family=args.shapes_per_family)
+
+
+def _summary(problem: Any) -> dict[str, Any]:
+    from multiminddev.tasks.builtin import FAMILY_BY_NAME
+
+    family = FAMILY_BY_NAME[problem.family]
+    return {
+        "name": problem.name,
+        "tier": problem.tier,
+        "family": problem.family,
+        "dtype": problem.dtype,
+        "split": problem.split,
+        "params": problem.extra.get("params", {}),
+        "bytes_moved": problem.bytes_moved,
+        "flops": problem.flops,
+        "solutions": [v.value for v in family.variants],
+        "description": problem.description,
+    }
+
+
+def run_list(args: argparse.Namespace) -> int:
+    try:
+        problems = _select(args)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    rows = [_summary(p) for p in problems]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} built-in problems (seed {args.seed})")
+    for column in ("tier", "name", "family", "dtype", "split", "MB moved", "GFLOP", "solutions"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(str(r["tier"]), r["name"], r["family"], r["dtype"], r["split"],
+                      f"{(r['bytes_moved'] or 0) / 1e6:.1f}", f"{(r['flops'] or 0) / 1e9:.2f}",
+                      ",".join(r["solutions"]))
+    Console().print(table)
+    return 0
+
+
+def _find(name: str, seed: int) -> Any | None:
+    from multiminddev.tasks.builtin import FAMILY_BY_NAME, builtin_problems
+
+    if name in FAMILY_BY_NAME:  # a family name: its first shape
+        return builtin_problems(families=[name], seed=seed, shapes_per_family=1)[0]
+    family = next((f for f in FAMILY_BY_NAME.values() if name.startswith(f.name + "_")
+                   and any(f.problem_name(s) == name for s in f.shapes)), None)
+    if family is None:
+        return None
+    problems = builtin_problems(families=[family.name], seed=seed, shapes_per_family=None)
+    return next(p for p in problems if p.name == name)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from multiminddev.tasks.builtin import reference_solution
+
+    problem = _find(args.name, args.seed)
+    if problem is None:
+        print(f"error: no built-in problem or family named {args.name!r}; "
+              "`multiminddev problems list` shows them", file=sys.stderr)
+        return 2
+    if args.solution is None:
+        print(problem.source, end="")
+        return 0
+    source = reference_solution(problem, args.solution)
+    if source is None:
+        print(f"error: family {problem.family!r} has no {args.solution} solution "
+              "(every family has a naive one)", file=sys.stderr)
+        return 2
+    print(source, end="")
+    return 0
+
+
+def export_problems(problems: list[Any], out_dir: Path, *, seed: int,
+                    with_solutions: bool) -> list[dict[str, Any]]:
+    """Write problems (and optionally solutions) in KernelBench layout; return the index."""
+    from multiminddev.tasks.builtin import FAMILY_BY_NAME, reference_solution
+    from multiminddev.tasks.splits import split_manifest
+
+    index: list[dict[str, Any]] = []
+    counters: dict[int, int] = {}
+    for problem in sorted(problems, key=lambda p: (p.tier, p.family, p.name)):
+        counters[problem.tier] = counters.get(problem.tier, 0) + 1
+        rel = Path(f"level{problem.tier}") / f"{counters[problem.tier]}_{problem.name}.py"
+        _write(out_dir / rel, problem.source)
+        entry = {**_summary(problem), "file": str(rel), "solution_files": {}}
+        if with_solutions:
+            for variant in FAMILY_BY_NAME[problem.family].variants:
+                source = reference_solution(problem, variant)
+                if source is not None:
+                    sol_rel = Path("solutions") / variant.value / rel
+                    _write(out_dir / sol_rel, source)
+                    entry["solution_files"][variant.value] = str(sol_rel)
+        index.append(entry)
+    _write(out_dir / "splits.json", json.dumps(split_manifest(seed), indent=2) + "\n")
+    _write(out_dir / "index.json", json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        problems = _select(args)
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    index = export_problems(problems, args.out_dir, seed=args.seed,
+                            with_solutions=args.with_solutions)
+    solutions = sum(len(e["solution_files"]) for e in index)
+    print(f"wrote {len(index)} problems" + (f" and {solutions} solutions" if solutions else "")
+          + f" to {args.out_dir} (splits.json, index.json; evaluate with "
+          f"`multiminddev eval-dir {args.out_dir}/level0 {args.out_dir}/solutions/naive/level0`)")
+    return 0
