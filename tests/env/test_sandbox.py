@@ -1,0 +1,183 @@
+"""The sandbox refuses escapes and keeps the honest path working.
+
+The sandbox is process-wide and permanent, so every probe runs in a fresh interpreter
+(``subprocess.run([sys.executable, ...])``) that installs it the way the worker does (torch
+imported first) and reports what each attempted operation did as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from multiminddev.env.sandbox import SandboxPolicy, sandbox_capabilities
+
+PROBE = textwrap.dedent(
+    r'''
+    import json, os, sys, pathlib
+    import torch  # the worker initialises torch before installing the sandbox
+    from multiminddev.env import sandbox
+
+    workdir, problem, outside = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    sandbox.install_sandbox(workdir)
+    sandbox.install_sandbox(workdir)  # idempotent
+    results = {}
+
+    def attempt(name, fn):
+        try:
+            fn()
+            results[name] = "ok"
+        except sandbox.SandboxViolation as exc:
+            results[name] = "refused: " + str(exc)
+        except Exception as exc:
+            results[name] = f"error: {type(exc).__name__}: {exc}"
+
+    def spawn():
+        import subprocess
+        subprocess.run(["true"], check=False)
+
+    def connect():
+        import socket
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+    def inet_socket():
+        import socket
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+    def dns():
+        import socket
+        socket.getaddrinfo("example.com", 80)
+
+    def libc_by_path():
+        import ctypes, ctypes.util
+        ctypes.CDLL("/lib/x86_64-linux-gnu/libc.so.6")
+
+    def libc_by_name():
+        import ctypes
+        ctypes.CDLL("libc.so.6")
+
+    def write_inside():
+        (pathlib.Path("inside.txt")).write_text("ok")
+        assert (workdir / "inside.txt").read_text() == "ok"
+
+    def compile_kernel():
+        from multiminddev.cuda import compile_kernels
+        k = compile_kernels('extern "C" __global__ void k(float* y) { y[0] = %d.f; }'
+                            % os.getpid(), arch="sm_90")
+        assert not k.compile_result.cached
+        cache = pathlib.Path(os.environ["MULTIMINDDEV_CACHE"]) / "nvrtc"
+        assert any(cache.glob("*.cubin")), "compile cache not written"
+
+    attempt("spawn", spawn)
+    attempt("os_system", lambda: os.system("true"))
+    attempt("fork", os.fork)
+    attempt("connect", connect)
+    attempt("inet_socket", inet_socket)
+    attempt("dns", dns)
+    attempt("write_outside", lambda: open(outside, "w").write("x"))
+    attempt("os_open_outside", lambda: os.open(outside, os.O_WRONLY | os.O_CREAT))
+    attempt("remove_outside", lambda: os.remove(problem))
+    attempt("rename_outside", lambda: os.rename("inside_missing", outside))
+    attempt("libc_by_path", libc_by_path)
+    attempt("libc_by_name", libc_by_name)
+    seen = []
+    sys.addaudithook(lambda event, args: seen.append(event))  # CPython drops it silently
+    open(problem).read()
+    results["second_hook_events"] = len(seen)
+    attempt("settrace", lambda: sys.settrace(None))
+    attempt("gc_objects", lambda: __import__("gc").get_objects())
+    attempt("write_inside", write_inside)
+    attempt("read_problem", lambda: open(problem).read())
+    attempt("import_numpy", lambda: __import__("numpy").zeros(3).sum())
+    attempt("import_new_module", lambda: __import__("fractions").Fraction(1, 3))
+    attempt("torch_cpu_compute", lambda: torch.ones(4).sum().item())
+    attempt("tempfile", lambda: __import__("tempfile").NamedTemporaryFile().close())
+    attempt("compile_kernel", compile_kernel)
+    results["env"] = dict(os.environ)
+    results["cwd"] = os.getcwd()
+    results["violations"] = [f.rule for f in sandbox.violations()]
+    print("RESULTS " + json.dumps(results))
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("sandbox")
+    workdir, outside = base / "work", tmp_path_factory.mktemp("outside") / "escape.txt"
+    problem = Path(__file__).parents[1] / "fixtures" / "problems" / "1_relu.py"
+    copy = tmp_path_factory.mktemp("problem") / "1_relu.py"
+    copy.write_text(problem.read_text())
+    env = {**__import__("os").environ, "AWS_SECRET_ACCESS_KEY": "leak-me", "HF_TOKEN": "leak-me"}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(workdir), str(copy), str(outside)],
+                         capture_output=True, text=True, timeout=240, env=env, check=False)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULTS ")), None)
+    assert line is not None, f"probe failed (rc={out.returncode}):\n{out.stderr[-3000:]}"
+    results = json.loads(line.removeprefix("RESULTS "))
+    results["_outside_exists"] = outside.exists()
+    results["_problem_exists"] = copy.exists()
+    results["_workdir"] = str(workdir.resolve())
+    return results
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["spawn", "os_system", "fork", "connect", "inet_socket", "dns", "write_outside",
+     "os_open_outside", "remove_outside", "rename_outside", "libc_by_path", "libc_by_name",
+     "settrace", "gc_objects"],
+)
+def test_escape_is_refused(probe, operation):
+    assert probe[operation].startswith("refused: sandbox refused"), probe[operation]
+
+
+def test_second_audit_hook_is_not_added(probe):
+    # CPython swallows a hook's Exception for "sys.addaudithook" and skips adding the new hook.
+    assert probe["second_hook_events"] == 0
+    assert "sandbox:sys.addaudithook" in probe["violations"]
+
+
+def test_refused_writes_leave_no_file(probe):
+    assert not probe["_outside_exists"] and probe["_problem_exists"]
+
+
+@pytest.mark.parametrize(
+    "operation",
+    ["write_inside", "read_problem", "import_numpy", "import_new_module", "torch_cpu_compute",
+     "tempfile", "compile_kernel"],
+)
+def test_honest_operation_still_works(probe, operation):
+    assert probe[operation] == "ok", probe[operation]
+
+
+def test_environment_is_scrubbed(probe):
+    env = probe["env"]
+    assert "AWS_SECRET_ACCESS_KEY" not in env and "HF_TOKEN" not in env
+    assert env["HOME"] == env["TMPDIR"] == probe["_workdir"]
+    assert "PATH" in env and "MULTIMINDDEV_CACHE" in env
+
+
+def test_working_directory_is_the_workdir(probe):
+    assert probe["cwd"] == probe["_workdir"]
+
+
+def test_violations_are_recorded_even_when_caught(probe):
+    assert "sandbox:subprocess.Popen" in probe["violations"]
+    assert "sandbox:open" in probe["violations"]
+
+
+def test_policy_validates_limits():
+    with pytest.raises(ValueError, match="positive int or None"):
+        SandboxPolicy(max_file_bytes=0)
+
+
+def test_capabilities_report_what_is_enforceable():
+    caps = sandbox_capabilities()
+    assert caps["audit_hooks"] is True and caps["installed_here"] is False
+    assert caps["network_namespace"] == "available" or str(caps["network_namespace"]).startswith(
+        "unavailable")
+    assert "not a security boundary" in str(caps["boundary"])
