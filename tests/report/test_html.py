@@ -137,8 +137,10 @@ def test_summary_json_has_episode_best_results(report):
     summary = json.loads((path.parent / "summary.json").read_text())
     tuned = summary["labels"]["grpo-step-100"]
     assert tuned["episodes"] == 3 and tuned["format_failures"] == 1
-    assert tuned["correct_rate"] == pytest.approx(1.0)  # 2 episodes with a result, both correct
-    assert tuned["per_tier"]["1"]["n"] == 1
+    # 3 episodes: 2 correct, 1 without any candidate (a failed sample, not a dropped one)
+    assert tuned["correct_rate"] == pytest.approx(2 / 3)
+    assert tuned["format_failure_rate"] == pytest.approx(1 / 3)
+    assert tuned["per_tier"]["1"]["n"] == 2  # softmax and gelu (no candidate)
     assert tuned["per_turn"]["frac_correct"] == pytest.approx([1 / 3, 2 / 3])
     assert summary["training_steps"] == 5
 

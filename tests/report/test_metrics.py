@@ -180,3 +180,23 @@ def test_per_turn_curves_reads_results_on_tester_turns():
 def test_episode_best_result_is_fastest_correct():
     assert episode_best_result(EPISODES[1]).speedup == pytest.approx(1.5)
     assert episode_best_result(EPISODES[2]) is None
+
+
+def test_no_candidate_samples_count_as_failures():
+    from multiminddev.report.metrics import NoCandidate
+
+    s = summarize_results([result("a", EvalStatus.OK, 2.0), NoCandidate(problem="a")], ks=(1, 2))
+    assert s["n"] == 2 and s["correct_rate"] == 0.5 and s["compile_rate"] == 0.5
+    assert s["status_counts"]["format_failure"] == 1
+    assert s["pass_at_k"] == pytest.approx({"1": 0.5, "2": 1.0})
+
+
+def test_episode_best_result_prefers_compiled_over_later_compile_error():
+    ep = {"turns": [_turn("generator", result("p", EvalStatus.NO_GPU)),
+                    _turn("optimizer", result("p", EvalStatus.COMPILE_ERROR))]}
+    assert episode_best_result(ep).status is EvalStatus.NO_GPU
+
+
+def test_episode_best_result_uses_recorded_best():
+    ep = {"best_result": result("p", EvalStatus.OK, 4.0).to_dict(), "turns": []}
+    assert episode_best_result(ep).speedup == pytest.approx(4.0)

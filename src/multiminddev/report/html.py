@@ -22,6 +22,7 @@ from typing import Any
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.report import plots
 from multiminddev.report.metrics import (
+    NoCandidate,
     bootstrap_ci,
     episode_best_result,
     fast_p,
@@ -33,9 +34,9 @@ from multiminddev.report.metrics import (
 
 @dataclass(kw_only=True)
 class LabelData:
-    """One label's samples, normalised: one EvalResult per sample (None = no candidate)."""
+    """One label's samples, normalised: one EvalResult per sample (NoCandidate: none written)."""
 
-    results: list[EvalResult] = field(default_factory=list)
+    results: list[EvalResult | NoCandidate] = field(default_factory=list)
     episodes: list[dict[str, Any]] = field(default_factory=list)
     format_failures: int = 0
     tiers: dict[str, int] = field(default_factory=dict)
@@ -54,8 +55,9 @@ def normalise_samples(samples: Sequence[EvalResult | Mapping[str, Any]]) -> Labe
             if name is not None and tier is not None:
                 data.tiers[name] = tier
             best = episode_best_result(ep)
-            if best is None:
+            if best is None:  # every reply lacked a candidate: a failed sample, not a missing one
                 data.format_failures += 1
+                data.results.append(NoCandidate(problem=name or ep.get("episode_id", "?")))
             else:
                 data.results.append(best)
         elif isinstance(s, Mapping) and "status" in s:
@@ -82,7 +84,8 @@ def summarize_label(data: LabelData, *, tiers: Mapping[str, int] | None = None) 
     if data.episodes:
         summary["episodes"] = len(data.episodes)
         summary["per_turn"] = per_turn_curves(data.episodes)
-    pairs = [(r.correct, r.speedup) for r in data.results]
+    pairs = [(r.correct, r.speedup) if isinstance(r, EvalResult) else (False, 0.0)
+             for r in data.results]
     summary["ci95"] = {
         "correct_rate": _ci(bootstrap_ci(pairs, lambda v: sum(c for c, _ in v) / len(v))),
         "fast_1": _ci(bootstrap_ci(pairs, lambda v: fast_p([c for c, _ in v], [s for _, s in v], 1.0))),
@@ -123,7 +126,8 @@ def _make_plots(out_dir: Path, labels: Mapping[str, LabelData], summaries: Mappi
                 records: Sequence[Mapping[str, Any]]) -> dict[str, Path]:
     images: dict[str, Path] = {}
     if labels:
-        speedups = {k: [r.speedup for r in d.results if r.correct] for k, d in labels.items()}
+        speedups = {k: [r.speedup for r in d.results if isinstance(r, EvalResult) and r.correct]
+                    for k, d in labels.items()}
         images["Speedup distribution"] = plots.plot_speedup_distribution(speedups, out_dir / "speedups.png")
     per_tier = {k: s["per_tier"] for k, s in summaries.items() if s.get("per_tier")}
     if per_tier:
@@ -163,7 +167,7 @@ _SUMMARY_ROWS = (
     ("geomean speedup vs torch.compile", lambda s: _x(s["geomean_speedup_vs_compile"])),
     ("rejected (hack) rate", lambda s: _pct(s["rejected_rate"])),
     ("no GPU (compile only)", lambda s: _pct(s["no_gpu_rate"])),
-    ("format failures", lambda s: s.get("format_failures")),
+    ("no candidate (format failure)", lambda s: _pct(s.get("format_failure_rate"))),
     ("measured on", lambda s: ", ".join(s["devices"]) or "-"),
 )
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Union
 
 import numpy as np
 
@@ -87,8 +88,20 @@ def bootstrap_ci(
 # --- summaries -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class NoCandidate:
+    """A sample whose reply held no usable candidate (a format failure): it counts in every
+    denominator as a sample that neither compiled nor passed, with status ``format_failure``."""
+
+    problem: str
+
+
+Sample = Union[EvalResult, NoCandidate]
+FORMAT_FAILURE = "format_failure"
+
+
 def summarize_results(
-    results: Sequence[EvalResult],
+    results: Sequence[Sample],
     *,
     tiers: Mapping[str, int] | None = None,
     ks: Sequence[int] = (1, 5, 10),
@@ -96,15 +109,16 @@ def summarize_results(
 ) -> dict[str, Any]:
     """KernelBench-style summary of results (one per sample; several samples per problem allowed).
 
-    Rates and fast_p are over samples; pass@k groups samples by problem and averages the unbiased
-    estimate over problems, for each k no larger than every problem's sample count. Geometric
-    means are over correct samples. ``tiers`` (problem name -> tier) adds a ``per_tier`` table.
-    NaN figures (nothing to average) are written as ``None`` so the summary is valid JSON.
+    Rates and fast_p are over samples (format failures, :class:`NoCandidate`, included); pass@k
+    groups samples by problem and averages the unbiased estimate over problems, for each k no
+    larger than every problem's sample count. Geometric means are over correct samples.
+    ``tiers`` (problem name -> tier) adds a ``per_tier`` table. NaN figures (nothing to
+    average) are written as ``None`` so the summary is valid JSON.
     """
     out = _rates(results, thresholds)
     out["pass_at_k"] = _pass_at_k_table(results, ks)
     if tiers:
-        by_tier: dict[int, list[EvalResult]] = defaultdict(list)
+        by_tier: dict[int, list[Sample]] = defaultdict(list)
         for r in results:
             if r.problem in tiers:
                 by_tier[int(tiers[r.problem])].append(r)
@@ -112,22 +126,30 @@ def summarize_results(
     return out
 
 
-def _rates(results: Sequence[EvalResult], thresholds: Sequence[float]) -> dict[str, Any]:
-    n = len(results)
+def _is_correct(r: Sample) -> bool:
+    return isinstance(r, EvalResult) and r.correct
+
+
+def _rates(samples: Sequence[Sample], thresholds: Sequence[float]) -> dict[str, Any]:
+    n = len(samples)
+    results = [r for r in samples if isinstance(r, EvalResult)]
     status = Counter(r.status.value for r in results)
+    if len(results) < n:
+        status[FORMAT_FAILURE] = n - len(results)
     reasons = Counter(r.reject_reason.value for r in results
                       if r.status is EvalStatus.REJECTED and r.reject_reason is not None)
-    correct = [r.correct for r in results]
-    speedups = [r.speedup for r in results]
+    correct = [_is_correct(r) for r in samples]
+    speedups = [r.speedup if isinstance(r, EvalResult) else 0.0 for r in samples]
     vs_compile = [r.benchmark.speedup_vs_compile for r in results if r.correct]
     fracs = [r.benchmark.fraction_of_peak for r in results if r.correct]
     return {
         "n": n,
-        "problems": len({r.problem for r in results}),
+        "problems": len({r.problem for r in samples}),
         "compile_rate": _ratio(sum(r.compiled for r in results), n),
         "correct_rate": _ratio(sum(correct), n),
         "rejected_rate": _ratio(status.get(EvalStatus.REJECTED.value, 0), n),
         "no_gpu_rate": _ratio(status.get(EvalStatus.NO_GPU.value, 0), n),
+        "format_failure_rate": _ratio(status.get(FORMAT_FAILURE, 0), n),
         "status_counts": dict(sorted(status.items())),
         "reject_reasons": dict(sorted(reasons.items())),
         "fast_p": {_p_key(p): _finite(fast_p(correct, speedups, p)) for p in thresholds},
@@ -138,10 +160,10 @@ def _rates(results: Sequence[EvalResult], thresholds: Sequence[float]) -> dict[s
     }
 
 
-def _pass_at_k_table(results: Sequence[EvalResult], ks: Sequence[int]) -> dict[str, float]:
+def _pass_at_k_table(results: Sequence[Sample], ks: Sequence[int]) -> dict[str, float]:
     per_problem: dict[str, list[bool]] = defaultdict(list)
     for r in results:
-        per_problem[r.problem].append(r.correct)
+        per_problem[r.problem].append(_is_correct(r))
     if not per_problem:
         return {}
     min_n = min(len(v) for v in per_problem.values())
@@ -187,14 +209,22 @@ def episode_attempts(episode: Mapping[str, Any]) -> list[dict[str, Any] | None]:
 
 
 def episode_best_result(episode: Mapping[str, Any]) -> EvalResult | None:
-    """The episode's best attempt: the fastest correct one, else the last attempt with a result."""
+    """The episode's best attempt: its recorded ``best_result`` when present, else the fastest
+    correct attempt, else the one that got furthest (compiled over not; a rejected hack last;
+    later on ties). None when no attempt produced a candidate."""
+    recorded = episode.get("best_result")
+    if isinstance(recorded, Mapping) and recorded:
+        return EvalResult.from_dict(dict(recorded))
     results = [EvalResult.from_dict(d) for d in episode_attempts(episode) if d]
     if not results:
         return None
-    correct = [r for r in results if r.correct]
-    if correct:
-        return max(correct, key=lambda r: r.speedup)
-    return results[-1]
+
+    def rank(item: tuple[int, EvalResult]) -> tuple:
+        i, r = item
+        not_rejected = r.status is not EvalStatus.REJECTED
+        return (r.correct, r.speedup, r.compiled and not_rejected, not_rejected, i)
+
+    return max(enumerate(results), key=rank)[1]
 
 
 def per_turn_curves(episodes: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:

@@ -1,0 +1,284 @@
+"""``multiminddev bench`` (run episodes per model/checkpoint, summarise, report) and
+``multiminddev report`` (a report from existing training runs, bench outputs or eval-dir JSONL).
+
+bench output layout (``--out DIR``)::
+
+    DIR/<label>/episodes.jsonl   every episode: the conversation, EvalResults, rewards
+    DIR/<label>/summary.json     compile rate, correctness, hack rate, fast_p, geomeans, pass@k,
+                                 per-turn curves, bootstrap intervals
+    DIR/report.html              all labels side by side, plots embedded (PNG files beside it)
+    DIR/summary.json             the same summaries together
+
+Each episode counts as one sample, scored by its best attempt (see ``report.metrics``); pass@k
+uses the ``--samples`` episodes per problem. On a machine without a GPU every kernel is compiled
+but not run (status ``no_gpu``): the report says so and shows no speed figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="benchmark models/checkpoints on problems: episodes, summary, HTML report")
+    bench.add_argument("--model", action="append", default=[], metavar="M",
+                       help="model: 'default' (embedded SmolLM2), hub id, local dir or .gguf "
+                            "(repeat to compare several)")
+    bench.add_argument("--adapters", action="append", default=[], type=Path, metavar="DIR",
+                       help="checkpoint dir with generator/ and optimizer/ adapters, on the first "
+                            "--model (repeat to compare checkpoints)")
+    bench.add_argument("--problems", default="builtin:heldout",
+                       help="builtin:heldout | builtin:tier1 | kernelbench:PATH | jsonl:PATH | ...")
+    bench.add_argument("--samples", type=int, default=1, help="episodes per problem (pass@k)")
+    bench.add_argument("--turns", type=int, default=3, help="agent turns per episode")
+    bench.add_argument("--limit", type=int, default=None, help="use only the first N problems")
+    bench.add_argument("--out", type=Path, default=Path("bench_out"))
+    bench.add_argument("--max-new-tokens", type=int, default=1024)
+    bench.add_argument("--temperature", type=float, default=0.7)
+    bench.add_argument("--top-p", type=float, default=0.95)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
+    bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
+    bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    bench.set_defaults(handler=run_bench)
+
+    report = subparsers.add_parser(
+        "report", help="HTML report from a training run and/or bench / eval-dir JSONL outputs")
+    report.add_argument("run_dir", type=Path, nargs="?", default=None,
+                        help="training run folder (metrics.jsonl / TensorBoard) or a bench --out folder")
+    report.add_argument("--bench", action="append", default=[], type=Path, metavar="JSONL",
+                        help="episodes JSONL (bench) or EvalResult JSONL (eval-dir); repeatable")
+    report.add_argument("--label", action="append", default=[],
+                        help="label per --bench file, in order (default: derived from the path)")
+    report.add_argument("--out", type=Path, required=True)
+    report.add_argument("--title", default="MultiMindDev report")
+    report.set_defaults(handler=run_report)
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from multiminddev.tasks.problem import ProblemError
+
+    try:
+        runs = policy_runs(args.model, args.adapters)
+        problems = _load_problems(args.problems, args.limit)
+        if args.samples < 1 or args.turns < 1:
+            raise ValueError("--samples and --turns must be >= 1")
+    except (ProblemError, ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    episode_cfg = _episode_config(args)
+    eval_cfg = _eval_config(args)
+    print(f"bench: {len(problems)} problems x {args.samples} samples x {len(runs)} runs "
+          f"({', '.join(runs)}), up to {args.turns} turns each")
+    episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
+                              group_size=args.samples, out_dir=args.out)
+    from multiminddev.report.html import write_report
+
+    path = write_report(args.out, bench_runs=episodes, title=f"bench: {args.problems}")
+    summary = json.loads((args.out / "summary.json").read_text())["labels"]
+    print_summary(summary)
+    print(f"report: {path}")
+    return 0
+
+
+def policy_runs(models: Sequence[str], adapters: Sequence[Path]) -> dict[str, Any]:
+    """{label: PolicyConfig}: one per --model, then one per --adapters dir on the first model."""
+    from multiminddev.policy import PolicyConfig, PolicyError, adapter_paths_in
+
+    runs: dict[str, Any] = {}
+    base = models[0] if models else "default"
+    for m in models or ([] if adapters else ["default"]):
+        runs[_unique(runs, _label(m))] = PolicyConfig(model=m)
+    for a in adapters:
+        try:
+            paths = adapter_paths_in(a)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        # A role without an adapter in the checkpoint gets a fresh (identity) one: the base model.
+        runs[_unique(runs, _label(str(a)))] = PolicyConfig(model=base, adapter_paths=paths)
+    return runs
+
+
+def bench_policies(
+    runs: Mapping[str, Any],
+    problems: Sequence[Any],
+    *,
+    episode_config: Any,
+    eval_config: Any,
+    group_size: int,
+    out_dir: Path,
+) -> dict[str, list[dict[str, Any]]]:
+    """Run episodes for each policy config, one model in memory at a time; write episodes JSONL.
+
+    Returns {label: episode dicts}. One evaluator serves every run (its baselines are cached).
+    """
+    from multiminddev.env import Evaluator
+    from multiminddev.episode.runner import run_episodes
+    from multiminddev.episode.state import episode_to_dict, write_episodes_jsonl
+    from multiminddev.policy import HFGenerationBackend, load_policy
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    with Evaluator(eval_config) as evaluator:
+        for label, policy_cfg in runs.items():
+            print(f"[{label}] loading {policy_cfg.model}")
+            policy = load_policy(policy_cfg)
+            backend = HFGenerationBackend(policy)
+            episodes = run_episodes(problems, backend, evaluator, episode_config, group_size=group_size)
+            write_episodes_jsonl(episodes, Path(out_dir) / _slug(label) / "episodes.jsonl")
+            out[label] = [episode_to_dict(e) for e in episodes]
+            del policy, backend, episodes
+            _free_memory()
+    for label, eps in out.items():
+        from multiminddev.report.html import normalise_samples, summarize_label
+
+        summary = summarize_label(normalise_samples(eps))
+        (Path(out_dir) / _slug(label) / "summary.json").write_text(json.dumps(summary, indent=2))
+    return out
+
+
+def _load_problems(spec: str, limit: int | None) -> list[Any]:
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems(spec)
+    if limit is not None:
+        if limit < 1:
+            raise ValueError("--limit must be >= 1")
+        problems = problems[:limit]
+    return problems
+
+
+def _episode_config(args: argparse.Namespace) -> Any:
+    from multiminddev.episode.runner import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+    from multiminddev.rewards import RewardConfig
+
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return EpisodeConfig(max_turns=args.turns, sampling=sampling, reward=RewardConfig())
+
+
+def _eval_config(args: argparse.Namespace) -> Any:
+    from multiminddev.env import EvalConfig
+
+    return EvalConfig(num_workers=args.workers, benchmark=not args.no_benchmark,
+                      compile_baseline=not args.no_compile_baseline, seed=args.seed)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def _label(text: str) -> str:
+    path = Path(text)
+    parts = [p for p in path.parts if p not in ("/", ".", "..")]
+    return "/".join(parts[-2:]) if len(parts) > 1 and path.exists() else (parts[-1] if parts else text)
+
+
+def _unique(existing: Mapping[str, Any], label: str) -> str:
+    out, i = label, 2
+    while out in existing:
+        out, i = f"{label}#{i}", i + 1
+    return out
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
+
+
+def print_summary(summaries: Mapping[str, Mapping[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{100 * v:.1f}%"
+
+    def x(v: Any) -> str:
+        return "-" if v is None else f"{v:.3g}x"
+
+    table = Table(title="bench summary (per episode, best attempt)")
+    table.add_column("metric")
+    for label in summaries:
+        table.add_column(label, justify="right")
+    rows = [
+        ("episodes", lambda s: str(s.get("episodes", s["n"]))),
+        ("compile rate", lambda s: pct(s["compile_rate"])),
+        ("correct", lambda s: pct(s["correct_rate"])),
+        ("fast_1", lambda s: pct(s["fast_p"].get("1"))),
+        ("fast_2", lambda s: pct(s["fast_p"].get("2"))),
+        ("geomean vs eager", lambda s: x(s["geomean_speedup_vs_eager"])),
+        ("geomean vs torch.compile", lambda s: x(s["geomean_speedup_vs_compile"])),
+        ("rejected (hacks)", lambda s: pct(s["rejected_rate"])),
+        ("no GPU (compile only)", lambda s: pct(s["no_gpu_rate"])),
+        ("no candidate (format)", lambda s: pct(s.get("format_failure_rate"))),
+        ("measured on", lambda s: ", ".join(s["devices"]) or "-"),
+    ]
+    for name, get in rows:
+        table.add_row(name, *(get(s) for s in summaries.values()))
+    Console().print(table)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from multiminddev.report.html import write_report
+
+    if args.label and len(args.label) != len(args.bench):
+        print("error: give one --label per --bench file (or none)", file=sys.stderr)
+        return 2
+    bench_files = list(zip(args.label or [None] * len(args.bench), args.bench))
+    training_run = None
+    if args.run_dir is not None:
+        if not args.run_dir.is_dir():
+            print(f"error: {args.run_dir} is not a directory", file=sys.stderr)
+            return 2
+        bench_files += [(None, p) for p in sorted(args.run_dir.glob("*/episodes.jsonl"))]
+        if _has_training_metrics(args.run_dir):
+            training_run = args.run_dir
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for label, path in bench_files:
+        if not path.is_file():
+            print(f"error: {path} does not exist", file=sys.stderr)
+            return 2
+        runs[_unique(runs, label or _file_label(path))] = read_jsonl(path)
+    if not runs and training_run is None:
+        print("error: nothing to report: give a training run folder (metrics.jsonl or TensorBoard "
+              "events), a bench --out folder, or --bench JSONL files", file=sys.stderr)
+        return 2
+    path = write_report(args.out, bench_runs=runs, training_run=training_run, title=args.title)
+    if runs:
+        print_summary(json.loads((args.out / "summary.json").read_text())["labels"])
+    print(f"report: {path}")
+    return 0
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with Path(path).open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _has_training_metrics(run_dir: Path) -> bool:
+    return any(run_dir.rglob("metrics.jsonl")) or any(run_dir.rglob("events.out.tfevents.*"))
+
+
+def _file_label(path: Path) -> str:
+    # bench writes <label>/episodes.jsonl: the folder names the run; otherwise the file stem.
+    return path.parent.name if path.stem == "episodes" else path.stem
