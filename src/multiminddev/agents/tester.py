@@ -235,6 +235,8 @@ def _rejected_section(result: EvalResult) -> str:
     out = [f"Rejected (rule broken: {reason}). The kernel must do the work itself; no torch "
            "compute, reference Model use, fallbacks, threads or streams in forward."]
     for f in result.static.findings[:3]:
+        if f.message.strip() and f.message.strip() in result.message:
+            continue  # already in the header line
         where = f"line {f.line}: " if f.line else ""
         out.append(f"- {where}{f.rule}: {f.message.strip()[:200]}")
     return "\n".join(out)
@@ -295,6 +297,8 @@ def _status_section(result: EvalResult, cuda: list[str]) -> str:
     if s is EvalStatus.OK:
         return _timing_section(result)
     if s is EvalStatus.NO_GPU:
+        if "no GPU" in result.message:
+            return ""
         return ("Compile-only: it compiled, but there is no GPU here, so correctness and speed "
                 "were not measured.") if result.compiled else ""
     if s is EvalStatus.INFRA_ERROR:

@@ -28,7 +28,7 @@ def token_logprobs(
 
     Shapes: input_ids, attention_mask [B, T] -> float32 [B, T], aligned with input_ids:
     ``out[b, t]`` is the log-prob of ``input_ids[b, t]`` given the tokens before it;
-    ``out[:, 0]`` and padded positions (mask 0) are 0. Multiply by a loss mask of the same
+    ``out[:, 0]``, padded positions and the first real token after left padding are 0. Multiply by a loss mask of the same
     shape. The distribution is ``softmax(logits / temperature)`` in float32 (no top-p/top-k
     truncation). Gradients flow when called with grad enabled.
     """
@@ -51,4 +51,9 @@ def token_logprobs(
         targets = input_ids[rows, 1:].unsqueeze(-1)
         picked = chunk.gather(-1, targets).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
         out[rows, 1:] = picked
-    return out * attention_mask.to(out.dtype)
+    # A token scores only when it and the token before it are real: the first real token of a
+    # left-padded row gets 0, exactly as position 0 of an unpadded row.
+    mask = attention_mask.to(out.dtype)
+    valid = torch.zeros_like(mask)
+    valid[:, 1:] = mask[:, 1:] * mask[:, :-1]
+    return out * valid

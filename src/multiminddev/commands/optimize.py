@@ -1,0 +1,105 @@
+"""``multiminddev optimize PROBLEM.py``: one Generator -> Tester -> Optimizer episode.
+
+Prints the best verified kernel and its speedup; on a machine without a GPU, the best
+compiling kernel marked "compile-only: not verified".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "optimize",
+        help="run one multi-turn episode on a problem file and print the best kernel",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("problem", type=Path, help="KernelBench-format problem file")
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M GGUF), hub id, local dir or .gguf file")
+    p.add_argument("--adapters", type=Path, default=None,
+                   help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint)")
+    p.add_argument("--turns", type=int, default=5, help="Generator/Optimizer turns (default 5)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--target-speedup", type=float, default=2.0)
+    p.add_argument("--patience", type=int, default=2)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--save", type=Path, default=None, help="append the episode to this JSONL")
+    p.add_argument("--json", action="store_true", help="print the whole episode as JSON")
+    p.set_defaults(handler=run)
+
+
+def _policy_config(args: argparse.Namespace) -> Any:
+    from multiminddev.policy import PolicyConfig, adapter_paths_in
+
+    adapters = adapter_paths_in(args.adapters) if args.adapters else {}
+    separate = bool(adapters) and all(
+        not (Path(p) / "adapter_config.json").exists() for p in adapters.values())
+    return PolicyConfig(model=args.model, device=args.device, adapter_paths=adapters,
+                        separate_models=separate)
+
+
+def run(args: argparse.Namespace) -> int:
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
+    from multiminddev.episode.state import write_episodes_jsonl
+    from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
+    from multiminddev.tasks.problem import ProblemError, load_problem
+
+    try:
+        problem = load_problem(args.problem)
+        policy = load_policy(_policy_config(args))
+    except (ProblemError, PolicyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    window = policy.context_window
+    config = EpisodeConfig(
+        max_turns=args.turns, sampling=sampling, target_speedup=args.target_speedup,
+        patience=args.patience,
+        max_prompt_tokens=max(256, min(6144, window - args.max_new_tokens)),
+    )
+    with Evaluator(EvalConfig()) as evaluator:
+        episode = run_episodes([problem], HFGenerationBackend(policy), evaluator, config)[0]
+    if args.save:
+        write_episodes_jsonl([episode], args.save, append=True)
+    if args.json:
+        print(json.dumps(episode_to_dict(episode), indent=2))
+    else:
+        print(describe(episode))
+    return 0 if episode.best_source else 1
+
+
+def describe(episode: Any) -> str:
+    """Human summary: turns, then the best kernel (verified or compile-only)."""
+    lines = [f"problem {episode.problem.name}: {len(episode.turns)} turn(s), "
+             f"ended: {episode.status.value}"]
+    from multiminddev.episode.runner import outcome_line
+
+    lines += [f"  {outcome_line(t)}" for t in episode.turns]
+    result = episode.best_result
+    if episode.verified:
+        lines.append(f"best kernel (turn {episode.best_turn + 1}): verified, "
+                     f"{result.benchmark.speedup_vs_eager:.2f}x vs eager PyTorch "
+                     f"on {result.device or result.benchmark.gpu_name}")
+    elif result is not None and result.compiled and episode.compile_only:
+        lines.append(f"best kernel (turn {episode.best_turn + 1}): compiles; "
+                     "compile-only: not verified (no GPU on this machine)")
+    elif result is not None and result.compiled:
+        lines.append(f"no verified kernel; best attempt (turn {episode.best_turn + 1}) "
+                     f"compiled but ended {result.status.value}: {result.message}")
+    else:
+        lines.append("no kernel compiled")
+        return "\n".join(lines)
+    lines += ["", episode.best_source or ""]
+    return "\n".join(lines)

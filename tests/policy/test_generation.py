@@ -1,0 +1,118 @@
+import asyncio
+
+import pytest
+import torch
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.policy import (
+    FinishReason,
+    GenerationBackend,
+    HFGenerationBackend,
+    LogprobSource,
+    SamplingParams,
+    encode_chat,
+    token_logprobs,
+)
+from tests.policy.helpers import tiny_policy
+
+G = AgentRole.GENERATOR
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return tiny_policy()
+
+
+def _prompts(policy):
+    tok = policy.tokenizer
+    return [encode_chat(tok, [{"role": "user", "content": "hi"}]),
+            encode_chat(tok, [{"role": "user", "content": "write a relu kernel in CUDA please"}])]
+
+
+def _rescore(policy, role, prompt, tokens):
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad(), policy.use(role) as model:
+        return token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):]
+
+
+def test_sampling_params_validate():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="stop"):
+        SamplingParams(stop=("",))
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+def test_hf_backend_satisfies_the_protocol(policy):
+    assert isinstance(HFGenerationBackend(policy), GenerationBackend)
+
+
+def test_returns_n_samples_per_prompt_grouped_by_prompt(policy):
+    backend = HFGenerationBackend(policy, max_batch_size=3)
+    outs = backend.generate_sync(_prompts(policy), SamplingParams(max_new_tokens=6, n=2, seed=0), G)
+    assert [o.prompt_index for o in outs] == [0, 0, 1, 1]
+    for o in outs:
+        assert 1 <= len(o.token_ids) <= 6 and len(o.logprobs) == len(o.token_ids)
+        assert o.text == policy.tokenizer.decode(o.token_ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("source", list(LogprobSource))
+def test_returned_logprobs_match_rescoring_at_temperature_one(policy, source):
+    backend = HFGenerationBackend(policy, max_batch_size=4, logprob_source=source)
+    prompts = _prompts(policy)
+    outs = backend.generate_sync(prompts, SamplingParams(max_new_tokens=12, n=2, seed=1), G)
+    for o in outs:
+        want = _rescore(policy, G, prompts[o.prompt_index], o.token_ids)
+        assert torch.allclose(torch.tensor(o.logprobs), want, atol=1e-4)
+
+
+def test_logprobs_are_those_of_the_temperature_scaled_distribution(policy):
+    backend = HFGenerationBackend(policy)
+    prompt = _prompts(policy)[1]
+    out = backend.generate_sync([prompt], SamplingParams(max_new_tokens=8, temperature=0.5, seed=2), G)[0]
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad(), policy.use(G) as model:
+        want = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.5)[0, len(prompt):]
+    assert torch.allclose(torch.tensor(out.logprobs), want, atol=1e-4)
+
+
+def test_generation_uses_the_roles_adapter(policy):
+    backend = HFGenerationBackend(policy)
+    prompt = _prompts(policy)[0]
+    sampling = SamplingParams(max_new_tokens=10, temperature=0.0)
+    gen = backend.generate_sync([prompt], sampling, AgentRole.GENERATOR)[0]
+    opt = backend.generate_sync([prompt], sampling, AgentRole.OPTIMIZER)[0]
+    assert gen.token_ids != opt.token_ids
+
+
+def test_stop_strings_end_the_text(policy):
+    backend = HFGenerationBackend(policy)
+    outs = backend.generate_sync(_prompts(policy), SamplingParams(max_new_tokens=40, stop=("e",), seed=3), G)
+    for o in outs:
+        if o.finish_reason is FinishReason.STOP:
+            assert "e" in o.text
+            assert "e" not in policy.tokenizer.decode(o.token_ids[:-1], skip_special_tokens=True)
+        else:
+            assert "e" not in o.text
+    assert any(o.finish_reason is FinishReason.STOP for o in outs)
+
+
+def test_length_limit_is_reported(policy):
+    backend = HFGenerationBackend(policy)
+    out = backend.generate_sync(_prompts(policy)[:1], SamplingParams(max_new_tokens=3, seed=4), G)[0]
+    eos = policy.tokenizer.eos_token_id
+    if out.finish_reason is FinishReason.LENGTH:
+        assert len(out.token_ids) == 3 and eos not in out.token_ids
+    else:
+        assert out.finish_reason is FinishReason.EOS and out.token_ids[-1] == eos
+
+
+def test_seeded_sampling_is_reproducible_and_async_works(policy):
+    backend = HFGenerationBackend(policy)
+    sampling = SamplingParams(max_new_tokens=8, seed=5)
+    prompts = _prompts(policy)
+    a = asyncio.run(backend.generate(prompts, sampling, G))
+    b = backend.generate_sync(prompts, sampling, G)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert backend.tokens_generated == 2 * sum(len(o.token_ids) for o in a)
