@@ -91,12 +91,16 @@ def test_report_command_reads_bench_out_folder_and_training_run(tmp_path, bench_
     logger = MetricsLogger(MetricsConfig(output_dir=run / "train", tensorboard=False))
     for step in range(3):
         logger.log_step({**{k: 0.1 for k in STEP_KEYS}, "step": step, "compile_only": True})
+    logger.log_eval(2, {"reward_mean": 0.3, "compile_rate": 0.5, "pass_rate": 0.0, "fast_1": 0.0})
     logger.close()
+    write_episodes_jsonl(_episodes([3.0]), run / "eval_episodes.jsonl")  # the final held-out eval
     out = tmp_path / "report"
     assert main(["report", str(run), "--out", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert "sft" in page and "Training run" in page and "compile-only" in page
-    assert (out / "training.png").is_file()
+    assert (out / "training.png").is_file() and (out / "training_eval.png").is_file()
+    labels = json.loads((out / "summary.json").read_text())["labels"]
+    assert f"{run.name} (held-out eval)" in labels
 
 
 def test_report_command_labels_in_order(tmp_path, bench_files):

@@ -97,7 +97,9 @@ def test_bootstrap_ci_of_constant_is_point():
 
 def test_bootstrap_ci_brackets_mean_and_is_seeded():
     values = list(range(100))
-    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    def mean(v):
+        return sum(v) / len(v)
+
     lo, hi = bootstrap_ci(values, mean, n=500, seed=3)
     assert lo < 49.5 < hi and hi - lo < 30
     assert bootstrap_ci(values, mean, n=500, seed=3) == (lo, hi)

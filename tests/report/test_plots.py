@@ -54,3 +54,11 @@ def test_load_tensorboard_scalars_when_no_jsonl(tmp_path):
     records = load_training_metrics(tmp_path)
     assert [r["step"] for r in records] == [0, 1, 2]
     assert records[2]["reward_mean"] == 1.0
+
+
+def test_resumed_run_keeps_last_record_per_step(tmp_path):
+    lines = [{"step": 0, "reward_mean": 0.1}, {"step": 1, "reward_mean": 0.2},
+             {"step": 1, "reward_mean": 0.25}, {"step": 2, "reward_mean": 0.3}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    records = load_training_metrics(tmp_path)
+    assert [r["reward_mean"] for r in records] == [0.1, 0.25, 0.3]

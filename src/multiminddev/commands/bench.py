@@ -251,6 +251,9 @@ def run_report(args: argparse.Namespace) -> int:
             print(f"error: {args.run_dir} is not a directory", file=sys.stderr)
             return 2
         bench_files += [(None, p) for p in sorted(args.run_dir.glob("*/episodes.jsonl"))]
+        final_eval = args.run_dir / "eval_episodes.jsonl"  # the train pipeline's held-out eval
+        if final_eval.is_file():
+            bench_files.append((f"{args.run_dir.resolve().name} (held-out eval)", final_eval))
         if _has_training_metrics(args.run_dir):
             training_run = args.run_dir
     runs: dict[str, list[dict[str, Any]]] = {}

@@ -112,10 +112,14 @@ def write_report(
     labels = {k: normalise_samples(v) for k, v in (bench_runs or {}).items()}
     summaries = {k: summarize_label(d, tiers=tiers) for k, d in labels.items()}
     records = plots.load_training_metrics(training_run) if training_run is not None else []
+    evals = plots.load_eval_metrics(training_run) if training_run is not None else []
     images = _make_plots(out_dir, labels, summaries, records)
+    if evals:
+        images["Held-out evaluation during training"] = plots.plot_eval_curves(
+            evals, out_dir / "training_eval.png")
     (out_dir / "summary.json").write_text(json.dumps(
         {"labels": summaries, "training_run": str(training_run) if training_run else None,
-         "training_steps": len(records)}, indent=2))
+         "training_steps": len(records), "training_evals": evals}, indent=2))
     page = _page(title, summaries, records, images, training_run)
     path = out_dir / "report.html"
     path.write_text(page, encoding="utf-8")
@@ -153,6 +157,12 @@ th { background: #f3f3f3; }
 img { max-width: 100%; border: 1px solid #eee; }
 """
 
+_SUMMARY_NOTE = (
+    "<p class='note'>Rates and fast_p are over samples (KernelBench definition: correct and "
+    "faster than p times eager). Geometric means over correct samples. [..] = bootstrap 95% "
+    "interval. Episodes count once, by their best attempt.</p>"
+)
+
 _SUMMARY_ROWS = (
     ("samples", lambda s: s["n"]),
     ("problems", lambda s: s["problems"]),
@@ -179,10 +189,7 @@ def _page(title: str, summaries: Mapping[str, Any], records: Sequence[Mapping[st
              f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>"]
     parts += _warnings(summaries, records)
     if summaries:
-        parts += ["<h2>Summary</h2>", _summary_table(summaries),
-                  "<p class='note'>Rates and fast_p are over samples (KernelBench definition: "
-                  "correct and faster than p times eager). Geometric means over correct samples. "
-                  "[..] = bootstrap 95% interval.</p>"]
+        parts += ["<h2>Summary</h2>", _summary_table(summaries), _SUMMARY_NOTE]
         parts += _pass_at_k_table(summaries) + _tier_table(summaries) + _reasons_table(summaries)
     for name, path in images.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
@@ -256,8 +263,9 @@ def _training_table(records: Sequence[Mapping[str, Any]], training_run: Path | N
                         "hack_rate", "geomean_speedup", "fast_1", "kl", "entropy", "clip_fraction",
                         "tokens_per_s", "evals_per_s") if k in last]
     rows = [[k, last[k]] for k in keys]
-    return [f"<h2>Training run: last step</h2><p class='note'>{_e(str(training_run))}, "
-            f"{len(records)} logged steps.</p>", _table(["metric", "value"], rows)]
+    head = (f"<h2>Training run: last step</h2><p class='note'>{_e(str(training_run))}, "
+            f"{len(records)} logged steps.</p>")
+    return [head, _table(["metric", "value"], rows)]
 
 
 def _e(text: Any) -> str:

@@ -20,7 +20,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +96,7 @@ class NoCandidate:
     problem: str
 
 
-Sample = Union[EvalResult, NoCandidate]
+Sample = EvalResult | NoCandidate
 FORMAT_FAILURE = "format_failure"
 
 

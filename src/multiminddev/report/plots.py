@@ -122,27 +122,43 @@ def plot_turn_curves(curves: Mapping[str, Mapping[str, Sequence[Any]]], path: Pa
     return _save(fig, path)
 
 
+EVAL_PANELS = (
+    ("Held-out reward", ("reward_mean",), None),
+    ("Held-out compile / pass / fast_1", ("compile_rate", "pass_rate", "fast_1"), None),
+)
+
+
 def plot_training_curves(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """2x2 panels over training steps: reward (mean +- std), rates, KL, throughput."""
+    return _plot_panels(records, TRAINING_PANELS, (2, 2), path)
+
+
+def plot_eval_curves(records: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Periodic held-out evaluations during training (the trainer's ``eval_metrics.jsonl``)."""
+    return _plot_panels(records, EVAL_PANELS, (1, 2), path)
+
+
+def _plot_panels(records: Sequence[Mapping[str, Any]], panels: Sequence[tuple], shape: tuple[int, int],
+                 path: Path) -> Path:
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
-    for ax, (title, keys, band) in zip(axes.flat, TRAINING_PANELS):
+    rows, cols = shape
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.25 * rows), squeeze=False)
+    for ax, (title, keys, band) in zip(axes.flat, panels):
         drawn = False
         for i, key in enumerate(keys):
-            pts = [(r["step"], r[key]) for r in records if _number(r.get(key)) and "step" in r]
+            pts = [(r["step"], r[key], r.get(band) if band else None)
+                   for r in records if _number(r.get(key)) and "step" in r]
             if not pts:
                 continue
-            xs, ys = zip(*pts)
+            xs, ys, std = zip(*pts)
             # Throughputs differ by orders of magnitude: the second one gets its own y axis.
             target = ax.twinx() if title == "Throughput" and i == 1 else ax
-            target.plot(xs, ys, label=key, color=f"C{i}")
+            target.plot(xs, ys, label=key, color=f"C{i}", marker="o" if len(xs) < 30 else None)
             target.set_ylabel(key if target is not ax else "")
+            if band is not None and all(_number(s) for s in std):
+                ax.fill_between(xs, [y - s for y, s in zip(ys, std)],
+                                [y + s for y, s in zip(ys, std)], alpha=0.2)
             drawn = True
-            if band is not None:
-                std = [r.get(band) for r in records if _number(r.get(key)) and "step" in r]
-                if all(_number(s) for s in std):
-                    ax.fill_between(xs, [y - s for y, s in zip(ys, std)],
-                                    [y + s for y, s in zip(ys, std)], alpha=0.2)
         if drawn:
             ax.set_xlabel("step")
             ax.legend(fontsize=8)
@@ -163,14 +179,32 @@ def _number(x: Any) -> bool:
 
 def load_training_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """Per-step records of a training run: its ``metrics.jsonl`` (the trainer's format, see
-    ``multiminddev.train.metrics``), else scalars from TensorBoard event files. Sorted by step."""
+    ``multiminddev.train.metrics``), else scalars from TensorBoard event files. Sorted by step;
+    a step logged twice (a run resumed from an earlier checkpoint) keeps its last record."""
     run_dir = Path(run_dir)
-    candidates = [run_dir / "metrics.jsonl", *sorted(run_dir.rglob("metrics.jsonl"))]
-    for path in candidates:
+    for path in [run_dir / "metrics.jsonl", *sorted(run_dir.rglob("metrics.jsonl"))]:
         if path.is_file():
-            records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            return sorted((r for r in records if "step" in r), key=lambda r: r["step"])
+            return read_step_records(path)
     return _tensorboard_records(run_dir)
+
+
+def load_eval_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The held-out evaluations logged during training (``eval_metrics.jsonl``), if any."""
+    run_dir = Path(run_dir)
+    for path in [run_dir / "eval_metrics.jsonl", *sorted(run_dir.rglob("eval_metrics.jsonl"))]:
+        if path.is_file():
+            return read_step_records(path)
+    return []
+
+
+def read_step_records(path: Path) -> list[dict[str, Any]]:
+    by_step: dict[Any, dict[str, Any]] = {}
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if "step" in record:
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def _tensorboard_records(run_dir: Path) -> list[dict[str, Any]]:
