@@ -178,6 +178,14 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
     }
 
 
+def best_result(episode: Any) -> Any:
+    """The episode's best EvalResult: correct and fastest, else compiled, else any (or None)."""
+    results = [t.eval_result for t in episode.turns if getattr(t, "eval_result", None) is not None]
+    if not results:
+        return None
+    return max(results, key=lambda r: (r.correct, r.speedup if r.correct else 0.0, r.compiled))
+
+
 def _best_speedup(episode: Any) -> float | None:
     speeds = [t.eval_result.speedup for t in episode.turns
               if getattr(t, "eval_result", None) is not None and t.eval_result.correct]

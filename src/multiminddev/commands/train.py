@@ -1,0 +1,136 @@
+"""``multiminddev sft``, ``multiminddev rl`` and ``multiminddev train`` (SFT -> RL -> eval).
+
+The flags follow the seeds (``run_multiturn_rl_training.py``): ``--num-episodes``, ``--num-gpus``,
+``--generator-checkpoint``, ``--optimizer-checkpoint``, ``--batch-size``, ``--learning-rate``,
+``--output-dir``; plus ``--group-size``, ``--max-turns``, ``--resume`` and ``--model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    _register_sft(subparsers)
+    _register_rl(subparsers)
+    _register_train(subparsers)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="base model: 'default' (embedded SmolLM2-135M GGUF), a hub id, a local "
+                        "directory or a .gguf file")
+    p.add_argument("--output-dir", type=Path, default=None, help="default: runs/<timestamp>")
+    p.add_argument("--problems", dest="train_problems", default=None,
+                   help="training problems spec (e.g. builtin:tier0,tier1:train, kernelbench:PATH)")
+    p.add_argument("--heldout", dest="heldout_problems", default=None,
+                   help="held-out problems spec (e.g. builtin:tier0,tier1:heldout)")
+    p.add_argument("--num-gpus", type=int, default=None, help="GPUs to use (default: all)")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--full-finetune", action="store_true",
+                   help="train a full copy of the model per agent instead of LoRA adapters")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preset", choices=["quickstart", "quick-test", "full"], default="full",
+                   help="run size (quickstart: the README's few-minute run)")
+
+
+def _rl_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-episodes", type=int, default=None,
+                   help="total RL episodes (conversations); steps = episodes / (batch * group)")
+    p.add_argument("--num-steps", type=int, default=None, help="RL steps (instead of episodes)")
+    p.add_argument("--batch-size", type=int, default=None, help="problems per RL step")
+    p.add_argument("--group-size", type=int, default=None, help="episodes per problem (G)")
+    p.add_argument("--max-turns", type=int, default=None, help="agent turns per episode")
+    p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--generator-checkpoint", default=None,
+                   help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
+                        "a base model")
+    p.add_argument("--optimizer-checkpoint", default=None, help="Optimizer start, as above")
+    p.add_argument("--resume", nargs="?", const="", default=None, type=str,
+                   help="resume from RUN_DIR/rl_checkpoints/latest (default: --output-dir)")
+    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
+
+
+def _register_sft(subparsers) -> None:
+    p = subparsers.add_parser("sft", help="supervised fine-tuning of the Generator and/or Optimizer")
+    _common(p)
+    p.add_argument("--role", choices=["generator", "optimizer", "both"], default="both")
+    p.add_argument("--max-steps", type=int, default=None, help="SFT optimizer steps per role")
+    p.add_argument("--learning-rate", type=float, default=None)
+    p.set_defaults(handler=_run_sft)
+
+
+def _register_rl(subparsers) -> None:
+    p = subparsers.add_parser("rl", help="multi-turn, multi-agent GRPO")
+    _common(p)
+    _rl_flags(p)
+    p.set_defaults(handler=_run_rl)
+
+
+def _register_train(subparsers) -> None:
+    p = subparsers.add_parser("train", help="SFT -> RL -> held-out evaluation")
+    _common(p)
+    _rl_flags(p)
+    p.add_argument("--skip-sft", action="store_true")
+    p.add_argument("--skip-rl", action="store_true")
+    p.add_argument("--skip-eval", action="store_true")
+    p.add_argument("--quick-test", action="store_true", help="a few-minute smoke test of every phase")
+    p.add_argument("--sft-steps", type=int, default=None)
+    p.set_defaults(handler=_run_train)
+
+
+def _settings(args, **overrides):
+    from multiminddev.train.pipeline import TrainSettings, default_output_dir
+
+    resume = getattr(args, "resume", None)
+    output_dir = args.output_dir
+    if resume == "":  # bare --resume: the output dir
+        if output_dir is None:
+            raise SystemExit("--resume without a path needs --output-dir (the run to resume)")
+        resume = str(output_dir)
+    if resume is not None and output_dir is None:
+        output_dir = Path(resume)
+    preset = "quick-test" if getattr(args, "quick_test", False) else args.preset
+    kwargs = dict(
+        output_dir=output_dir or default_output_dir(), model=args.model, preset=preset,
+        num_gpus=args.num_gpus, train_problems=args.train_problems,
+        heldout_problems=args.heldout_problems, lora_rank=args.lora_rank,
+        full_finetune=args.full_finetune, seed=args.seed,
+        resume=Path(resume) if resume else None,
+    )
+    for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
+                 "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
+                 "wandb", "sft_steps"):
+        if hasattr(args, name):
+            kwargs[name] = getattr(args, name)
+    kwargs.update(overrides)
+    return TrainSettings(**kwargs)
+
+
+def _run(settings) -> int:
+    from multiminddev.train.checkpoints import CheckpointError
+    from multiminddev.train.pipeline import run_pipeline
+
+    try:
+        run_pipeline(settings)
+    except (CheckpointError, ValueError) as exc:
+        print(f"error: {exc}")
+        return 2
+    return 0
+
+
+def _run_sft(args) -> int:
+    roles = ("generator", "optimizer") if args.role == "both" else (args.role,)
+    return _run(_settings(args, roles=roles, skip_rl=True, skip_eval=True,
+                          sft_steps=args.max_steps, sft_learning_rate=args.learning_rate))
+
+
+def _run_rl(args) -> int:
+    return _run(_settings(args, skip_sft=True))
+
+
+def _run_train(args) -> int:
+    return _run(_settings(args, skip_sft=args.skip_sft, skip_rl=args.skip_rl,
+                          skip_eval=args.skip_eval))

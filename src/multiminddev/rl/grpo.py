@@ -1,0 +1,525 @@
+"""Multi-turn, multi-agent GRPO on one machine.
+
+One step (``GRPOTrainer.train_step``), each phase timed:
+
+1. rollout    curriculum samples ``problems_per_step`` problems; ``run_episodes`` plays
+              ``group_size`` episodes per problem (Generator -> Tester -> Optimizer -> ...).
+2. reward     ``compute_reward`` on each agent turn's EvalResult, then ``assign_turn_rewards``
+              (credit over the turns of the episode).
+3. advantage  group-relative per problem group and agent (and turn index, by default).
+4. update     for each trainable role, on its own turns only: token-level clipped loss on the
+              response tokens (loss mask), + kl_coef * k3 KL to the frozen base
+              (``policy.reference()``), ``ppo_epochs`` passes of mini-batches with gradient
+              accumulation and clipping, one AdamW per role's adapter.
+5. log        metrics.jsonl / TensorBoard / W&B.
+6. checkpoint ``rl_checkpoints/latest`` (resumable) and ``best_model_episode_N``.
+
+Without a GPU the kernels are compiled but not run: rewards are then compile-only, and every
+log line and record says so (``compile_only``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.rewards import CreditConfig, RewardConfig, assign_turn_rewards, compute_reward
+from multiminddev.rl.losses import LossAgg
+
+
+class AdvantageMode(str, enum.Enum):
+    GROUP = "group"  # baseline: the agent's turns in the problem group (any turn index)
+    TURN_LEVEL = "turn_level"  # baseline: same agent, same turn index, same problem group
+    LEAVE_ONE_OUT = "leave_one_out"  # RLOO baseline per agent and turn index, no std scaling
+
+
+@dataclass(kw_only=True)
+class GRPOConfig:
+    num_steps: int = 10
+    problems_per_step: int = 4
+    group_size: int = 4  # G episodes per problem
+    max_turns: int = 3  # agent turns per episode (Generator first, then Optimizer)
+    learning_rate: float = 2e-5
+    weight_decay: float = 0.0
+    ppo_epochs: int = 1  # passes over each batch (PPO-style reuse)
+    mini_batch_size: int = 8  # samples per optimizer step
+    grad_accum: int = 1  # micro-batches per mini-batch
+    max_grad_norm: float = 1.0
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # > clip_low: DAPO clip-higher (e.g. 0.28)
+    dual_clip: float | None = None
+    kl_coef: float = 0.02
+    loss_agg: LossAgg = LossAgg.TOKEN_MEAN
+    advantage: AdvantageMode = AdvantageMode.TURN_LEVEL
+    normalize_std: bool = True  # False: Dr.GRPO (no std scaling)
+    filter_zero_variance: bool = False  # DAPO dynamic sampling: drop groups with equal rewards
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    credit: CreditConfig = field(default_factory=CreditConfig)
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    eval_every: int = 5  # steps between held-out evaluations (0: only at the end)
+    eval_problems: int = 8  # held-out problems per evaluation
+    checkpoint_every: int = 1
+    train_roles: tuple[AgentRole, ...] = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.loss_agg = LossAgg(self.loss_agg)
+        self.advantage = AdvantageMode(self.advantage)
+        self.train_roles = tuple(AgentRole(r) for r in self.train_roles)
+        for name in ("num_steps", "problems_per_step", "max_turns", "ppo_epochs",
+                     "mini_batch_size", "grad_accum", "max_new_tokens", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GRPOConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"GRPOConfig.group_size must be >= 2 (a group of one has no "
+                             f"relative advantage), got {self.group_size}")
+        if self.grad_accum > self.mini_batch_size:
+            raise ValueError(f"grad_accum ({self.grad_accum}) > mini_batch_size "
+                             f"({self.mini_batch_size}): lower grad_accum or raise mini_batch_size")
+        if not 0 < self.learning_rate < 1:
+            raise ValueError(f"GRPOConfig.learning_rate must be in (0, 1), got {self.learning_rate}")
+        if not 0 <= self.clip_low < 1 or self.clip_high < 0:
+            raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0 (0.2 / 0.2, or 0.2 / 0.28)")
+        if self.kl_coef < 0 or self.temperature <= 0 or self.eval_every < 0:
+            raise ValueError("kl_coef and eval_every must be >= 0 and temperature > 0 "
+                             "(GRPO samples; greedy rollouts have no group variance)")
+        if any(not r.trainable for r in self.train_roles) or not self.train_roles:
+            raise ValueError("train_roles: list generator and/or optimizer (the Tester has no weights)")
+
+    @property
+    def episodes_per_step(self) -> int:
+        return self.problems_per_step * self.group_size
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["reward"] = self.reward.to_dict() if hasattr(self.reward, "to_dict") else asdict(self.reward)
+        out["credit"] = {k: getattr(v, "value", v) for k, v in asdict(self.credit).items()}
+        out["loss_agg"] = self.loss_agg.value
+        out["advantage"] = self.advantage.value
+        out["train_roles"] = [r.value for r in self.train_roles]
+        return out
+
+
+@dataclass(kw_only=True)
+class TurnSample:
+    """One agent turn, ready for the update: what it saw, what it wrote, how good it was."""
+
+    group: int  # problem group within the step
+    episode: int  # episode index within the step
+    turn_index: int  # index among the episode's agent turns
+    role: AgentRole
+    prompt_ids: list[int]
+    response_ids: list[int]
+    old_logprobs: list[float]
+    immediate: float  # this turn's own reward
+    reward: float  # credit-assigned reward it is trained on
+    advantage: float = 0.0
+
+
+# --------------------------------------------------------------------------- reward phase
+
+def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSample], dict[str, float]]:
+    """Rewards per agent turn (credit-assigned) as TurnSamples, plus reward statistics.
+
+    Episodes of one problem form a group (``episode.group`` if the runner sets it, else the
+    problem's name). Statistics: episode reward = its best agent-turn immediate reward;
+    ``reward/<component>`` = mean of each reward component over agent turns.
+    """
+    groups: dict[Any, int] = {}
+    samples: list[TurnSample] = []
+    episode_rewards: list[float] = []
+    components: dict[str, list[float]] = {}
+    for e_idx, episode in enumerate(episodes):
+        key = getattr(episode, "group", None)
+        key = key if key is not None else episode.problem.name
+        group = groups.setdefault(key, len(groups))
+        roles = [AgentRole(t.role) for t in episode.turns]
+        immediate = []
+        for turn, role in zip(episode.turns, roles):
+            if not role.trainable:
+                immediate.append(0.0)
+                continue
+            breakdown = compute_reward(turn.eval_result, cfg.reward,
+                                       getattr(turn, "candidate_source", None))
+            immediate.append(breakdown.total)
+            for name, value in breakdown.components.items():
+                components.setdefault(name, []).append(value)
+        credited = assign_turn_rewards(roles, immediate, cfg.credit)
+        agent = [i for i, r in enumerate(roles) if r.trainable]
+        episode_rewards.append(max((immediate[i] for i in agent), default=0.0))
+        for k, i in enumerate(agent):
+            turn = episode.turns[i]
+            if not turn.response_ids:
+                continue
+            samples.append(TurnSample(
+                group=group, episode=e_idx, turn_index=k, role=roles[i],
+                prompt_ids=list(turn.prompt_ids), response_ids=list(turn.response_ids),
+                old_logprobs=list(turn.logprobs), immediate=immediate[i], reward=credited[i]))
+    n = max(len(episode_rewards), 1)
+    mean = sum(episode_rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in episode_rewards) / n)
+    stats = {"reward_mean": mean, "reward_std": std,
+             "turn_reward_mean": sum(s.reward for s in samples) / max(len(samples), 1)}
+    stats.update({f"reward/{k}": sum(v) / len(episode_rewards or [0]) for k, v in components.items()})
+    return samples, stats
+
+
+# --------------------------------------------------------------------------- advantage phase
+
+def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSample]:
+    """Group-relative advantages in place; returns the samples to train on (DAPO filter)."""
+    import torch
+
+    from multiminddev.rl.advantages import role_codes, turn_level_advantages
+
+    if not samples:
+        return []
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+    groups = torch.tensor([s.group for s in samples])
+    turns = torch.tensor([s.turn_index for s in samples])
+    roles = role_codes([s.role for s in samples])
+    adv = turn_level_advantages(
+        rewards, groups, turns, roles,
+        per_turn=cfg.advantage is not AdvantageMode.GROUP, per_role=True,
+        normalize_std=cfg.normalize_std and cfg.advantage is not AdvantageMode.LEAVE_ONE_OUT,
+        leave_one_out=cfg.advantage is AdvantageMode.LEAVE_ONE_OUT)
+    for s, a in zip(samples, adv.tolist()):
+        s.advantage = float(a)
+    if cfg.filter_zero_variance:
+        return [s for s in samples if s.advantage != 0.0]
+    return samples
+
+
+# --------------------------------------------------------------------------- update phase
+
+@dataclass(kw_only=True)
+class Batch:
+    """Right-padded token batch: ``mask`` is 1 exactly on response (agent) tokens."""
+
+    input_ids: Any  # [B, T] long
+    attention_mask: Any  # [B, T]
+    loss_mask: Any  # [B, T]
+    old_logprobs: Any  # [B, T] float32, response positions only
+    advantages: Any  # [B]
+    ref_logprobs: Any = None  # [B, T]
+
+
+def build_batch(samples: list[TurnSample], pad_id: int, device: Any = "cpu") -> Batch:
+    import torch
+
+    width = max(len(s.prompt_ids) + len(s.response_ids) for s in samples)
+    shape = (len(samples), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)
+    attn = torch.zeros(shape, dtype=torch.long)
+    mask = torch.zeros(shape, dtype=torch.float32)
+    old = torch.zeros(shape, dtype=torch.float32)
+    for row, s in enumerate(samples):
+        p, r = len(s.prompt_ids), len(s.response_ids)
+        ids[row, : p + r] = torch.tensor(s.prompt_ids + s.response_ids)
+        attn[row, : p + r] = 1
+        mask[row, p : p + r] = 1.0
+        old[row, p : p + r] = torch.tensor(s.old_logprobs[:r], dtype=torch.float32)
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    return Batch(input_ids=ids.to(device), attention_mask=attn.to(device),
+                 loss_mask=mask.to(device), old_logprobs=old.to(device), advantages=adv.to(device))
+
+
+def batch_loss(new_logprobs: Any, batch: Batch, cfg: GRPOConfig) -> tuple[Any, dict[str, float]]:
+    """GRPO loss of a batch from the current policy's per-token logprobs [B, T]."""
+    from multiminddev.rl.losses import grpo_loss, masked_mean
+
+    loss, stats = grpo_loss(
+        new_logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, batch.ref_logprobs,
+        kl_coef=cfg.kl_coef, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+        dual_clip=cfg.dual_clip, loss_agg=cfg.loss_agg)
+    # Monte-Carlo entropy estimate: the mean negative log-prob of the sampled tokens.
+    stats["entropy"] = float(-masked_mean(new_logprobs.detach(), batch.loss_mask))
+    stats.setdefault("kl", 0.0)
+    return loss, stats
+
+
+def _slice(batch: Batch, idx: Any) -> Batch:
+    return Batch(**{k: (v[idx] if v is not None else None) for k, v in vars(batch).items()})
+
+
+class GRPOTrainer:
+    """Owns the loop; the policy, backend, evaluator and curriculum are passed in."""
+
+    def __init__(self, config: GRPOConfig, *, policy: Any, backend: Any, evaluator: Any,
+                 curriculum: Any, episode_config: Any, output_dir: Path,
+                 heldout: list[Any] | None = None, metrics: Any = None,
+                 compile_only: bool | None = None, console: Any = None) -> None:
+        import torch
+
+        from multiminddev.train.metrics import MetricsConfig, MetricsLogger
+
+        self.cfg = config
+        self.policy, self.backend, self.evaluator = policy, backend, evaluator
+        self.curriculum, self.episode_config = curriculum, episode_config
+        self.heldout = list(heldout or [])
+        self.output_dir = Path(output_dir)
+        self.rl_dir = self.output_dir / "rl_checkpoints"
+        self.roles = [r for r in config.train_roles if r in policy.roles]
+        if not self.roles:
+            raise ValueError(f"none of train_roles {[r.value for r in config.train_roles]} has "
+                             f"parameters in the policy ({[r.value for r in policy.roles]})")
+        self.optimizers = {
+            r: torch.optim.AdamW(policy.trainable_parameters(r), lr=config.learning_rate,
+                                 weight_decay=config.weight_decay) for r in self.roles}
+        self.compile_only = (not torch.cuda.is_available()) if compile_only is None else compile_only
+        self.metrics = metrics or MetricsLogger(MetricsConfig(output_dir=self.output_dir),
+                                                run_config=config.to_dict())
+        self.rng = random.Random(config.seed)
+        self.step = 0
+        self.episodes_done = 0
+        self.best_reward: float | None = None
+        self.best_episode: int | None = None
+        self.history: list[dict[str, Any]] = []
+        self.console = console
+        torch.manual_seed(config.seed)
+
+    # ---------------------------------------------------------------- the loop (one screen)
+
+    def train(self, progress: Any = None, task: Any = None) -> list[dict[str, Any]]:
+        from multiminddev.train.metrics import PhaseTimer
+
+        while self.step < self.cfg.num_steps:
+            timer = PhaseTimer()
+            with timer("rollout"):
+                episodes, rollout_stats = self.rollout()
+                self.compile_only |= any(getattr(e, "compile_only", False) for e in episodes)
+            with timer("reward"):
+                samples, reward_stats = score_episodes(episodes, self.cfg)
+                self.record_curriculum(episodes)
+            with timer("advantage"):
+                samples = assign_advantages(samples, self.cfg)
+            with timer("update"):
+                update_stats = self.update(samples)
+            self.step += 1
+            self.episodes_done += len(episodes)
+            with timer("log"):
+                record = self.make_record(episodes, rollout_stats, reward_stats, update_stats, timer)
+                self.write_episodes(episodes)
+                eval_stats = self.maybe_evaluate()
+            with timer("checkpoint"):
+                self.maybe_checkpoint(record, eval_stats)
+            record.update(timer.as_metrics())
+            self.metrics.log_step(record)
+            self.history.append(record)
+            self.report_progress(record, progress, task)
+        return self.history
+
+    # ---------------------------------------------------------------- phases
+
+    def rollout(self) -> tuple[list[Any], dict[str, float]]:
+        problems = self.curriculum.sample(self.cfg.problems_per_step, self.rng)
+        tokens_before = getattr(self.backend, "tokens_generated", 0)
+        start = time.perf_counter()
+        episodes = self.run_episodes(problems, self.cfg.group_size)
+        seconds = max(time.perf_counter() - start, 1e-9)
+        tokens = getattr(self.backend, "tokens_generated", 0) - tokens_before
+        if not tokens:
+            tokens = sum(len(t.response_ids or []) for e in episodes for t in e.turns)
+        evals = sum(1 for e in episodes for t in e.turns if getattr(t, "eval_result", None))
+        return episodes, {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
+                          "tokens": float(tokens)}
+
+    def run_episodes(self, problems: list[Any], group_size: int) -> list[Any]:
+        from multiminddev.episode import run_episodes
+
+        out = run_episodes(problems, self.backend, self.evaluator, self.episode_config,
+                           group_size=group_size)
+        return asyncio.run(out) if inspect.isawaitable(out) else out
+
+    def record_curriculum(self, episodes: list[Any]) -> None:
+        """Each episode's best result counts once for its problem's tier."""
+        from multiminddev.train.metrics import best_result
+
+        for episode in episodes:
+            result = best_result(episode)
+            self.curriculum.record(episode.problem, result if result is not None else
+                                   {"compiled": False, "correct": False})
+        self.curriculum.maybe_advance()
+
+    def update(self, samples: list[TurnSample]) -> dict[str, float]:
+        stats: dict[str, list[float]] = {}
+        for role in self.roles:
+            mine = [s for s in samples if s.role is role]
+            if not mine:
+                continue
+            for key, value in self.update_role(role, mine).items():
+                stats.setdefault(key, []).append(value)
+                stats.setdefault(f"{role.value}/{key}", []).append(value)
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def update_role(self, role: AgentRole, samples: list[TurnSample]) -> dict[str, float]:
+        """PPO-style epochs over mini-batches of the role's own turns."""
+        import torch
+
+        cfg = self.cfg
+        pad = self.policy.tokenizer.pad_token_id or 0
+        batch = build_batch(samples, pad, self.policy.device)
+        temperature = cfg.temperature
+        batch.ref_logprobs = self.reference_logprobs(batch, temperature) if cfg.kl_coef > 0 else None
+        params = self.policy.trainable_parameters(role)
+        optimizer = self.optimizers[role]
+        stats: dict[str, list[float]] = {}
+        generator = torch.Generator().manual_seed(self.rng.randrange(2**31))
+        with self.policy.use(role) as model:
+            model.train()
+            for _ in range(cfg.ppo_epochs):
+                order = torch.randperm(len(samples), generator=generator)
+                for start in range(0, len(samples), cfg.mini_batch_size):
+                    mini = order[start : start + cfg.mini_batch_size]
+                    for k, v in self.optimizer_step(model, _slice(batch, mini.to(batch.input_ids.device)),
+                                                    params, optimizer, temperature).items():
+                        stats.setdefault(k, []).append(v)
+            model.eval()
+        return {k: sum(v) / len(v) for k, v in stats.items()}
+
+    def optimizer_step(self, model: Any, mini: Batch, params: list[Any], optimizer: Any,
+                       temperature: float) -> dict[str, float]:
+        import torch
+
+        from multiminddev.policy import token_logprobs
+
+        optimizer.zero_grad(set_to_none=True)
+        n = mini.input_ids.shape[0]
+        micro = max(1, math.ceil(n / self.cfg.grad_accum))
+        stats: dict[str, float] = {}
+        for start in range(0, n, micro):
+            part = _slice(mini, slice(start, start + micro))
+            new = token_logprobs(model, part.input_ids, part.attention_mask, temperature=temperature)
+            loss, s = batch_loss(new, part, self.cfg)
+            weight = part.input_ids.shape[0] / n
+            (loss * weight).backward()
+            for k, v in s.items():
+                stats[k] = stats.get(k, 0.0) + v * weight
+        stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
+        optimizer.step()
+        return stats
+
+    def reference_logprobs(self, batch: Batch, temperature: float) -> Any:
+        import torch
+
+        from multiminddev.policy import token_logprobs
+
+        rows = []
+        with torch.no_grad(), self.policy.reference() as ref:
+            for start in range(0, batch.input_ids.shape[0], self.cfg.mini_batch_size):
+                sl = slice(start, start + self.cfg.mini_batch_size)
+                rows.append(token_logprobs(ref, batch.input_ids[sl], batch.attention_mask[sl],
+                                           temperature=temperature))
+        return torch.cat(rows)
+
+    # ---------------------------------------------------------------- log / eval / checkpoint
+
+    def make_record(self, episodes, rollout_stats, reward_stats, update_stats, timer) -> dict:
+        from multiminddev.train.metrics import rollout_metrics
+
+        record: dict[str, Any] = {"step": self.step, "episodes": self.episodes_done,
+                                  "compile_only": self.compile_only}
+        record.update(reward_stats)
+        record.update(rollout_metrics(episodes, compile_only=self.compile_only))
+        record.update(rollout_stats)
+        record.update({"kl": 0.0, "entropy": 0.0, "clip_fraction": 0.0})
+        record.update(update_stats)
+        if hasattr(self.curriculum, "summary"):
+            record.update(self.curriculum.summary())
+        record.update(timer.as_metrics())
+        return record
+
+    def write_episodes(self, episodes: list[Any]) -> None:
+        from multiminddev.episode import write_episodes_jsonl
+
+        write_episodes_jsonl(episodes, self.output_dir / "episodes.jsonl", append=True)
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out problems, one episode each, with the current adapters."""
+        from multiminddev.train.metrics import rollout_metrics
+
+        problems = self.heldout[: self.cfg.eval_problems]
+        episodes = self.run_episodes(problems, 1)
+        _, reward_stats = score_episodes(episodes, self.cfg)
+        out = {"reward_mean": reward_stats["reward_mean"], "num_problems": float(len(problems))}
+        out.update(rollout_metrics(episodes, compile_only=self.compile_only))
+        return out
+
+    def maybe_evaluate(self) -> dict[str, float] | None:
+        every, last = self.cfg.eval_every, self.step == self.cfg.num_steps
+        if not self.heldout or not ((every and self.step % every == 0) or last):
+            return None
+        stats = self.evaluate()
+        self.metrics.log_eval(self.step, {**stats, "compile_only": self.compile_only})
+        return stats
+
+    def maybe_checkpoint(self, record: dict[str, Any], eval_stats: dict[str, float] | None) -> None:
+        from multiminddev.train import checkpoints as ck
+
+        score = (eval_stats or record)["reward_mean"]
+        if self.best_reward is None or score > self.best_reward:
+            self.best_reward, self.best_episode = score, self.episodes_done
+            ck.save_best(self.rl_dir, episode=self.episodes_done, policy=self.policy,
+                         roles=self.roles, config=self.cfg.to_dict(),
+                         metrics={"reward_mean": score, "step": self.step,
+                                  "compile_only": self.compile_only, "heldout": eval_stats is not None})
+        if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.num_steps:
+            self.save_checkpoint()
+
+    def state(self):
+        from multiminddev.train.checkpoints import TrainerState, capture_rng
+
+        return TrainerState(step=self.step, episodes=self.episodes_done,
+                            best_reward=self.best_reward, best_episode=self.best_episode,
+                            curriculum=self.curriculum.state_dict(), rng=capture_rng(),
+                            extra={"trainer_rng": self.rng.getstate(), "history": self.history})
+
+    def save_checkpoint(self) -> Path:
+        from multiminddev.train.checkpoints import save_latest
+
+        return save_latest(self.rl_dir, policy=self.policy, roles=self.roles,
+                           optimizers=self.optimizers, state=self.state(), config=self.cfg.to_dict())
+
+    def resume(self, path: Path) -> None:
+        """Restore adapters, optimizers, curriculum, RNG and counters from a ``latest/``."""
+        from multiminddev.train.checkpoints import find_latest, load_latest, restore_rng
+
+        state, _ = load_latest(find_latest(path), policy=self.policy, roles=self.roles,
+                               optimizers=self.optimizers)
+        self.step, self.episodes_done = state.step, state.episodes
+        self.best_reward, self.best_episode = state.best_reward, state.best_episode
+        if state.curriculum is not None:
+            self.curriculum.load_state_dict(state.curriculum)
+        restore_rng(state.rng)
+        self.rng.setstate(state.extra["trainer_rng"])
+        self.history = list(state.extra.get("history", []))
+
+    def finish(self) -> Path:
+        from multiminddev.train.checkpoints import save_final
+
+        summary = {"steps": self.step, "episodes": self.episodes_done,
+                   "best_reward": self.best_reward, "best_episode": self.best_episode,
+                   "compile_only": self.compile_only, "history": self.history}
+        path = save_final(self.rl_dir, policy=self.policy, roles=self.roles,
+                          training_metrics=summary)
+        self.metrics.close()
+        return path
+
+    def report_progress(self, record: dict[str, Any], progress: Any, task: Any) -> None:
+        note = " [compile-only rewards (no GPU)]" if self.compile_only else ""
+        info = (f"reward {record['reward_mean']:+.3f} compile {record['compile_rate']:.2f} "
+                f"pass {record['pass_rate']:.2f} kl {record['kl']:.4f}{note}")
+        if progress is not None:
+            progress.update(task, completed=self.step, info=info)
+        elif self.console is not None:
+            self.console.print(f"step {self.step}/{self.cfg.num_steps}: {info}")

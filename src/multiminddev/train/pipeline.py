@@ -1,0 +1,414 @@
+"""The ``train`` pipeline: SFT -> GRPO -> held-out evaluation, with the seeds' output layout.
+
+```
+<output_dir>/                    default runs/<timestamp>
+  run_config.json                the settings and the command that resumes the run
+  sft_checkpoints/{generator,optimizer}/
+  rl_checkpoints/{latest,best_model_episode_N,final_model}/
+  metrics.jsonl  eval_metrics.jsonl  tensorboard/  episodes.jsonl
+  eval_results.json              the final held-out evaluation
+```
+
+On a machine without a GPU every phase still runs, but kernels are only compiled: rewards are
+compile-only, which is printed at the start and the end and recorded in every metrics record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.train.metrics import COMPILE_ONLY_NOTE
+from multiminddev.train.presets import Preset, RunSize, run_size
+
+AGENT_ROLES = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
+
+
+def default_output_dir() -> Path:
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+@dataclass(kw_only=True)
+class TrainSettings:
+    """Everything ``sft``, ``rl`` and ``train`` need; None fields come from the preset."""
+
+    output_dir: Path = field(default_factory=default_output_dir)
+    model: str = "default"
+    preset: Preset = Preset.FULL
+    roles: tuple[AgentRole, ...] = AGENT_ROLES
+    skip_sft: bool = False
+    skip_rl: bool = False
+    skip_eval: bool = False
+    resume: Path | None = None
+    num_gpus: int | None = None
+    generator_checkpoint: str | None = None
+    optimizer_checkpoint: str | None = None
+    train_problems: str | None = None
+    heldout_problems: str | None = None
+    num_steps: int | None = None
+    num_episodes: int | None = None  # total RL episodes; sets num_steps
+    batch_size: int | None = None  # problems per RL step
+    group_size: int | None = None
+    max_turns: int | None = None
+    max_new_tokens: int | None = None
+    learning_rate: float | None = None
+    sft_steps: int | None = None
+    sft_learning_rate: float | None = None
+    full_finetune: bool = False
+    lora_rank: int = 16
+    wandb: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        self.preset = Preset(self.preset)
+        self.roles = tuple(AgentRole(r) for r in self.roles)
+        if not self.roles or any(not r.trainable for r in self.roles):
+            raise ValueError("roles: generator and/or optimizer (the Tester is rule-based)")
+        if self.num_steps is not None and self.num_episodes is not None:
+            raise ValueError("give --num-episodes or a step count, not both")
+        for name in ("num_steps", "num_episodes", "batch_size", "max_turns", "max_new_tokens",
+                     "sft_steps"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.group_size is not None and self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares episodes), got {self.group_size}")
+
+
+@dataclass(kw_only=True)
+class PipelineResult:
+    output_dir: Path
+    compile_only: bool
+    sft: dict[str, Any] = field(default_factory=dict)
+    rl_steps: int = 0
+    final_model: Path | None = None
+    evaluation: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+class Context:
+    """What the phases share: console, sizes, plan, policy, problems."""
+
+    def __init__(self, settings: TrainSettings, console: Any) -> None:
+        import torch
+
+        self.settings = settings
+        self.console = console
+        self.gpu = torch.cuda.is_available()
+        self.compile_only = not self.gpu
+        self.size: RunSize = run_size(settings.preset, gpu=self.gpu)
+        self.plan = None
+        self.policy = None
+        self.train_problems: list[Any] = []
+        self.heldout: list[Any] = []
+
+
+# --------------------------------------------------------------------------- setup
+
+def banner(ctx: Context, where: str) -> None:
+    if ctx.compile_only:
+        ctx.console.print(f"[bold yellow]{where}: {COMPILE_ONLY_NOTE}[/bold yellow] - no GPU here, so "
+                          "kernels are compiled but never run: correctness and speed are unknown "
+                          "and the reward is the compile credit only.")
+
+
+def load_problems_for(ctx: Context) -> None:
+    from multiminddev.tasks.loaders import load_problems
+
+    s = ctx.settings
+    ctx.train_problems = load_problems(s.train_problems or ctx.size.train_problems)
+    ctx.heldout = load_problems(s.heldout_problems or ctx.size.heldout_problems)
+    ctx.console.print(f"problems: {len(ctx.train_problems)} train, {len(ctx.heldout)} held-out")
+
+
+def policy_config(ctx: Context, device: str) -> Any:
+    from multiminddev.policy import PolicyConfig
+
+    s = ctx.settings
+    adapters: dict[str, str] = {}
+    model = s.model
+    for role, ckpt in ((AgentRole.GENERATOR, s.generator_checkpoint),
+                       (AgentRole.OPTIMIZER, s.optimizer_checkpoint)):
+        if ckpt is None or role not in s.roles:
+            continue
+        kind, value = resolve_checkpoint(ckpt, role)
+        if kind == "adapter":
+            adapters[role.value] = value
+        elif model in ("default", value):
+            model = value
+        else:
+            raise ValueError(f"--{role.value}-checkpoint {ckpt} is a base model different from "
+                             f"--model {model}: agents share one base; pass an adapter directory "
+                             f"or the same model")
+    return PolicyConfig(model=model, device=device, agents=s.roles, adapter_paths=adapters,
+                        lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
+                        separate_models=s.full_finetune)
+
+
+def resolve_checkpoint(ckpt: str, role: AgentRole) -> tuple[str, str]:
+    """("adapter", dir) for a LoRA/SFT checkpoint directory, else ("model", id-or-path)."""
+    path = Path(ckpt)
+    for candidate in (path, path / role.value, path / "sft_checkpoints" / role.value):
+        if (candidate / "adapter_config.json").exists():
+            return "adapter", str(candidate)
+    return "model", ckpt
+
+
+def plan_and_load(ctx: Context) -> None:
+    from multiminddev.policy import load_policy
+    from multiminddev.train.planner import detect_gpus, plan_gpus, render_plan
+
+    s = ctx.settings
+    cfg = policy_config(ctx, "cpu")
+    params = _model_params_hint(cfg.model)
+    ctx.plan = plan_gpus(detect_gpus(), params, num_gpus=s.num_gpus)
+    render_plan(ctx.plan, ctx.console)
+    if not ctx.plan.fits:
+        ctx.console.print("[red]the plan does not fit in GPU memory; see the notes above[/red]")
+    cfg = dataclasses.replace(cfg, device=ctx.plan.policy_device)
+    ctx.console.print(f"loading model {cfg.model!r} on {cfg.device} ...")
+    ctx.policy = load_policy(cfg)
+
+
+def _model_params_hint(model: str) -> int:
+    """Parameter count for the planner before loading (135M for the embedded model)."""
+    if model == "default" or "135m" in model.lower():
+        return 135_000_000
+    for tag, n in (("360m", 360e6), ("0.5b", 0.5e9), ("1.5b", 1.5e9), ("1.7b", 1.7e9),
+                   ("3b", 3e9), ("7b", 7e9), ("8b", 8e9), ("14b", 14e9)):
+        if tag in model.lower():
+            return int(n)
+    return 1_500_000_000  # the seeds' Qwen2.5-Coder-1.5B
+
+
+# --------------------------------------------------------------------------- phases
+
+def sft_phase(ctx: Context) -> dict[str, Any]:
+    from multiminddev.tasks.sft_data import build_sft_dataset
+    from multiminddev.train.sft import SFTConfig, run_sft
+
+    s, size = ctx.settings, ctx.size
+    cfg = SFTConfig(output_dir=s.output_dir, max_steps=s.sft_steps or size.sft_max_steps,
+                    batch_size=size.sft_batch_size, max_seq_length=size.sft_max_seq_length,
+                    learning_rate=s.sft_learning_rate or size.sft_learning_rate,
+                    full_finetune=s.full_finetune, logging_steps=max(1, (s.sft_steps or
+                                                                         size.sft_max_steps) // 4),
+                    seed=s.seed)
+    out = {}
+    for role in s.roles:
+        dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed)
+        ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
+        result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
+        ctx.console.print(f"SFT {role.value}: loss {result.loss_before:.3f} -> "
+                          f"{result.loss_after:.3f} in {result.seconds:.0f}s -> {result.output_dir}")
+        out[role.value] = {"status": result.status.value, "loss_before": result.loss_before,
+                           "loss_after": result.loss_after, "steps": result.steps,
+                           "examples": result.num_examples, "seconds": result.seconds,
+                           "output_dir": str(result.output_dir)}
+    return out
+
+
+def eval_config(ctx: Context) -> Any:
+    from multiminddev.env import EvalConfig
+
+    # Short runs skip the torch.compile baseline (tens of seconds per problem) and time briefly.
+    quick = ctx.settings.preset is not Preset.FULL
+    return EvalConfig(num_trials=3 if quick else 5, compile_baseline=not quick,
+                      bench_budget_s=0.5 if quick else 2.0)
+
+
+def episode_config(ctx: Context, grpo: Any) -> Any:
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+
+    return EpisodeConfig(max_turns=grpo.max_turns, reward=None,
+                         sampling=SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p,
+                                                 max_new_tokens=grpo.max_new_tokens))
+
+
+def grpo_config(ctx: Context) -> Any:
+    from multiminddev.rl.grpo import GRPOConfig
+
+    s, size = ctx.settings, ctx.size
+    problems = s.batch_size or size.problems_per_step
+    group = s.group_size or size.group_size
+    steps = s.num_steps or size.rl_steps
+    if s.num_episodes is not None:
+        steps = -(-s.num_episodes // (problems * group))
+    return GRPOConfig(num_steps=steps, problems_per_step=problems, group_size=group,
+                      max_turns=s.max_turns or size.max_turns,
+                      max_new_tokens=s.max_new_tokens or size.max_new_tokens,
+                      learning_rate=s.learning_rate or size.learning_rate,
+                      mini_batch_size=size.mini_batch_size, eval_every=size.eval_every,
+                      eval_problems=size.eval_problems,
+                      train_roles=s.roles, seed=s.seed)
+
+
+def rl_phase(ctx: Context, evaluator: Any) -> Any:
+    from multiminddev.policy import HFGenerationBackend
+    from multiminddev.rl.grpo import GRPOTrainer
+    from multiminddev.tasks.curriculum import Curriculum
+    from multiminddev.train.metrics import MetricsConfig, MetricsLogger, progress_bar
+
+    s = ctx.settings
+    cfg = grpo_config(ctx)
+    metrics = MetricsLogger(MetricsConfig(output_dir=s.output_dir, wandb=s.wandb,
+                                          run_name=s.output_dir.name), run_config=cfg.to_dict())
+    trainer = GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
+                          evaluator=evaluator, curriculum=Curriculum.from_problems(ctx.train_problems),
+                          episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
+                          heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
+                          console=ctx.console)
+    if s.resume is not None:
+        trainer.resume(s.resume)
+        ctx.console.print(f"resumed from {s.resume} at step {trainer.step}, "
+                          f"{trainer.episodes_done} episodes")
+    ctx.console.rule(f"GRPO: {cfg.num_steps} steps x {cfg.problems_per_step} problems x "
+                     f"G={cfg.group_size}, up to {cfg.max_turns} turns"
+                     + (f" [{COMPILE_ONLY_NOTE}]" if ctx.compile_only else ""))
+    progress, task = progress_bar(cfg.num_steps, "GRPO")
+    with progress:
+        progress.update(task, completed=trainer.step)
+        trainer.train(progress, task)
+    return trainer
+
+
+def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, Any]:
+    """Held-out problems, one episode each, with the final adapters."""
+    from multiminddev.policy import HFGenerationBackend
+    from multiminddev.rl.grpo import GRPOTrainer, score_episodes
+    from multiminddev.train.metrics import rollout_metrics
+
+    cfg = trainer.cfg if trainer is not None else grpo_config(ctx)
+    problems = ctx.heldout[: ctx.size.final_eval_problems]
+    runner = trainer or GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
+                                    evaluator=evaluator, curriculum=None,
+                                    episode_config=episode_config(ctx, cfg),
+                                    output_dir=ctx.settings.output_dir, metrics=_NullMetrics())
+    episodes = runner.run_episodes(problems, 1)
+    _, rewards = score_episodes(episodes, cfg)
+    out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
+           "compile_only": ctx.compile_only, "measured_on": _device_name(),
+           **rollout_metrics(episodes, compile_only=ctx.compile_only)}
+    path = ctx.settings.output_dir / "eval_results.json"
+    path.write_text(json.dumps(out, indent=2))
+    from multiminddev.episode import write_episodes_jsonl
+
+    write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
+    return out
+
+
+class _NullMetrics:
+    """Evaluation-only runs log nothing per step."""
+
+    def log_step(self, record):  # noqa: D401 - protocol method
+        pass
+
+    def log_eval(self, step, metrics):
+        pass
+
+    def close(self):
+        pass
+
+
+def _device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return "cpu (compile only)"
+
+
+# --------------------------------------------------------------------------- the pipeline
+
+def run_pipeline(settings: TrainSettings, *, console: Any = None) -> PipelineResult:
+    from rich.console import Console
+
+    from multiminddev.env import Evaluator
+
+    console = console or Console()
+    start = time.perf_counter()
+    ctx = Context(settings, console)
+    settings.output_dir.mkdir(parents=True, exist_ok=True)
+    _write_run_config(settings)
+    banner(ctx, "start")
+    console.print(f"output: {settings.output_dir}")
+    load_problems_for(ctx)
+    plan_and_load(ctx)
+    result = PipelineResult(output_dir=settings.output_dir, compile_only=ctx.compile_only)
+    resuming = settings.resume is not None
+    try:
+        if not settings.skip_sft and not resuming:
+            result.sft = sft_phase(ctx)
+        trainer = None
+        with Evaluator(eval_config(ctx)) as evaluator:
+            if not settings.skip_rl:
+                trainer = rl_phase(ctx, evaluator)
+                result.rl_steps = trainer.step
+                result.final_model = trainer.finish()
+            if not settings.skip_eval:
+                console.rule("held-out evaluation")
+                result.evaluation = final_evaluation(ctx, trainer, evaluator)
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted.[/yellow] {resume_hint(settings)}")
+        raise
+    result.seconds = time.perf_counter() - start
+    summarize(ctx, result)
+    return result
+
+
+def resume_hint(settings: TrainSettings) -> str:
+    latest = settings.output_dir / "rl_checkpoints" / "latest"
+    if not latest.exists():
+        return "No RL checkpoint was written yet; rerun the command to start again."
+    return (f"The latest checkpoint is {latest}; resume with: "
+            f"{' '.join(_resume_argv(settings))}")
+
+
+def _resume_argv(settings: TrainSettings) -> list[str]:
+    argv = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["multiminddev"]
+    if "--resume" not in argv:
+        argv += ["--resume", str(settings.output_dir)]
+    if "--output-dir" not in argv:
+        argv += ["--output-dir", str(settings.output_dir)]
+    return argv
+
+
+def _write_run_config(settings: TrainSettings) -> None:
+    data = {k: (str(v) if isinstance(v, Path) else getattr(v, "value", v))
+            for k, v in dataclasses.asdict(settings).items()}
+    data["roles"] = [r.value for r in settings.roles]
+    data["resume_command"] = " ".join(_resume_argv(settings))
+    (settings.output_dir / "run_config.json").write_text(json.dumps(data, indent=2, default=str))
+
+
+def summarize(ctx: Context, result: PipelineResult) -> None:
+    from rich.table import Table
+
+    console = ctx.console
+    table = Table(title=f"run finished in {result.seconds / 60:.1f} min")
+    table.add_column("what")
+    table.add_column("where / value")
+    for role, info in result.sft.items():
+        table.add_row(f"SFT {role}", f"loss {info['loss_before']:.3f} -> {info['loss_after']:.3f}"
+                      f"  ({info['output_dir']})")
+    if result.final_model is not None:
+        table.add_row("RL final model", str(result.final_model))
+        table.add_row("metrics", str(ctx.settings.output_dir / "metrics.jsonl")
+                      + f"  (tensorboard --logdir {ctx.settings.output_dir / 'tensorboard'})")
+    if result.evaluation is not None:
+        e = result.evaluation
+        table.add_row("held-out eval", f"{e['problems']} problems: reward {e['reward_mean']:+.3f}, "
+                      f"compile {e['compile_rate']:.2f}, pass {e['pass_rate']:.2f}, "
+                      f"fast_1 {e['fast_1']:.2f}  ({ctx.settings.output_dir / 'eval_results.json'})")
+    console.print(table)
+    console.print(resume_hint(ctx.settings) if result.final_model is None else
+                  f"to continue training: {' '.join(_resume_argv(ctx.settings))}")
+    banner(ctx, "end")

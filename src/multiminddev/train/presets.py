@@ -1,0 +1,81 @@
+"""Named run sizes for ``multiminddev train --preset ...`` (and ``--quick-test``).
+
+A preset fixes how much work a run does; the pipeline fills in the rest. ``QUICKSTART`` is the
+README's main command: the embedded SmolLM2-135M model on the built-in tier-0/1 curriculum,
+sized to finish in <= 20 min on a 2-core CPU machine (compile-only rewards) and <= 10 min on one
+H100 (real rewards). ``QUICK_TEST`` is a smoke test of every phase in a few minutes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Preset(str, enum.Enum):
+    QUICKSTART = "quickstart"
+    QUICK_TEST = "quick-test"
+    FULL = "full"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSize:
+    """How much work each phase does."""
+
+    train_problems: str  # problem spec (tasks.loaders.load_problems)
+    heldout_problems: str
+    sft_max_steps: int
+    sft_batch_size: int
+    sft_examples_per_problem: int
+    sft_max_seq_length: int
+    rl_steps: int
+    problems_per_step: int
+    group_size: int
+    max_turns: int
+    max_new_tokens: int
+    mini_batch_size: int
+    eval_every: int
+    eval_problems: int
+    final_eval_problems: int
+    learning_rate: float = 2e-5
+    sft_learning_rate: float = 2e-4
+
+
+# Measured on the 2-core CPU machine (see the trainer's report / docs/BENCHMARKS.md): SmolLM2-135M
+# in float32 generates ~<TODO measured> tokens/s; these sizes keep the whole quickstart < 20 min.
+_SIZES: dict[tuple[Preset, bool], RunSize] = {
+    (Preset.QUICKSTART, False): RunSize(
+        train_problems="builtin:tier0,tier1:train", heldout_problems="builtin:tier0,tier1:heldout",
+        sft_max_steps=12, sft_batch_size=4, sft_examples_per_problem=1, sft_max_seq_length=1024,
+        rl_steps=4, problems_per_step=2, group_size=2, max_turns=2, max_new_tokens=256,
+        mini_batch_size=4, eval_every=0, eval_problems=4, final_eval_problems=4),
+    (Preset.QUICKSTART, True): RunSize(
+        train_problems="builtin:tier0,tier1:train", heldout_problems="builtin:tier0,tier1:heldout",
+        sft_max_steps=60, sft_batch_size=8, sft_examples_per_problem=2, sft_max_seq_length=2048,
+        rl_steps=12, problems_per_step=4, group_size=4, max_turns=2, max_new_tokens=512,
+        mini_batch_size=8, eval_every=6, eval_problems=8, final_eval_problems=16),
+    (Preset.QUICK_TEST, False): RunSize(
+        train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
+        sft_max_steps=2, sft_batch_size=2, sft_examples_per_problem=1, sft_max_seq_length=768,
+        rl_steps=1, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=64,
+        mini_batch_size=4, eval_every=0, eval_problems=1, final_eval_problems=1),
+    (Preset.QUICK_TEST, True): RunSize(
+        train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
+        sft_max_steps=5, sft_batch_size=4, sft_examples_per_problem=1, sft_max_seq_length=1024,
+        rl_steps=2, problems_per_step=2, group_size=2, max_turns=2, max_new_tokens=128,
+        mini_batch_size=4, eval_every=0, eval_problems=2, final_eval_problems=2),
+    (Preset.FULL, False): RunSize(
+        train_problems="builtin:train", heldout_problems="builtin:heldout",
+        sft_max_steps=200, sft_batch_size=4, sft_examples_per_problem=2, sft_max_seq_length=2048,
+        rl_steps=50, problems_per_step=4, group_size=4, max_turns=3, max_new_tokens=512,
+        mini_batch_size=8, eval_every=10, eval_problems=8, final_eval_problems=16),
+    (Preset.FULL, True): RunSize(
+        train_problems="builtin:train", heldout_problems="builtin:heldout",
+        sft_max_steps=500, sft_batch_size=8, sft_examples_per_problem=4, sft_max_seq_length=2048,
+        rl_steps=200, problems_per_step=8, group_size=8, max_turns=3, max_new_tokens=1024,
+        mini_batch_size=16, eval_every=20, eval_problems=32, final_eval_problems=64),
+}
+
+
+def run_size(preset: Preset, *, gpu: bool) -> RunSize:
+    return _SIZES[(Preset(preset), gpu)]

@@ -1,0 +1,160 @@
+"""GRPO trainer: per-role updates, loss masks, reward/advantage phases, resume equality."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.rl.grpo import (
+    AdvantageMode, GRPOConfig, GRPOTrainer, TurnSample, assign_advantages, batch_loss,
+    build_batch, score_episodes,
+)
+from tests.policy.helpers import tiny_policy
+
+RELU = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.randn(1024)]
+def get_init_inputs():
+    return []
+'''
+
+
+def problems(n: int = 2):
+    from multiminddev.tasks.problem import load_problem_source
+
+    return [load_problem_source(RELU, name=f"relu_{i}", tier=0) for i in range(n)]
+
+
+def sample(role, prompt, response, adv, group=0, turn=0):
+    return TurnSample(group=group, episode=0, turn_index=turn, role=role, prompt_ids=prompt,
+                      response_ids=response, old_logprobs=[-1.0] * len(response), immediate=0.0,
+                      reward=0.0, advantage=adv)
+
+
+def test_config_rejects_group_of_one_and_bad_clip():
+    with pytest.raises(ValueError, match="group_size"):
+        GRPOConfig(group_size=1)
+    with pytest.raises(ValueError, match="clip_low"):
+        GRPOConfig(clip_low=1.5)
+    with pytest.raises(ValueError, match="Tester"):
+        GRPOConfig(train_roles=(AgentRole.TESTER,))
+
+
+def test_loss_mask_is_exactly_the_response_tokens():
+    batch = build_batch([sample(AgentRole.GENERATOR, [1, 2, 3], [4, 5], 1.0),
+                         sample(AgentRole.GENERATOR, [1, 2], [6, 7, 8], -1.0)], pad_id=0)
+    assert batch.loss_mask.tolist() == [[0, 0, 0, 1, 1], [0, 0, 1, 1, 1]]
+    assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+
+
+def test_gradient_flows_only_from_agent_tokens():
+    batch = build_batch([sample(AgentRole.GENERATOR, [1, 2, 3], [4, 5], 1.0),
+                         sample(AgentRole.GENERATOR, [1, 2], [6], -1.0)], pad_id=0)
+    batch.ref_logprobs = torch.full(batch.loss_mask.shape, -1.5)
+    new = torch.full(batch.loss_mask.shape, -1.2, requires_grad=True)
+    loss, _ = batch_loss(new, batch, GRPOConfig())
+    loss.backward()
+    assert (new.grad[batch.loss_mask == 0] == 0).all()
+    assert (new.grad[batch.loss_mask == 1] != 0).all()
+
+
+def test_advantages_are_relative_within_group_role_and_turn():
+    s = [sample(AgentRole.GENERATOR, [1], [2], 0.0, group=0, turn=0) for _ in range(4)]
+    for x, r in zip(s, [1.0, 0.0, 1.0, 0.0]):
+        x.reward = r
+    lone = sample(AgentRole.OPTIMIZER, [1], [2], 0.0, group=0, turn=1)
+    lone.reward = 5.0
+    out = assign_advantages(s + [lone], GRPOConfig(advantage=AdvantageMode.TURN_LEVEL))
+    adv = [x.advantage for x in out]
+    assert adv[0] > 0 > adv[1] and adv[0] == pytest.approx(-adv[1])
+    assert adv[4] == 0.0  # the lone Optimizer turn has no group to compare with
+
+
+def test_dapo_filter_drops_zero_variance_groups():
+    s = [sample(AgentRole.GENERATOR, [1], [2], 0.0, group=g) for g in (0, 0, 1, 1)]
+    for x, r in zip(s, [1.0, 1.0, 0.0, 1.0]):
+        x.reward = r
+    kept = assign_advantages(s, GRPOConfig(filter_zero_variance=True))
+    assert [x.group for x in kept] == [1, 1]
+
+
+def _trainer(tmp_path, policy, **cfg):
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import HFGenerationBackend, SamplingParams
+    from multiminddev.tasks.curriculum import Curriculum
+
+    config = GRPOConfig(**{"num_steps": 1, "problems_per_step": 2, "group_size": 2,
+                           "max_turns": 2, "max_new_tokens": 8, "mini_batch_size": 4,
+                           "learning_rate": 1e-2, "eval_every": 0, **cfg})
+    episode_cfg = EpisodeConfig(max_turns=config.max_turns, patience=0, max_format_failures=5,
+                                sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
+    return GRPOTrainer(config, policy=policy, backend=HFGenerationBackend(policy),
+                       evaluator=Evaluator(EvalConfig(num_workers=1)),
+                       curriculum=Curriculum.from_problems(problems()),
+                       episode_config=episode_cfg, output_dir=tmp_path, compile_only=True)
+
+
+def test_update_changes_only_the_active_roles_adapter(tmp_path):
+    policy = tiny_policy()
+    trainer = _trainer(tmp_path, policy)
+    base = {n: p.detach().clone() for n, p in policy.peft_model.named_parameters() if "lora_" not in n}
+    gen = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.GENERATOR)]
+    opt = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.OPTIMIZER)]
+    samples = [sample(AgentRole.GENERATOR, [1, 2, 3, 4], [5, 6, 7], a) for a in (1.0, -1.0)]
+    trainer.update_role(AgentRole.GENERATOR, samples)
+    after = dict(policy.peft_model.named_parameters())
+    assert all(torch.equal(after[n], v) for n, v in base.items()), "frozen base moved"
+    assert all(torch.equal(a, b) for a, b in
+               zip(opt, policy.trainable_parameters(AgentRole.OPTIMIZER))), "optimizer adapter moved"
+    assert any(not torch.equal(a, b) for a, b in
+               zip(gen, policy.trainable_parameters(AgentRole.GENERATOR))), "generator adapter still"
+
+
+def test_one_step_writes_metrics_and_seeds_checkpoint_layout(tmp_path):
+    from multiminddev.train.metrics import STEP_KEYS, read_metrics
+
+    trainer = _trainer(tmp_path, tiny_policy())
+    trainer.train()
+    final = trainer.finish()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert len(records) == 1 and set(STEP_KEYS) <= set(records[0])
+    assert records[0]["compile_only"] is True and records[0]["episodes"] == 4
+    rl = tmp_path / "rl_checkpoints"
+    best = next(rl.glob("best_model_episode_*"))
+    assert best.name == "best_model_episode_4"
+    for d in (best, final):
+        assert (d / "generator" / "adapter_config.json").exists()
+        assert (d / "optimizer" / "adapter_config.json").exists()
+    assert (best / "config.json").exists() and (final / "training_metrics.json").exists()
+    assert (rl / "latest" / "manifest.json").exists()
+
+
+def _params(policy):
+    return [p.detach().clone() for r in policy.roles for p in policy.trainable_parameters(r)]
+
+
+@pytest.mark.slow
+def test_resume_after_kill_reproduces_uninterrupted_training(tmp_path):
+    straight = _trainer(tmp_path / "a", tiny_policy(), num_steps=2)
+    straight.train()
+    first = _trainer(tmp_path / "b", tiny_policy(), num_steps=1)
+    first.train()  # writes rl_checkpoints/latest after its step; the process "dies" here
+    del first
+    torch.manual_seed(1234)  # a fresh process would start from other RNG states
+    resumed = _trainer(tmp_path / "b", tiny_policy(seed=0), num_steps=2)
+    resumed.resume(tmp_path / "b")
+    assert resumed.step == 1 and resumed.episodes_done == 4
+    resumed.train()
+    for a, b in zip(_params(straight.policy), _params(resumed.policy)):
+        assert torch.equal(a, b)
+    for role in straight.roles:
+        sa, sb = straight.optimizers[role].state_dict(), resumed.optimizers[role].state_dict()
+        assert all(torch.equal(sa["state"][k]["exp_avg"], sb["state"][k]["exp_avg"])
+                   for k in sa["state"])
+    assert straight.curriculum.state_dict() == resumed.curriculum.state_dict()
