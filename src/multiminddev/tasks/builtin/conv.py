@@ -144,7 +144,7 @@ _CONV2D_FAST = r"""
 // Register blocking over output channels: each thread computes one output pixel for 8
 // channels, so every input value it loads feeds 8 FMAs (the naive kernel loads it per channel).
 // Grid (pixels / 256, Co / 8, B); channels past Co re-read channel Co-1 and are not stored.
-extern "C" __global__ void __launch_bounds__(256) conv2d_fast(
+extern "C" __global__ void conv2d_fast(
     const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
     float* __restrict__ y, long B, long Ci, long Co, long H, long W, long K) {
     const long Ho = H - K + 1, Wo = W - K + 1;
@@ -152,9 +152,8 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_fast(
     const long co0 = (long)blockIdx.y * CO_TILE, b = blockIdx.z;
     if (pix >= Ho * Wo) return;
     const long oh = pix / Wo, ow = pix % Wo;
-    long wbase[CO_TILE];
-#pragma unroll
-    for (int u = 0; u < CO_TILE; ++u) wbase[u] = min(co0 + u, Co - 1) * Ci * K * K;
+    const long wstride = Ci * K * K;  // weights per output channel
+    const long last = Co - 1 - co0;   // tile channels past Co re-read channel Co-1
     float acc[CO_TILE];
 #pragma unroll
     for (int u = 0; u < CO_TILE; ++u) acc[u] = 0.f;
@@ -166,15 +165,17 @@ extern "C" __global__ void __launch_bounds__(256) conv2d_fast(
                 const float xv = __ldg(xp + i * W + j);
 #pragma unroll
                 for (int u = 0; u < CO_TILE; ++u)
-                    acc[u] = fmaf(__ldg(w + wbase[u] + woff + i * K + j), xv, acc[u]);
+                    acc[u] = fmaf(__ldg(w + (u < last ? u : last) * wstride + co0 * wstride
+                                        + woff + i * K + j), xv, acc[u]);
             }
     }
 #pragma unroll
     for (int u = 0; u < CO_TILE; ++u) {
         const long co = co0 + u;
-        if (co >= Co) break;
-        float v = acc[u] + bias[co];
-        y[((b * Co + co) * Ho) * Wo + pix] = RELU ? fmaxf(v, 0.f) : v;
+        if (co < Co) {
+            const float v = acc[u] + bias[co];
+            y[((b * Co + co) * Ho) * Wo + pix] = RELU ? fmaxf(v, 0.f) : v;
+        }
     }
 }
 """

@@ -1,0 +1,231 @@
+"""The built-in corpus: families, problem rendering, and reference solutions (CPU side).
+
+Each solution's CUDA is compiled with NVRTC for sm_90 (no GPU needed) by importing its source,
+exactly as the evaluation worker does; every kernel launch in ``forward`` is checked against
+the compiled kernel's signature; the static checks must find nothing. Kernel *results* are
+checked on the GPU machine by test_gpu_solutions.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+from multiminddev.cuda import KernelArgumentError, KernelCompileError
+from multiminddev.tasks.builtin import (
+    FAMILIES,
+    Variant,
+    builtin_problems,
+    get_family,
+    make_problem,
+    reference_solution,
+)
+from multiminddev.tasks.builtin.spec import Family, Shape
+from multiminddev.tasks.problem import Problem, load_problem_source
+
+FAMILY_IDS = [f.name for f in FAMILIES]
+SOLUTIONS = [(f, v, dt) for f in FAMILIES for v in f.variants for dt in f.dtypes]
+SOLUTION_IDS = [f"{f.name}-{v.value}-{dt}" for f, v, dt in SOLUTIONS]
+GIB = 1 << 30
+
+
+def _exec(source: str, name: str) -> dict:
+    namespace: dict = {"__name__": name}
+    exec(compile(source, name, "exec"), namespace)
+    return namespace
+
+
+def _small(family: Family, dtype: str = "float32") -> Shape:
+    return dataclasses.replace(family.small, dtype=dtype)
+
+
+def test_at_least_40_families_in_all_four_tiers():
+    tiers = collections.Counter(f.tier for f in FAMILIES)
+    assert len(FAMILIES) >= 40
+    assert sorted(tiers) == [0, 1, 2, 3]
+    assert min(tiers.values()) >= 5
+
+
+def test_family_names_are_unique():
+    assert len({f.name for f in FAMILIES}) == len(FAMILIES)
+
+
+def test_at_least_20_families_have_a_fast_solution():
+    assert sum(f.fast is not None for f in FAMILIES) >= 20
+
+
+def test_some_families_have_float16_shapes():
+    assert sum("float16" in f.dtypes for f in FAMILIES) >= 3
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
+def test_every_shape_renders_a_loadable_problem(family: Family):
+    for s in family.shapes:
+        source = family.render_problem(s)
+        problem = load_problem_source(source, name="ignored")
+        assert problem.name == family.problem_name(s)
+        assert (problem.tier, problem.family, problem.dtype) == (family.tier, family.name, s.dtype)
+        assert problem.bytes_moved == family.bytes_moved(s) > 0
+        assert problem.extra["params"] == s.as_dict()
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
+def test_small_problem_runs_on_cpu_with_the_expected_output_shape(family: Family):
+    for dtype in family.dtypes:
+        s = _small(family, dtype)
+        ns = _exec(family.render_problem(s), family.name)
+        torch.manual_seed(0)
+        model = ns["Model"](*ns["get_init_inputs"]())
+        out = model(*ns["get_inputs"]())
+        assert tuple(out.shape) == family.output_shape(s)
+        if family.name != "argmax_dim":
+            assert out.dtype == getattr(torch, dtype)
+
+
+def _input_bytes(ns: dict) -> int:
+    """Bytes of the inputs and parameters, measured on the meta device (nothing allocated)."""
+    with torch.device("meta"):
+        inputs = ns["get_inputs"]()
+        model = ns["Model"](*ns["get_init_inputs"]())
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)] + list(model.parameters())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
+def test_full_shapes_are_big_enough_and_fit_in_one_gib(family: Family):
+    for s in family.shapes:
+        ns = _exec(family.render_problem(s), family.name)
+        assert _input_bytes(ns) <= GIB
+        # >= ~20 us on an H100: >= 8 MB of traffic or >= 1 GFLOP
+        assert family.bytes_moved(s) >= 8e6 or family.flops(s) >= 1e9, s
+
+
+def test_builtin_problems_is_deterministic():
+    first = builtin_problems(seed=3)
+    second = builtin_problems(seed=3)
+    assert [(p.name, p.source_hash, p.split) for p in first] == [
+        (p.name, p.source_hash, p.split) for p in second
+    ]
+
+
+def test_builtin_problems_filters_by_tier_family_and_count():
+    tier1 = builtin_problems(tiers=[1], shapes_per_family=None)
+    assert {p.tier for p in tier1} == {1}
+    assert len(tier1) == sum(len(f.shapes) for f in FAMILIES if f.tier == 1)
+    one = builtin_problems(families=["softmax"], shapes_per_family=1)
+    assert [p.family for p in one] == ["softmax"]
+    assert all(len([p for p in builtin_problems() if p.family == f.name]) <= 2 for f in FAMILIES)
+
+
+def test_builtin_problems_rejects_an_unknown_family():
+    with pytest.raises(KeyError, match="no built-in family"):
+        builtin_problems(families=["no_such_op"])
+
+
+def test_problem_names_are_unique():
+    names = [p.name for p in builtin_problems(shapes_per_family=None)]
+    assert len(names) == len(set(names))
+
+
+def test_reference_solution_is_none_for_a_foreign_problem():
+    foreign = Problem(name="x", source="", family="relu")  # not from the built-in corpus
+    assert reference_solution(foreign) is None
+
+
+def test_reference_solution_is_none_for_a_missing_fast_variant():
+    naive_only = next(f for f in FAMILIES if f.fast is None)
+    problem = make_problem(naive_only, naive_only.shapes[0])
+    assert reference_solution(problem, "fast") is None
+    assert reference_solution(problem, "naive") is not None
+
+
+def test_reference_solution_follows_the_problem_dtype():
+    relu = get_family("relu")
+    half = next(s for s in relu.shapes if s.dtype == "float16")
+    source = reference_solution(make_problem(relu, half), Variant.FAST)
+    assert "__half" in source
+
+
+def _init_signature(tree: ast.Module, cls: str) -> list[str]:
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    init = next(n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return [a.arg for a in init.args.args]
+
+
+@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
+def test_solution_mirrors_the_model_constructor(family: Family, variant: Variant, dtype: str):
+    solution = ast.parse(family.render_solution(variant, dtype))
+    problem = ast.parse(family.render_problem(family.shapes[0]))
+    assert _init_signature(solution, "ModelNew") == _init_signature(problem, "Model")
+
+
+def _launches(source: str) -> list[tuple[str, int]]:
+    """(kernel name, number of args) of every ``kernels.NAME(..., args=(...))`` call."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "kernels"):
+            args = next(k.value for k in node.keywords if k.arg == "args")
+            assert isinstance(args, ast.Tuple)
+            found.append((node.func.attr, len(args.elts)))
+    return found
+
+
+@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
+def test_solution_compiles_with_nvrtc_and_launches_match_signatures(family, variant, dtype):
+    source = family.render_solution(variant, dtype)
+    try:
+        ns = _exec(source, f"{family.name}_{variant.value}")
+    except KernelCompileError as exc:  # pragma: no cover - the failure message is the point
+        pytest.fail(f"{family.name} {variant.value} {dtype}: {exc}")
+    kernels = ns["kernels"]
+    assert kernels.compile_result.arch == "sm_90" or torch.cuda.is_available()
+    launches = _launches(source)
+    assert launches, "forward launches no kernel"
+    for name, nargs in launches:
+        assert name in kernels.signatures, f"launch of unknown kernel {name}"
+        assert len(kernels.signatures[name].params) == nargs, name
+    for resources in kernels.compile_result.kernels:
+        assert resources.spill_store_bytes == 0, resources
+
+
+@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
+def test_solution_passes_the_static_checks(family, variant, dtype):
+    static_checks = pytest.importorskip("multiminddev.env.static_checks")
+    result = static_checks.run_static_checks(family.render_solution(variant, dtype),
+                                             problem_dtype=dtype)
+    assert [(f.rule, f.message) for f in result.findings] == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-tensor launch error")
+@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
+def test_solution_forward_runs_up_to_its_first_launch(family, variant, dtype):
+    """On CPU tensors, forward's Python (shapes, allocation, argument count) runs until the
+    first launch refuses the CPU pointer: proof that the launch code itself is sound."""
+    ns = _exec(family.render_solution(variant, dtype), family.name)
+    problem_ns = _exec(family.render_problem(_small(family, dtype)), "problem")
+    torch.manual_seed(0)
+    model = ns["ModelNew"](*problem_ns["get_init_inputs"]())
+    with pytest.raises(KernelArgumentError, match="the tensor is on cpu"):
+        model(*problem_ns["get_inputs"]())
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
+def test_solution_holds_the_same_parameters_as_the_model(family: Family):
+    s = family.small
+    problem_ns = _exec(family.render_problem(s), "problem")
+    init = problem_ns["get_init_inputs"]()
+    torch.manual_seed(1)
+    model = problem_ns["Model"](*init)
+    ns = _exec(family.render_solution(Variant.NAIVE, "float32"), family.name)
+    torch.manual_seed(1)
+    new = ns["ModelNew"](*init)
+    ref = dict(model.named_parameters())
+    got = dict(new.named_parameters())
+    assert ref.keys() == got.keys()
+    for name, value in ref.items():
+        assert torch.equal(value, got[name]), name
