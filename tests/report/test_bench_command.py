@@ -149,3 +149,15 @@ def test_bench_end_to_end_with_tiny_model(tmp_path):
     summary = json.loads((label_dir / "summary.json").read_text())
     assert summary["episodes"] == 2
     assert (out / "report.html").is_file()
+
+
+def test_report_command_reads_tiers_from_problem_spec(tmp_path):
+    results = tmp_path / "kb.jsonl"
+    rows = [_result(EvalStatus.OK, 1.5).to_dict() | {"problem": "2_sum_dim"},
+            _result(EvalStatus.INCORRECT).to_dict() | {"problem": "1_relu"}]
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "report"
+    args = ["report", "--bench", str(results), "--problems", str(FIXTURES / "problems"), "--out", str(out)]
+    assert main(args) == 0
+    per_tier = json.loads((out / "summary.json").read_text())["labels"]["kb"]["per_tier"]
+    assert per_tier["0"]["correct_rate"] == 0.0 and per_tier["1"]["correct_rate"] == 1.0

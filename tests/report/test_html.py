@@ -159,3 +159,28 @@ def test_eval_result_dicts_are_accepted():
 def test_unknown_sample_type_raises():
     with pytest.raises(ValueError, match="EvalResult"):
         normalise_samples([42])
+
+
+@pytest.mark.gpu
+def test_report_from_real_gpu_evaluations(tmp_path):
+    """The report shows measured numbers (speedups, device) from honest fixture kernels."""
+    from pathlib import Path
+
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.rewards import RewardConfig, compute_reward
+    from multiminddev.tasks.problem import load_problem
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    pairs = [("1_relu", "relu_basic"), ("3_softmax", "softmax_warp"), ("2_sum_dim", "sum_dim_shared")]
+    with Evaluator(EvalConfig(num_workers=1)) as ev:
+        results = ev.evaluate_many([(load_problem(fixtures / "problems" / f"{p}.py"),
+                                     (fixtures / "honest" / f"{c}.py").read_text()) for p, c in pairs])
+    assert all(r.status is EvalStatus.OK for r in results), [r.message for r in results]
+    # the gated reward's gate opens on a measured, correct kernel
+    assert all(compute_reward(r, RewardConfig()).components.get("pass_rate") == 0.5 for r in results)
+    path = write_report(tmp_path, bench_runs={"honest fixtures": results})
+    summary = json.loads((tmp_path / "summary.json").read_text())["labels"]["honest fixtures"]
+    assert summary["correct_rate"] == 1.0
+    assert summary["geomean_speedup_vs_eager"] > 0
+    assert summary["devices"] and "cpu" not in summary["devices"][0].lower()
+    assert summary["devices"][0] in path.read_text()

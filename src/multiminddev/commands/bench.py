@@ -58,6 +58,8 @@ def register(subparsers: Any) -> None:
                         help="episodes JSONL (bench) or EvalResult JSONL (eval-dir); repeatable")
     report.add_argument("--label", action="append", default=[],
                         help="label per --bench file, in order (default: derived from the path)")
+    report.add_argument("--problems", default=None, metavar="SPEC",
+                        help="problem spec to read tiers from (for eval-dir results, which lack them)")
     report.add_argument("--out", type=Path, required=True)
     report.add_argument("--title", default="MultiMindDev report")
     report.set_defaults(handler=run_report)
@@ -266,7 +268,13 @@ def run_report(args: argparse.Namespace) -> int:
         print("error: nothing to report: give a training run folder (metrics.jsonl or TensorBoard "
               "events), a bench --out folder, or --bench JSONL files", file=sys.stderr)
         return 2
-    path = write_report(args.out, bench_runs=runs, training_run=training_run, title=args.title)
+    try:
+        tiers = {p.name: p.tier for p in _load_problems(args.problems, None)} if args.problems else None
+    except ValueError as exc:  # ProblemError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    path = write_report(args.out, bench_runs=runs, training_run=training_run, tiers=tiers,
+                        title=args.title)
     if runs:
         print_summary(json.loads((args.out / "summary.json").read_text())["labels"])
     print(f"report: {path}")

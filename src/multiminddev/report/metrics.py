@@ -110,8 +110,8 @@ def summarize_results(
     """KernelBench-style summary of results (one per sample; several samples per problem allowed).
 
     Rates and fast_p are over samples (format failures, :class:`NoCandidate`, included); pass@k
-    groups samples by problem and averages the unbiased estimate over problems, for each k no
-    larger than every problem's sample count. Geometric means are over correct samples.
+    groups samples by problem and averages the unbiased estimate over problems, for each k in
+    ``ks`` no larger than every problem's sample count, and for that smallest count itself. Geometric means are over correct samples.
     ``tiers`` (problem name -> tier) adds a ``per_tier`` table. NaN figures (nothing to
     average) are written as ``None`` so the summary is valid JSON.
     """
@@ -168,7 +168,7 @@ def _pass_at_k_table(results: Sequence[Sample], ks: Sequence[int]) -> dict[str, 
         return {}
     min_n = min(len(v) for v in per_problem.values())
     table = {}
-    for k in sorted(set(ks)):
+    for k in sorted(set(ks) | {min_n}):  # also the largest k every problem allows
         if k <= min_n:
             table[str(k)] = _mean([pass_at_k(len(v), sum(v), k) for v in per_problem.values()])
     return table
