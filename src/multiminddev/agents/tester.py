@@ -154,11 +154,16 @@ def _header(result: EvalResult) -> str:
     return line
 
 
-def _source_line(cuda_sources: list[str], line: int | None) -> str:
+def _source_lines(cuda_sources: list[str], line: int | None) -> list[str]:
+    """The offending line and the one before it (errors like a missing ';' point one past)."""
     if not line or not cuda_sources:
-        return ""
+        return []
     lines = cuda_sources[0].splitlines()
-    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    if not 0 < line <= len(lines):
+        return []
+    first = max(line - 1, 1)
+    return [f"{n:>4} | {lines[n - 1].rstrip()[:150]}" for n in range(first, line + 1)
+            if lines[n - 1].strip()]
 
 
 def _compile_section(result: EvalResult, cuda: list[str], max_errors: int = 3) -> str:
@@ -171,9 +176,7 @@ def _compile_section(result: EvalResult, cuda: list[str], max_errors: int = 3) -
     for d in errors[:max_errors]:
         where = f"line {d.line}" if d.line else "?"
         out.append(f"- {where}: {d.message.strip()[:200]}")
-        code = _source_line(cuda, d.line)
-        if code:
-            out.append(f"    > {code[:160]}")
+        out += [f"    {code}" for code in _source_lines(cuda, d.line)]
     return "\n".join(out)
 
 

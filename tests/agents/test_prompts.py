@@ -1,0 +1,51 @@
+from multiminddev.agents.parsing import parse_candidate
+from multiminddev.agents.prompts import generator_messages, load_template, optimizer_messages
+from multiminddev.policy import encode_chat, render_chat
+from multiminddev.tasks.problem import load_problem_source
+from tests.policy.helpers import gguf_tokenizer
+
+PROBLEM = load_problem_source('''import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.randn(1024)]
+def get_init_inputs():
+    return []
+''', name="relu")
+
+
+def test_generator_prompt_holds_problem_and_format():
+    system, user = generator_messages(PROBLEM)
+    assert system["role"] == "system" and user["role"] == "user"
+    assert "compile_kernels" in system["content"] and "ModelNew" in system["content"]
+    assert "torch.relu(x)" in user["content"] and "relu" in user["content"]
+
+
+def test_the_one_shot_example_is_a_valid_candidate():
+    example = load_template("candidate_format").template
+    parsed = parse_candidate(example.split("Example for", 1)[1])
+    assert parsed.ok, parsed.detail
+
+
+def test_optimizer_prompt_holds_kernel_feedback_and_history():
+    _, user = optimizer_messages(PROBLEM, "class ModelNew: KERNEL", "REPORT", ["turn 1: tried X"],
+                                 omitted=2)
+    text = user["content"]
+    assert "KERNEL" in text and "REPORT" in text and "tried X" in text
+    assert "2 earlier attempt(s) omitted" in text
+
+
+def test_optimizer_prompt_without_kernel_asks_for_one():
+    _, user = optimizer_messages(PROBLEM, None, "format failure", [])
+    assert "no working kernel yet" in user["content"]
+
+
+def test_prompts_render_with_the_chat_template_within_budget():
+    tok = gguf_tokenizer()
+    messages = generator_messages(PROBLEM)
+    text = render_chat(tok, messages)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    ids = encode_chat(tok, messages)
+    assert 300 < len(ids) < 1000  # leaves most of SmolLM2's 8k window for the reply
+    assert tok.decode(ids) == text
