@@ -1,0 +1,510 @@
+"""Runtime anti-hack checks the evaluation worker runs around a candidate's forward.
+
+Each check returns ``list[Finding]`` (empty = fine) with a ``RejectReason``; the worker turns any
+finding into status ``rejected``. Per correctness trial (cheap): ``poison_free_cuda_memory``
+before the candidate runs, ``TorchComputeGuard`` around its forward, then
+``check_streams_synchronized()``, ``check_inputs_unchanged``, ``check_output_aliasing``,
+``check_threads`` and ``check_output_types``. Once per evaluation: ``check_stale_output``,
+``kernel_time_coverage`` / ``check_kernel_coverage`` (profiler) and ``check_impossible_speed``.
+
+What they catch (each was a real reward hack; see docs/SECURITY.md):
+
+- torch doing the work (aten ops beyond allocation/views during forward): TORCH_COMPUTE;
+- an uninitialised ``torch.empty`` holding the reference's freed output: free cached GPU memory
+  is filled with NaN bytes first, so such an output is NaN and fails verification;
+- work on a side stream still running when the current stream is done, or kernels launched on a
+  stream other than the current one: UNSYNCED_STREAM;
+- Python threads still alive after forward: THREAD_LEAK;
+- inputs modified by forward: INPUT_MUTATION; outputs sharing an input's storage: OUTPUT_ALIASING;
+- outputs cached by pointer/identity: new data written into the same input buffers must give
+  the new answer: STALE_OUTPUT;
+- tensor subclasses as outputs (lazy tensors): MONKEY_PATCH;
+- faster than moving the problem's bytes at peak bandwidth: IMPOSSIBLE_SPEED;
+- the candidate's own kernels account for little of the GPU time: LOW_KERNEL_COVERAGE.
+
+Not covered here: a ``load_inline`` library's C++ code launching kernels on its own streams is
+only visible through its effects (pending-work probe, output changing after the current stream
+finished); see the sandbox module for what same-process checks cannot guarantee.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from multiminddev.env.results import Finding, RejectReason
+
+# aten ops a kernel candidate may run during forward: allocation, views, metadata, scalar reads.
+# Not clone/copy_/_to_copy: a copy is done by a torch kernel, and for memory-bound problems the
+# copy IS most of the work (transpose + contiguous, casts). ``.contiguous()`` on a contiguous
+# tensor dispatches nothing, so honest candidates never trip on it.
+DEFAULT_ALLOWED_OPS = frozenset(
+    {
+        "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros",
+        "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones",
+        "new_full", "fill_", "zero_", "resize_", "view", "_unsafe_view", "_reshape_alias",
+        "reshape", "permute", "transpose", "t", "expand", "as_strided", "as_strided_", "detach",
+        "alias", "slice", "select", "unsqueeze", "unsqueeze_", "squeeze", "squeeze_", "split",
+        "split_with_sizes", "chunk", "unbind", "narrow", "unflatten", "movedim", "view_as",
+        "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "_local_scalar_dense",
+        "lift_fresh", "record_stream", "is_same_size", "_has_compatible_shallow_copy_type",
+    }
+)
+POISON_BYTE = 0xFF  # 0xFF.. is NaN in fp64/fp32/fp16/bf16 and -1 in integer types
+MIN_PENDING_MS = 1.0  # GPU work still running this long after the current stream finished
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def _op_name(func: Any) -> str:
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", None) or str(func).split(".")[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Torch compute during forward
+# ---------------------------------------------------------------------------------------------
+
+
+def _dispatch_mode_base() -> type:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class TorchComputeGuard:
+    """Context manager recording aten ops outside ``allowed`` that run inside it.
+
+    A ``TorchDispatchMode`` sees every aten op on every tensor while active, including those a
+    ``load_inline`` extension's C++ calls (``torch::matmul`` inside the extension), but not the
+    candidate's own CUDA kernels, which never enter the dispatcher.
+    """
+
+    def __init__(self, allowed: frozenset[str] | None = None):
+        self.allowed = DEFAULT_ALLOWED_OPS if allowed is None else frozenset(allowed)
+        self.ops: dict[str, int] = {}
+        self._mode: Any = None
+
+    def __enter__(self) -> TorchComputeGuard:
+        guard = self
+
+        class _Mode(_dispatch_mode_base()):  # type: ignore[misc]
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = _op_name(func)
+                if name not in guard.allowed:
+                    guard.ops[name] = guard.ops.get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+        self._mode = None
+
+    @property
+    def findings(self) -> list[Finding]:
+        if not self.ops:
+            return []
+        ops = ", ".join(f"aten::{n} x{c}" for n, c in sorted(self.ops.items()))
+        return [Finding(rule="torch_compute_runtime", reason=RejectReason.TORCH_COMPUTE,
+                        message=f"torch ops ran during forward: {ops}; compute in your kernels "
+                                "(only allocation, views and shape queries are allowed)")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs, outputs, threads
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _TensorSnapshot:
+    index: int
+    data_ptr: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: Any
+    copy: Any  # a bit-exact clone (same device)
+
+
+def _tensors(values: Iterable[Any]) -> list[tuple[int, Any]]:
+    torch = _torch()
+    return [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+
+
+def snapshot_tensors(tensors: Sequence[Any]) -> list[_TensorSnapshot]:
+    """Bit-exact copies and metadata of the tensor arguments, taken before forward runs."""
+    return [
+        _TensorSnapshot(index=i, data_ptr=t.data_ptr(), shape=tuple(t.shape),
+                        stride=tuple(t.stride()), dtype=t.dtype, copy=t.detach().clone())
+        for i, t in _tensors(tensors)
+    ]
+
+
+def _bits(t: Any) -> Any:
+    torch = _torch()
+    flat = t.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8) if flat.element_size() else flat
+
+
+def _bitwise_equal(a: Any, b: Any) -> bool:
+    """Equal bit patterns (NaN-safe: NaN == NaN here, unlike torch.equal on floats)."""
+    torch = _torch()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype == torch.bool:
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(_bits(a), _bits(b)))
+
+
+def check_inputs_unchanged(snapshot: list[_TensorSnapshot], tensors: Sequence[Any]) -> list[Finding]:
+    """INPUT_MUTATION when forward changed an input's values, shape, strides or storage."""
+    current = dict(_tensors(tensors))
+    findings = []
+    for snap in snapshot:
+        t = current.get(snap.index)
+        if t is None:
+            continue
+        if (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) != (
+                snap.data_ptr, snap.shape, snap.stride, snap.dtype):
+            what = "its metadata or storage (resize_/set_/in-place view change)"
+        elif not _bitwise_equal(t, snap.copy):
+            what = "its values"
+        else:
+            continue
+        findings.append(Finding(rule="input_mutation", reason=RejectReason.INPUT_MUTATION,
+                                message=f"forward modified input {snap.index}: {what}; "
+                                        "inputs are read-only, write results to new tensors"))
+    return findings
+
+
+def _storage_span(t: Any) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
+def check_output_aliasing(inputs: Sequence[Any], outputs: Sequence[Any]) -> list[Finding]:
+    """OUTPUT_ALIASING when an output's storage overlaps an input's storage."""
+    findings = []
+    for oi, out in _tensors(outputs):
+        o0, o1 = _storage_span(out)
+        for ii, inp in _tensors(inputs):
+            i0, i1 = _storage_span(inp)
+            if o0 < i1 and i0 < o1 and o1 > o0 and i1 > i0:
+                findings.append(Finding(
+                    rule="output_aliasing", reason=RejectReason.OUTPUT_ALIASING,
+                    message=f"output {oi} shares memory with input {ii}; allocate the output "
+                            "(torch.empty_like) and have your kernel write it"))
+    return findings
+
+
+def check_output_types(outputs: Sequence[Any]) -> list[Finding]:
+    """Outputs must be plain ``torch.Tensor``s: subclasses (lazy tensors) can compute, or fake
+    equality, when the harness touches them after timing."""
+    torch = _torch()
+    bad = [i for i, o in enumerate(outputs) if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor]
+    if not bad:
+        return []
+    return [Finding(rule="tensor_subclass_output", reason=RejectReason.MONKEY_PATCH,
+                    message=f"outputs {bad} are torch.Tensor subclasses; return plain tensors")]
+
+
+def thread_snapshot() -> frozenset[int]:
+    """Idents of the Python threads alive now."""
+    return frozenset(t.ident for t in threading.enumerate() if t.ident is not None)
+
+
+def check_threads(before: frozenset[int], *, grace_s: float = 0.0) -> list[Finding]:
+    """THREAD_LEAK when Python threads started during forward are still alive after it."""
+    if grace_s:
+        time.sleep(grace_s)
+    leaked = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    if not leaked:
+        return []
+    names = ", ".join(sorted(t.name for t in leaked))
+    return [Finding(rule="thread_leak", reason=RejectReason.THREAD_LEAK,
+                    message=f"threads still running after forward returned: {names}; all work "
+                            "must finish (on the current stream) before forward returns")]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU memory poisoning
+# ---------------------------------------------------------------------------------------------
+
+
+def _inactive_block_sizes(device: int) -> list[int]:
+    """Sizes of the caching allocator's free (inactive) blocks on ``device``, largest first."""
+    torch = _torch()
+    sizes = []
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device", device) != device:
+            continue
+        sizes += [b["size"] for b in segment.get("blocks", []) if b.get("state") == "inactive"]
+    return sorted(sizes, reverse=True)
+
+
+def poison_free_cuda_memory(*, max_blocks: int = 512) -> None:
+    """Fill the caching allocator's reserved-but-free GPU memory with NaN bytes (0xFF).
+
+    Defeats returning an uninitialised ``torch.empty`` that lands on a block just freed by the
+    reference (Sakana, 2025): the block now holds NaN. Each free block is claimed with an
+    allocation of exactly its size (the allocator's best fit then takes that block without
+    splitting), filled, and released; the largest-first order keeps small requests out of big
+    blocks. Falls back to one allocation of reserved - allocated when no snapshot is available.
+    """
+    torch = _torch()
+    if not torch.cuda.is_available():
+        return
+    device = torch.cuda.current_device()
+    torch.cuda.synchronize()
+    try:
+        sizes = _inactive_block_sizes(device)[:max_blocks]
+    except Exception:  # noqa: BLE001 - snapshot API differences: use the coarse fallback
+        sizes = [torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)]
+    held = []
+    try:
+        for size in sizes:
+            if size <= 0:
+                continue
+            block = torch.empty(size, dtype=torch.uint8, device=device)
+            block.fill_(POISON_BYTE)
+            held.append(block)
+    except torch.cuda.OutOfMemoryError:
+        pass  # poisoned what fit; never fail the evaluation over it
+    finally:
+        del held  # freed blocks return to the cache in stream order, after the fills
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams
+# ---------------------------------------------------------------------------------------------
+
+
+def _pending_ms_after_current_stream() -> float:
+    """How long the device stays busy after the current stream's work is complete."""
+    torch = _torch()
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+    start = time.perf_counter()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+class _LaunchStreamMonitor:
+    """Records multiminddev kernel launches on a stream other than torch's current stream."""
+
+    def __init__(self) -> None:
+        self.off_stream: list[str] = []
+        self._original: Any = None
+
+    def __enter__(self) -> _LaunchStreamMonitor:
+        from multiminddev.cuda.kernels import Kernel
+
+        torch = _torch()
+        original = Kernel.__call__
+        monitor = self
+
+        def monitored(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            stream = kwargs.get("stream", args[4] if len(args) > 4 else None)
+            if stream is not None and getattr(stream, "cuda_stream", None) != (
+                    torch.cuda.current_stream().cuda_stream):
+                monitor.off_stream.append(kernel.name)
+            return original(kernel, *args, **kwargs)
+
+        self._original = original
+        Kernel.__call__ = monitored
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from multiminddev.cuda.kernels import Kernel
+
+        Kernel.__call__ = self._original
+
+
+def check_streams_synchronized(run_fn: Callable[[], Any] | None = None, *,
+                               min_pending_ms: float = MIN_PENDING_MS) -> list[Finding]:
+    """UNSYNCED_STREAM: work the timer (events on the current stream) would not see.
+
+    Without ``run_fn`` (call it right after forward, before any synchronize): measures how long
+    the GPU stays busy after the current stream finished; side-stream work still running for
+    ``min_pending_ms`` or more is reported. With ``run_fn`` (once per evaluation): runs it with
+    kernel launches monitored for non-current streams, checks the current stream did not change,
+    and compares the outputs read when the current stream finished with the outputs after a
+    device-wide synchronize (a side stream still writing them makes the two differ).
+    """
+    torch = _torch()
+    if not torch.cuda.is_available():
+        return []
+    if run_fn is None:
+        return _pending_finding(_pending_ms_after_current_stream(), min_pending_ms)
+    torch.cuda.synchronize()
+    stream_before = torch.cuda.current_stream().cuda_stream
+    with _LaunchStreamMonitor() as monitor:
+        outputs = run_fn()
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    event = torch.cuda.Event()
+    event.record()
+    event.synchronize()
+    early = [(i, o.detach().clone()) for i, o in _tensors(outputs)]
+    findings = _pending_finding(_pending_ms_after_current_stream(), min_pending_ms)
+    changed = [i for i, copy in early if not _bitwise_equal(copy, outputs[i])]
+    if changed:
+        findings.append(Finding(rule="output_written_after_stream", reason=RejectReason.UNSYNCED_STREAM,
+                                message=f"outputs {changed} changed after the current stream "
+                                        "finished: work on another stream is still writing them"))
+    if monitor.off_stream:
+        findings.append(Finding(rule="launch_off_current_stream", reason=RejectReason.UNSYNCED_STREAM,
+                                message=f"kernels {sorted(set(monitor.off_stream))} launched on a "
+                                        "stream other than torch.cuda.current_stream()"))
+    if torch.cuda.current_stream().cuda_stream != stream_before:
+        findings.append(Finding(rule="current_stream_changed", reason=RejectReason.UNSYNCED_STREAM,
+                                message="forward changed torch's current stream"))
+    return findings
+
+
+def _pending_finding(pending_ms: float, min_pending_ms: float) -> list[Finding]:
+    if pending_ms < min_pending_ms:
+        return []
+    return [Finding(rule="pending_gpu_work", reason=RejectReason.UNSYNCED_STREAM,
+                    message=f"GPU work kept running {pending_ms:.2f} ms after the current stream "
+                            "finished: launch everything on torch.cuda.current_stream()")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stale outputs (pointer caches)
+# ---------------------------------------------------------------------------------------------
+
+
+def _refill_in_place(inputs: Sequence[Any], new_inputs: Sequence[Any] | None) -> bool:
+    """Write new data into the same input tensors; returns False when nothing changed.
+
+    With ``new_inputs`` (another draw of the problem's ``get_inputs``) those values are copied
+    in; otherwise each input's own values are shuffled, which keeps their distribution (valid
+    indices stay valid, positive inputs stay positive).
+    """
+    torch = _torch()
+    changed = False
+    generator = torch.Generator(device="cpu").manual_seed(20240229)
+    news = list(new_inputs) if new_inputs is not None else [None] * len(inputs)
+    for t, new in zip(inputs, news, strict=False):
+        if not isinstance(t, torch.Tensor) or t.numel() < 2:
+            continue
+        before = t.detach().clone()
+        with torch.no_grad():
+            if isinstance(new, torch.Tensor) and new.shape == t.shape:
+                t.copy_(new)
+            else:
+                perm = torch.randperm(t.numel(), generator=generator).to(t.device)
+                t.copy_(t.detach().reshape(-1)[perm].reshape(t.shape))
+        changed |= not _bitwise_equal(before, t)
+    return changed
+
+
+def check_stale_output(run_fn: Callable[..., Any], inputs: Sequence[Any],
+                       reference_fn: Callable[..., Any], *, new_inputs: Sequence[Any] | None = None,
+                       atol: float = 1e-2, rtol: float = 1e-2) -> list[Finding]:
+    """STALE_OUTPUT: after writing new data into the SAME input tensors, the output must match
+    ``reference_fn`` on the new data (defeats caches keyed by data pointer or identity).
+
+    ``run_fn(*inputs)`` and ``reference_fn(*inputs)`` return a tensor or a list of tensors.
+    Tolerances are loose on purpose: this looks for reuse, verification checks precision.
+    """
+    torch = _torch()
+    as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])  # noqa: E731
+    first = [o.detach().clone() for o in as_list(run_fn(*inputs)) if isinstance(o, torch.Tensor)]
+    if not _refill_in_place(inputs, new_inputs):
+        return []  # constant inputs: nothing to learn
+    second = [o for o in as_list(run_fn(*inputs)) if isinstance(o, torch.Tensor)]
+    expected = [o for o in as_list(reference_fn(*inputs)) if isinstance(o, torch.Tensor)]
+    for i, (got, want) in enumerate(zip(second, expected, strict=False)):
+        if got.shape == want.shape and torch.allclose(got.float(), want.float(), atol=atol,
+                                                      rtol=rtol, equal_nan=True):
+            continue
+        stale = i < len(first) and _bitwise_equal(first[i], got)
+        detail = ("is identical to the output for the previous data" if stale
+                  else "does not match the reference for the new data")
+        return [Finding(rule="stale_output", reason=RejectReason.STALE_OUTPUT,
+                        message=f"after new values were written into the same input buffers, "
+                                f"output {i} {detail}: do not cache results across calls")]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# Roofline and kernel-time coverage
+# ---------------------------------------------------------------------------------------------
+
+
+def check_impossible_speed(median_ms: float, bytes_moved: int | None, peak_gbps: float | None,
+                           slack: float = 0.9) -> list[Finding]:
+    """IMPOSSIBLE_SPEED when the run is faster than moving ``bytes_moved`` at peak bandwidth.
+
+    The floor is ``bytes_moved / peak``; a median below ``slack * floor`` cannot be real (with the
+    L2 flushed between runs) and means the work was skipped, cached or done elsewhere.
+    """
+    if not bytes_moved or not peak_gbps or peak_gbps <= 0:
+        return []
+    if not 0 < slack <= 1:
+        raise ValueError(f"slack must be in (0, 1], got {slack}; 0.9 allows 11% above peak")
+    floor_ms = bytes_moved / (peak_gbps * 1e9) * 1e3
+    if median_ms >= slack * floor_ms:
+        return []
+    return [Finding(rule="impossible_speed", reason=RejectReason.IMPOSSIBLE_SPEED,
+                    message=f"median {median_ms:.4f} ms is below the roofline floor "
+                            f"{floor_ms:.4f} ms ({bytes_moved} bytes at {peak_gbps:.0f} GB/s): "
+                            "the work cannot have been done")]
+
+
+def coverage_from_kernel_times(kernel_times: Iterable[tuple[str, float]],
+                               own_kernel_names: Iterable[str]) -> float | None:
+    """Share of GPU kernel time spent in kernels whose name contains one of ``own_kernel_names``
+    (exact for NVRTC ``extern "C"`` names; substring for mangled load_inline names)."""
+    names = [n for n in own_kernel_names if n]
+    times = list(kernel_times)
+    total = sum(t for _, t in times)
+    if not names or total <= 0:
+        return None
+    own = sum(t for name, t in times if any(n == name or n in name for n in names))
+    return own / total
+
+
+def kernel_time_coverage(run_fn: Callable[[], Any], own_kernel_names: Iterable[str]) -> float | None:
+    """Fraction of the CUDA kernel time of one ``run_fn()`` spent in the candidate's kernels.
+
+    None when there are no names to look for, no GPU, or the profiler saw no kernel time.
+    """
+    torch = _torch()
+    names = list(own_kernel_names)
+    if not names or not torch.cuda.is_available():
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_fn()
+        torch.cuda.synchronize()
+    times = [
+        (e.name, float(getattr(e, "self_device_time_total", 0.0) or e.device_time_total))
+        for e in prof.events()
+        if getattr(e, "device_type", None) == DeviceType.CUDA
+    ]
+    return coverage_from_kernel_times(times, names)
+
+
+def check_kernel_coverage(fraction: float | None, threshold: float = 0.5) -> list[Finding]:
+    """LOW_KERNEL_COVERAGE when the candidate's kernels are under ``threshold`` of the GPU time."""
+    if fraction is None or fraction >= threshold:
+        return []
+    return [Finding(rule="kernel_time_coverage", reason=RejectReason.LOW_KERNEL_COVERAGE,
+                    message=f"the candidate's own kernels account for {fraction:.0%} of its GPU "
+                            f"time (minimum {threshold:.0%}); do the work in your kernels")]

@@ -1,0 +1,216 @@
+"""Runtime guards on CPU tensors (the GPU-only parts are in test_gpu_hacks.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from multiminddev.env import guards  # noqa: E402
+from multiminddev.env.results import RejectReason  # noqa: E402
+
+
+def _reasons(findings):
+    return [f.reason for f in findings]
+
+
+# --- TorchComputeGuard ----------------------------------------------------------------------
+
+
+def test_compute_guard_catches_matmul():
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with guards.TorchComputeGuard() as guard:
+        torch.mm(a, b)
+    assert _reasons(guard.findings) == [RejectReason.TORCH_COMPUTE]
+    assert "aten::mm" in guard.findings[0].message
+
+
+def test_compute_guard_allows_allocation_and_views():
+    x = torch.randn(4, 6)
+    with guards.TorchComputeGuard() as guard:
+        y = torch.empty_like(x)
+        x.view(6, 4).permute(1, 0).transpose(0, 1)
+        x.reshape(24).unsqueeze(0).squeeze(0)
+        x.contiguous()
+        torch.zeros(3).zero_()
+        y.new_empty((2, 2))
+        x[1:3, 2]
+        x.shape, x.stride(), x.numel()
+    assert guard.findings == []
+
+
+def test_compute_guard_counts_clone_as_compute():
+    # A copy is torch doing the data movement; for memory-bound problems it is the work.
+    x = torch.randn(4, 4)
+    with guards.TorchComputeGuard() as guard:
+        x.t().contiguous()
+    assert "aten::clone" in guard.findings[0].message
+
+
+def test_compute_guard_sees_tensor_operators():
+    x = torch.randn(5)
+    with guards.TorchComputeGuard() as guard:
+        _ = (x + 1) * x
+    assert {"add", "mul"} <= set(guard.ops)
+
+
+def test_compute_guard_custom_allow_list():
+    x = torch.randn(5)
+    with guards.TorchComputeGuard(allowed=frozenset({"relu"})) as guard:
+        torch.relu(x)
+    assert guard.findings == []
+
+
+# --- inputs, outputs, threads ---------------------------------------------------------------
+
+
+def test_unchanged_inputs_pass_even_with_nan():
+    x = torch.tensor([1.0, float("nan"), 3.0])
+    snap = guards.snapshot_tensors([x, 7])
+    assert guards.check_inputs_unchanged(snap, [x, 7]) == []
+
+
+def test_in_place_change_is_input_mutation():
+    x = torch.randn(16)
+    snap = guards.snapshot_tensors([x])
+    x.relu_()
+    findings = guards.check_inputs_unchanged(snap, [x])
+    assert _reasons(findings) == [RejectReason.INPUT_MUTATION]
+    assert "values" in findings[0].message
+
+
+def test_resize_is_input_mutation():
+    x = torch.randn(16)
+    snap = guards.snapshot_tensors([x])
+    x.resize_(4, 4)
+    assert "metadata" in guards.check_inputs_unchanged(snap, [x])[0].message
+
+
+def test_fresh_output_does_not_alias():
+    x = torch.randn(4, 4)
+    assert guards.check_output_aliasing([x], [torch.empty_like(x)]) == []
+
+
+@pytest.mark.parametrize("make_output", [lambda x: x, lambda x: x.view(-1), lambda x: x[2:]])
+def test_input_views_alias(make_output):
+    x = torch.randn(4, 4)
+    assert _reasons(guards.check_output_aliasing([x], [make_output(x)])) == [
+        RejectReason.OUTPUT_ALIASING]
+
+
+def test_tensor_subclass_output_is_rejected():
+    class Lazy(torch.Tensor):
+        pass
+
+    x = torch.randn(3)
+    assert guards.check_output_types([x]) == []
+    assert _reasons(guards.check_output_types([x.as_subclass(Lazy)])) == [RejectReason.MONKEY_PATCH]
+
+
+def test_thread_left_running_is_a_leak():
+    before = guards.thread_snapshot()
+    stop = threading.Event()
+    worker = threading.Thread(target=stop.wait, name="late-writer")
+    worker.start()
+    try:
+        findings = guards.check_threads(before)
+        assert _reasons(findings) == [RejectReason.THREAD_LEAK]
+        assert "late-writer" in findings[0].message
+    finally:
+        stop.set()
+        worker.join()
+    assert guards.check_threads(before) == []
+
+
+# --- stale outputs --------------------------------------------------------------------------
+
+
+def _relu(x):
+    return torch.relu(x)
+
+
+def test_fresh_computation_is_not_stale():
+    x = torch.randn(64)
+    assert guards.check_stale_output(_relu, [x], _relu) == []
+
+
+def test_pointer_cache_is_stale():
+    cache = {}
+
+    def cached_relu(x):  # the hack: results keyed by the input's address
+        if x.data_ptr() not in cache:
+            cache[x.data_ptr()] = torch.relu(x)
+        return cache[x.data_ptr()]
+
+    x = torch.randn(64)
+    ptr = x.data_ptr()
+    findings = guards.check_stale_output(cached_relu, [x], _relu)
+    assert _reasons(findings) == [RejectReason.STALE_OUTPUT]
+    assert "identical" in findings[0].message
+    assert x.data_ptr() == ptr  # new data went into the same buffer
+
+
+def test_stale_check_uses_given_new_inputs():
+    x, new = torch.randn(32), torch.randn(32)
+    guards.check_stale_output(_relu, [x], _relu, new_inputs=[new])
+    assert torch.equal(x, new)
+
+
+def test_constant_inputs_give_no_verdict():
+    x = torch.ones(8)
+    assert guards.check_stale_output(lambda t: torch.zeros(8), [x], _relu) == []
+
+
+# --- roofline, coverage ---------------------------------------------------------------------
+
+
+def test_impossible_speed_below_roofline_floor():
+    # 128 MiB at 3000 GB/s takes 0.0447 ms; 0.01 ms is impossible, 0.05 ms is plausible.
+    bytes_moved = 134_217_728
+    assert _reasons(guards.check_impossible_speed(0.01, bytes_moved, 3000.0)) == [
+        RejectReason.IMPOSSIBLE_SPEED]
+    assert guards.check_impossible_speed(0.05, bytes_moved, 3000.0) == []
+
+
+def test_slack_allows_measurement_noise_near_peak():
+    floor_ms = 1e9 / (1000.0 * 1e9) * 1e3  # 1 GB at 1000 GB/s = 1 ms
+    assert guards.check_impossible_speed(0.95 * floor_ms, 10**9, 1000.0, slack=0.9) == []
+    assert guards.check_impossible_speed(0.85 * floor_ms, 10**9, 1000.0, slack=0.9) != []
+
+
+def test_unknown_roofline_gives_no_verdict():
+    assert guards.check_impossible_speed(1e-6, None, 3000.0) == []
+    assert guards.check_impossible_speed(1e-6, 1000, None) == []
+
+
+def test_bad_slack_is_refused():
+    with pytest.raises(ValueError, match="slack"):
+        guards.check_impossible_speed(1.0, 1000, 100.0, slack=1.5)
+
+
+def test_coverage_is_own_share_of_kernel_time():
+    times = [("relu", 30.0), ("void at::native::vectorized_elementwise_kernel<4>", 10.0),
+             ("_Z9my_kernelPfS_l", 60.0)]
+    assert guards.coverage_from_kernel_times(times, ["relu"]) == pytest.approx(0.3)
+    assert guards.coverage_from_kernel_times(times, ["relu", "my_kernel"]) == pytest.approx(0.9)
+
+
+def test_coverage_unknown_without_names_or_time():
+    assert guards.coverage_from_kernel_times([("relu", 1.0)], []) is None
+    assert guards.coverage_from_kernel_times([], ["relu"]) is None
+
+
+def test_low_coverage_threshold():
+    assert guards.check_kernel_coverage(0.49) != [] and guards.check_kernel_coverage(0.5) == []
+    assert guards.check_kernel_coverage(None) == []
+    assert guards.check_kernel_coverage(0.2)[0].reason is RejectReason.LOW_KERNEL_COVERAGE
+
+
+def test_gpu_only_guards_are_no_ops_without_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("covered by the GPU suite")
+    guards.poison_free_cuda_memory()
+    assert guards.check_streams_synchronized() == []
+    assert guards.kernel_time_coverage(lambda: None, ["relu"]) is None
