@@ -389,3 +389,11 @@ def test_resolver_builtin_specs():
     assert heldout and {p.split for p in heldout} == {"heldout"}
     train_t0 = load_problems("builtin:tier0:train")
     assert train_t0 and {(p.tier, p.split) for p in train_t0} == {(0, "train")}
+    preset = load_problems("builtin:tier0,tier1:train")  # the quickstart preset's spec
+    assert {p.tier for p in preset} == {0, 1} and {p.split for p in preset} == {"train"}
+    family = everything[0].family
+    assert {p.family for p in load_problems(f"builtin:{family}")} == {family}
+    small = load_problems("builtin:small:tier0")
+    assert len(small) == len({p.family for p in small})  # one tiny problem per family
+    with pytest.raises(ProblemError, match="no built-in family 'no_such_op'.*valid specs"):
+        load_problems("builtin:no_such_op")

@@ -633,7 +633,7 @@ def save_jsonl(
 # --------------------------------------------------------------------------- CLI specs
 
 _SPEC_HELP = (
-    "builtin, builtin:tier1, builtin:train, builtin:heldout "
+    "builtin, builtin:tier1, builtin:train, builtin:heldout, builtin:small, builtin:FAMILY "
     "(parts combine: builtin:tier0,tier1:train), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
     "or a path to a .py problem, "
@@ -646,24 +646,29 @@ _SPLITS = ("train", "heldout")
 def _builtin(parts: list[str]) -> list[Problem]:
     from multiminddev.tasks.builtin import builtin_problems  # the corpus is heavy-ish: lazily
 
+    kwargs: dict[str, Any] = {}
     tiers: list[int] = []
-    split: str | None = None
     families: list[str] = []
     for part in (p.strip() for p in parts if p.strip()):
         if m := _TIER_RE.match(part):
             tiers.append(int(m.group(1)))
         elif part.lower() in _SPLITS:
-            split = part.lower()
+            kwargs["split"] = part.lower()
+        elif part.lower() == "small":  # one tiny problem per family, for CPU runs
+            kwargs["small"] = True
         else:
             families.append(part)
-    kwargs: dict[str, Any] = {"tiers": tiers or None, "split": split}
+    if tiers:
+        kwargs["tiers"] = tiers
     if families:
         kwargs["families"] = families
-    problems = builtin_problems(**kwargs)
+    spec = "builtin" + (":" + ":".join(parts) if parts else "")
+    try:
+        problems = builtin_problems(**kwargs)
+    except KeyError as exc:  # an unknown family name
+        raise ProblemError(f"spec {spec!r}: {exc.args[0]}; valid specs: {_SPEC_HELP}") from None
     if not problems:
-        raise ProblemError(
-            f"spec 'builtin:{':'.join(parts)}' selects no problem; valid specs: {_SPEC_HELP}"
-        )
+        raise ProblemError(f"spec {spec!r} selects no problem; valid specs: {_SPEC_HELP}")
     return problems
 
 
