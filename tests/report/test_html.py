@@ -184,3 +184,16 @@ def test_report_from_real_gpu_evaluations(tmp_path):
     assert summary["geomean_speedup_vs_eager"] > 0
     assert summary["devices"] and "cpu" not in summary["devices"][0].lower()
     assert summary["devices"][0] in path.read_text()
+
+
+def test_mean_episode_reward_is_best_agent_turn_reward():
+    from multiminddev.report.html import summarize_label
+
+    eps = [{"problem": {"name": "p", "tier": 0},
+            "turns": [{"role": "generator", "reward": 0.1, "eval_result": None},
+                      {"role": "optimizer", "reward": 0.7, "eval_result": None}]},
+           {"problem": {"name": "p", "tier": 0},
+            "turns": [{"role": "generator", "reward": -0.1, "eval_result": None}]}]
+    summary = summarize_label(normalise_samples(eps))
+    assert summary["reward_mean"] == pytest.approx((0.7 - 0.1) / 2)
+    assert summary["ci95"]["reward_mean"] == pytest.approx([-0.1, 0.7])

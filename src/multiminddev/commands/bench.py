@@ -221,6 +221,7 @@ def print_summary(summaries: Mapping[str, Mapping[str, Any]]) -> None:
         table.add_column(label, justify="right")
     rows = [
         ("episodes", lambda s: str(s.get("episodes", s["n"]))),
+        ("mean episode reward", lambda s: "-" if s.get("reward_mean") is None else f"{s['reward_mean']:.3f}"),
         ("compile rate", lambda s: pct(s["compile_rate"])),
         ("correct", lambda s: pct(s["correct_rate"])),
         ("fast_1", lambda s: pct(s["fast_p"].get("1"))),

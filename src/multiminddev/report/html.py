@@ -81,9 +81,6 @@ def summarize_label(data: LabelData, *, tiers: Mapping[str, int] | None = None) 
     all_tiers = {**data.tiers, **(tiers or {})}
     summary = summarize_results(data.results, tiers=all_tiers or None)
     summary["format_failures"] = data.format_failures
-    if data.episodes:
-        summary["episodes"] = len(data.episodes)
-        summary["per_turn"] = per_turn_curves(data.episodes)
     pairs = [(r.correct, r.speedup) if isinstance(r, EvalResult) else (False, 0.0)
              for r in data.results]
     summary["ci95"] = {
@@ -91,7 +88,30 @@ def summarize_label(data: LabelData, *, tiers: Mapping[str, int] | None = None) 
         "fast_1": _ci(bootstrap_ci(pairs, lambda v: fast_p([c for c, _ in v], [s for _, s in v], 1.0))),
         "geomean_speedup_vs_eager": _ci(bootstrap_ci(pairs, lambda v: geometric_mean(s for c, s in v if c))),
     }
+    if data.episodes:
+        summary["episodes"] = len(data.episodes)
+        summary["per_turn"] = per_turn_curves(data.episodes)
+        rewards = [r for r in (episode_reward(ep) for ep in data.episodes) if r is not None]
+        summary["reward_mean"] = _mean_or_none(rewards)
+        summary["ci95"]["reward_mean"] = _ci(bootstrap_ci(rewards, _mean_or_nan))
     return summary
+
+
+def episode_reward(episode: Mapping[str, Any]) -> float | None:
+    """An episode's reward as the trainer scores it: the best reward of its agent turns (the
+    rewards the episode runner recorded with its RewardConfig); None when none was recorded."""
+    rewards = [t.get("reward") for t in episode.get("turns") or []
+               if str(t.get("role", "")).lower() != "tester"]
+    rewards = [float(r) for r in rewards if isinstance(r, (int, float)) and math.isfinite(r)]
+    return max(rewards) if rewards else None
+
+
+def _mean_or_nan(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _mean_or_none(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def _ci(bounds: tuple[float, float]) -> list[float] | None:
@@ -167,6 +187,7 @@ _SUMMARY_ROWS = (
     ("samples", lambda s: s["n"]),
     ("problems", lambda s: s["problems"]),
     ("episodes", lambda s: s.get("episodes")),
+    ("mean episode reward", lambda s: _num_ci(s.get("reward_mean"), s["ci95"].get("reward_mean"))),
     ("compile rate", lambda s: _pct(s["compile_rate"])),
     ("correct (fast_0)", lambda s: _pct_ci(s["correct_rate"], s["ci95"]["correct_rate"])),
     ("fast_1", lambda s: _pct_ci(s["fast_p"].get("1"), s["ci95"]["fast_1"])),
@@ -190,7 +211,8 @@ def _page(title: str, summaries: Mapping[str, Any], records: Sequence[Mapping[st
     parts += _warnings(summaries, records)
     if summaries:
         parts += ["<h2>Summary</h2>", _summary_table(summaries), _SUMMARY_NOTE]
-        parts += _pass_at_k_table(summaries) + _tier_table(summaries) + _reasons_table(summaries)
+        parts += _pass_at_k_table(summaries) + _tier_table(summaries) + _turn_table(summaries)
+        parts += _reasons_table(summaries)
     for name, path in images.items():
         data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
         parts.append(f"<h2>{_e(name)}</h2><img alt='{_e(name)}' src='data:image/png;base64,{data}'>")
@@ -247,6 +269,27 @@ def _tier_table(summaries: Mapping[str, Any]) -> list[str]:
     return ["<h2>Per tier</h2>", _table(["tier", *summaries], rows)]
 
 
+def _turn_table(summaries: Mapping[str, Any]) -> list[str]:
+    curves = {k: s["per_turn"] for k, s in summaries.items() if s.get("per_turn")}
+    horizon = max((len(c["attempt"]) for c in curves.values()), default=0)
+    if not horizon:
+        return []
+    rows = []
+    for k in range(horizon):
+        cells = []
+        for c in curves.values():
+            if k >= len(c["attempt"]):
+                cells.append("-")
+                continue
+            cells.append(f"{_pct(c['frac_correct'][k])} correct, fast_1 {_pct(c['fast_1'][k])}, "
+                         f"geomean {_x(c['geomean_best_speedup'][k])} "
+                         f"({c['attempts_made'][k]} episodes made it)")
+        rows.append([f"after attempt {k + 1}", *cells])
+    note = ("<p class='note'>Best so far per episode (an episode that stopped early keeps its "
+            "state).</p>")
+    return ["<h2>Improvement per turn</h2>", _table(["", *curves], rows), note]
+
+
 def _reasons_table(summaries: Mapping[str, Any]) -> list[str]:
     reasons = sorted({r for s in summaries.values() for r in s["reject_reasons"]})
     statuses = sorted({r for s in summaries.values() for r in s["status_counts"]})
@@ -286,6 +329,12 @@ def _pct(v: float | None) -> str:
 
 def _pct_ci(v: float | None, ci: Sequence[float] | None) -> str:
     return _pct(v) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if ci and v is not None else "")
+
+
+def _num_ci(v: float | None, ci: Sequence[float] | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
 def _x(v: float | None) -> str:
