@@ -197,3 +197,9 @@ def test_mean_episode_reward_is_best_agent_turn_reward():
     summary = summarize_label(normalise_samples(eps))
     assert summary["reward_mean"] == pytest.approx((0.7 - 0.1) / 2)
     assert summary["ci95"]["reward_mean"] == pytest.approx([-0.1, 0.7])
+
+
+def test_tiers_from_episodes_apply_to_eval_result_labels(report):
+    path, _ = report
+    base = json.loads((path.parent / "summary.json").read_text())["labels"]["base"]
+    assert base["per_tier"]["0"]["n"] == 2  # relu (tier 0 in the other label's episodes)

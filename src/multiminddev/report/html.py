@@ -130,7 +130,9 @@ def write_report(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = {k: normalise_samples(v) for k, v in (bench_runs or {}).items()}
-    summaries = {k: summarize_label(d, tiers=tiers) for k, d in labels.items()}
+    # Tiers known from any label's episodes apply to every label (eval-dir results carry none).
+    known = {name: t for d in labels.values() for name, t in d.tiers.items()}
+    summaries = {k: summarize_label(d, tiers={**known, **(tiers or {})}) for k, d in labels.items()}
     records = plots.load_training_metrics(training_run) if training_run is not None else []
     evals = plots.load_eval_metrics(training_run) if training_run is not None else []
     images = _make_plots(out_dir, labels, summaries, records)
