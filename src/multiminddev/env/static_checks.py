@@ -210,6 +210,7 @@ class ModuleInfo:
     self_tensors: set[str] = field(default_factory=set)  # self.<attr> holding tensors
     self_modules: dict[str, str] = field(default_factory=dict)  # self.<attr> -> torch module/class
     self_callables: dict[str, str] = field(default_factory=dict)  # self.<attr> = torch.fn
+    scopes: list[FunctionScope] | None = None  # reachable_scopes(), computed once
 
     def methods(self, cls: ast.ClassDef) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
         """Methods of ``cls`` and of its bases defined in this module (subclass wins)."""
@@ -471,6 +472,12 @@ def reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
     Parameters of a helper are tensors when the call site passes a tensor in that position, so
     ``self._grid(n)`` with an int ``n`` does not make ``n + 255`` look like compute.
     """
+    if info.scopes is None:
+        info.scopes = _reachable_scopes(info)
+    return info.scopes
+
+
+def _reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
     forward = info.forward
     if forward is None:
         return []
@@ -1068,6 +1075,17 @@ CHECKS: tuple[CheckFn, ...] = (
 )
 
 
+def _run_check(check: Callable[..., list[Finding]], tree: ast.Module, source: str) -> list[Finding]:
+    """A check that crashes on some source rejects it (a hole would be worse) and says so."""
+    try:
+        return check(tree, source)
+    except (RecursionError, MemoryError, ValueError, TypeError, AttributeError) as exc:
+        name = getattr(check, "__name__", None) or getattr(check.func, "__name__", "check")
+        return [Finding(rule=f"checker_error:{name}", reason=RejectReason.OTHER,
+                        message=f"the static checker could not analyse this source "
+                                f"({type(exc).__name__}: {exc}); simplify the code")]
+
+
 def candidate_kind(tree: ast.Module) -> str:
     """"nvrtc" when the candidate compiles with compile_kernels, "load_inline" for load_inline."""
     aliases = import_aliases(tree)
@@ -1087,13 +1105,16 @@ def run_static_checks(source: str, *, problem_dtype: str = "float32") -> StaticC
         finding = Finding(rule="syntax", reason=RejectReason.SYNTAX, line=exc.lineno,
                           message=f"not valid Python: {exc.msg}")
         return StaticCheckResult(status=StageStatus.FAILED, findings=[finding])
+    except (ValueError, RecursionError, MemoryError) as exc:  # null bytes, absurd nesting
+        finding = Finding(rule="syntax", reason=RejectReason.SYNTAX,
+                          message=f"not parseable Python: {type(exc).__name__}: {exc}")
+        return StaticCheckResult(status=StageStatus.FAILED, findings=[finding])
     findings: list[Finding] = []
-    for check in CHECKS:
-        findings.extend(check(tree, source))
+    checks = (*CHECKS, functools.partial(check_precision_downgrade, problem_dtype=problem_dtype))
+    for check in checks:
+        findings.extend(_run_check(check, tree, source))
         if findings and check is check_syntax:
             break  # later checks assume a compilable module
-    else:
-        findings.extend(check_precision_downgrade(tree, source, problem_dtype=problem_dtype))
     findings.sort(key=lambda f: (f.line or 0, f.rule))
     return StaticCheckResult(
         status=StageStatus.FAILED if findings else StageStatus.OK,
