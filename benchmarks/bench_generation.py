@@ -1,0 +1,135 @@
+"""Generation and episode throughput of the HF backend.
+
+    python benchmarks/bench_generation.py --model default --batch 1 8 32 --new-tokens 256
+    python benchmarks/bench_generation.py --episodes 16 --turns 3       # + episodes/min
+
+Reports, per batch size: sampled tokens/s (new tokens only, EOS-truncated), prompts/s, and the
+cost of the log-prob recomputation (RECOMPUTE vs SAMPLER); then, with --episodes, full
+Generator -> Tester -> Optimizer episodes per minute through the real evaluator. Every line
+says the device it was measured on. Results go to docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from typing import Any
+
+
+def _device_name() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repeats: int) -> dict:
+    from multiminddev.agents.prompts import generator_messages
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.policy import HFGenerationBackend, SamplingParams, encode_chat
+    from multiminddev.tasks.problem import load_problem_source
+
+    problem = load_problem_source(_RELU, name="relu")
+    prompt = encode_chat(policy.tokenizer, generator_messages(problem))
+    backend = HFGenerationBackend(policy, max_batch_size=batch, logprob_source=source)
+    # min_new_tokens is not exposed: a fixed-length measure would hide EOS behaviour, so we
+    # report what was actually sampled.
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    backend.generate_sync([prompt], SamplingParams(max_new_tokens=4), AgentRole.GENERATOR)  # warm
+    times, tokens = [], 0
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        outs = backend.generate_sync([prompt] * batch, sampling, AgentRole.GENERATOR)
+        _sync()
+        times.append(time.perf_counter() - start)
+        tokens += sum(len(o.token_ids) for o in outs)
+    total = sum(times)
+    return {"batch": batch, "logprobs": source.value, "prompt_tokens": len(prompt),
+            "new_tokens_per_sample": tokens / (batch * repeats), "tokens_per_s": tokens / total,
+            "prompts_per_s": batch * repeats / total, "seconds_per_call": total / repeats}
+
+
+def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int) -> dict:
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig, run_episodes
+    from multiminddev.policy import HFGenerationBackend, SamplingParams
+    from multiminddev.tasks.problem import load_problem_source
+
+    problem = load_problem_source(_RELU, name="relu")
+    backend = HFGenerationBackend(policy, max_batch_size=max(episodes, 1))
+    config = EpisodeConfig(max_turns=turns, patience=turns,
+                           sampling=SamplingParams(max_new_tokens=new_tokens, seed=0))
+    with Evaluator(EvalConfig()) as evaluator:
+        evaluator.warm_up()
+        start = time.perf_counter()
+        result = run_episodes([problem], backend, evaluator, config, group_size=episodes)
+        seconds = time.perf_counter() - start
+    n_turns = sum(len(e.turns) for e in result)
+    return {"episodes": episodes, "turns": n_turns, "seconds": seconds,
+            "episodes_per_min": 60 * episodes / seconds, "turns_per_min": 60 * n_turns / seconds,
+            "statuses": sorted({e.status.value for e in result})}
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+_RELU = '''import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(1 << 20, device="cuda" if torch.cuda.is_available() else "cpu")]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--episodes", type=int, default=0, help="also time N concurrent episodes")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+
+    from multiminddev.policy import LogprobSource, PolicyConfig, load_policy
+
+    start = time.perf_counter()
+    policy = load_policy(PolicyConfig(model=args.model))
+    load_s = time.perf_counter() - start
+    device = _device_name()
+    rows = [{"what": "load_policy", "seconds": load_s, "device": device}]
+    for batch in args.batch:
+        for source in LogprobSource:
+            row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)
+            rows.append({"what": "generate", "device": device, **row})
+    if args.episodes:
+        row = bench_episodes(policy, args.episodes, args.turns, args.new_tokens)
+        rows.append({"what": "episodes", "device": device, **row})
+    for row in rows:
+        print(json.dumps(row) if args.json else _fmt(row))
+    return 0
+
+
+def _fmt(row: dict) -> str:
+    return "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
