@@ -241,14 +241,29 @@ def check_threads(before: frozenset[int], *, grace_s: float = 0.0) -> list[Findi
 # ---------------------------------------------------------------------------------------------
 
 
+SMALL_REQUEST_BYTES = 1 << 20  # the caching allocator serves requests <= 1 MiB from its small pool
+
+
 def _inactive_block_sizes(device: int) -> list[int]:
-    """Sizes of the caching allocator's free (inactive) blocks on ``device``, largest first."""
+    """Allocation sizes that claim every free (inactive) cached block on ``device``, largest first.
+
+    A free block in a small-pool segment can be larger than 1 MiB after coalescing, but only
+    requests <= 1 MiB are served from that pool, so such blocks are claimed in 1 MiB pieces.
+    """
     torch = _torch()
     sizes = []
     for segment in torch.cuda.memory_snapshot():
         if segment.get("device", device) != device:
             continue
-        sizes += [b["size"] for b in segment.get("blocks", []) if b.get("state") == "inactive"]
+        small = segment.get("segment_type") == "small"
+        for block in segment.get("blocks", []):
+            if block.get("state") != "inactive":
+                continue
+            size = int(block["size"])
+            while small and size > SMALL_REQUEST_BYTES:
+                sizes.append(SMALL_REQUEST_BYTES)
+                size -= SMALL_REQUEST_BYTES
+            sizes.append(size)
     return sorted(sizes, reverse=True)
 
 
