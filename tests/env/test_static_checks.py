@@ -325,11 +325,18 @@ def test_rebound_input_name_is_not_aliasing():
 # --- the result -----------------------------------------------------------------------------
 
 
-def test_findings_are_sorted_by_line_and_name_rule():
+def test_findings_name_rule_and_line():
     src = candidate(forward_with("return torch.relu(x) + x"), extra="import os\n")
     findings = sc.run_static_checks(src).findings
-    assert [f.line or 0 for f in findings] == sorted(f.line or 0 for f in findings)
     assert all(f.rule and f.message and f.line for f in findings)
+
+
+def test_specific_hack_class_comes_first():
+    # ``import time`` is forbidden, but the patch is what the candidate was doing.
+    src = candidate(extra="import time\ntime.perf_counter = lambda: 0.0\n")
+    findings = sc.run_static_checks(src).findings
+    assert findings[0].reason is RejectReason.MONKEY_PATCH
+    assert {f.reason for f in findings} == {RejectReason.MONKEY_PATCH, RejectReason.FORBIDDEN_IMPORT}
 
 
 def test_checks_are_pure():

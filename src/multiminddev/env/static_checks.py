@@ -133,6 +133,18 @@ KERNEL_BUILDERS = frozenset(
 )
 
 
+# Order of findings in a result: the first is the EvalResult's reject_reason, counted in metrics,
+# so the specific hack class comes before generic rules (``import time`` + patching
+# ``time.perf_counter`` counts as monkey_patch, not forbidden_import).
+REASON_PRIORITY = (
+    RejectReason.SYNTAX, RejectReason.NO_MODEL_NEW, RejectReason.REFERENCE_USE,
+    RejectReason.MONKEY_PATCH, RejectReason.POINTER_CACHE, RejectReason.CONCURRENCY,
+    RejectReason.TRY_EXCEPT_FALLBACK, RejectReason.FILE_ACCESS, RejectReason.PRECISION_DOWNGRADE,
+    RejectReason.OUTPUT_ALIASING, RejectReason.TORCH_COMPUTE, RejectReason.NO_KERNEL,
+    RejectReason.FORBIDDEN_IMPORT, RejectReason.OTHER,
+)
+
+
 def _finding(rule: str, reason: RejectReason, message: str, node: ast.AST | None) -> Finding:
     return Finding(rule=rule, reason=reason, message=message, line=getattr(node, "lineno", None))
 
@@ -1098,7 +1110,10 @@ def candidate_kind(tree: ast.Module) -> str:
 
 
 def run_static_checks(source: str, *, problem_dtype: str = "float32") -> StaticCheckResult:
-    """Run every check; FAILED with all findings (sorted by line) when any fires."""
+    """Run every check; FAILED with all findings when any fires.
+
+    Findings are ordered by ``REASON_PRIORITY`` (most specific hack class first), then line.
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
@@ -1115,7 +1130,8 @@ def run_static_checks(source: str, *, problem_dtype: str = "float32") -> StaticC
         findings.extend(_run_check(check, tree, source))
         if findings and check is check_syntax:
             break  # later checks assume a compilable module
-    findings.sort(key=lambda f: (f.line or 0, f.rule))
+    rank = {reason: i for i, reason in enumerate(REASON_PRIORITY)}
+    findings.sort(key=lambda f: (rank.get(f.reason, len(rank)), f.line or 0, f.rule))
     return StaticCheckResult(
         status=StageStatus.FAILED if findings else StageStatus.OK,
         findings=findings,
