@@ -148,6 +148,25 @@ def test_legal_forward_code_is_not_compute(body):
     assert reasons(candidate(forward_with(body))) == set()
 
 
+def test_list_methods_taking_tensors_are_not_compute():
+    assert reasons(candidate(forward_with("outs = []\nouts.append(y)\nreturn outs[0]"))) == set()
+
+
+def test_unknown_callable_applied_to_tensors_is_compute():
+    src = candidate(forward_with("return OPS['act'](x)"), extra="OPS = {'act': None}\n")
+    assert RejectReason.TORCH_COMPUTE in reasons(src)
+
+
+def test_kernels_cached_per_shape_in_a_dict_are_launches():
+    forward = ("    def forward(self, x):\n        key = tuple(x.shape)\n"
+               "        if key not in self._k:\n            self._k[key] = compile_kernels(SRC)\n"
+               "        y = torch.empty_like(x)\n        n = x.numel()\n"
+               "        self._k[key].relu(grid=(1,), block=(1,), args=(x, y, n))\n        return y\n")
+    src = candidate(forward, extra="SRC = 'extern \"C\" __global__ void relu() {}'\n",
+                    init="self._k = {}")
+    assert reasons(src) == set()
+
+
 def test_nn_module_call_is_compute():
     src = candidate(forward_with("return self.linear(x)"), init="self.linear = nn.Linear(4, 4)")
     assert RejectReason.TORCH_COMPUTE in reasons(src)

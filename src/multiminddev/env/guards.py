@@ -251,10 +251,13 @@ def _inactive_block_sizes(device: int) -> list[int]:
     requests <= 1 MiB are served from that pool, so such blocks are claimed in 1 MiB pieces.
     """
     torch = _torch()
+    stream = torch.cuda.current_stream(device).cuda_stream
     sizes = []
     for segment in torch.cuda.memory_snapshot():
-        if segment.get("device", device) != device:
-            continue
+        if segment.get("device", device) != device or segment.get("stream", stream) != stream:
+            continue  # other streams' blocks are never handed to this stream's allocations
+        if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
+            continue  # private pools (CUDA graphs) are not used by ordinary allocations
         small = segment.get("segment_type") == "small"
         for block in segment.get("blocks", []):
             if block.get("state") != "inactive":
@@ -409,7 +412,6 @@ def _refill_in_place(inputs: Sequence[Any], new_inputs: Sequence[Any] | None) ->
     """
     torch = _torch()
     changed = False
-    generator = torch.Generator(device="cpu").manual_seed(20240229)
     news = list(new_inputs) if new_inputs is not None else [None] * len(inputs)
     for t, new in zip(inputs, news, strict=False):
         if not isinstance(t, torch.Tensor) or t.numel() < 2:
@@ -418,8 +420,10 @@ def _refill_in_place(inputs: Sequence[Any], new_inputs: Sequence[Any] | None) ->
         with torch.no_grad():
             if isinstance(new, torch.Tensor) and new.shape == t.shape:
                 t.copy_(new)
-            else:
-                perm = torch.randperm(t.numel(), generator=generator).to(t.device)
+            else:  # permute on the tensor's own device: fast even for 16M elements
+                generator = torch.Generator(device=t.device)
+                generator.manual_seed(20240229)
+                perm = torch.randperm(t.numel(), generator=generator, device=t.device)
                 t.copy_(t.detach().reshape(-1)[perm].reshape(t.shape))
         changed |= not _bitwise_equal(before, t)
     return changed

@@ -317,6 +317,8 @@ def _classify_self_attrs(info: ModuleInfo) -> None:
         return
     nn_module_names = ("torch.nn.", "torch.ao.nn.")
     for target, value in _assignments(info.model_new):
+        while isinstance(target, ast.Subscript):  # ``self._kernels[key] = compile_kernels(...)``
+            target = target.value
         attr = _self_attr(target)
         if attr is None:
             continue
@@ -357,6 +359,8 @@ def analyse(tree: ast.Module) -> ModuleInfo:
     )
     for _ in range(3):  # fixed point over chains like ``k = _build(); self.k = k``
         for target, value in _assignments(tree):
+            while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
+                target = target.value
             if isinstance(target, ast.Name) and _holds_kernels(value, info):
                 info.kernel_holders.add(target.id)
     _classify_self_attrs(info)
@@ -703,13 +707,18 @@ def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -
     if _is_launch(node, info) or _call_target(node, info)[0] is not None:
         return None
     args = [*node.args, *(kw.value for kw in node.keywords)]
-    if any(is_tensor_expr(a, tensors, info) for a in args):
-        if isinstance(func, ast.Name) and func.id in HARMLESS_BUILTINS | {"id", "hash"}:
-            return None
-        if isinstance(func, ast.Name) and func.id in info.kernel_holders:
-            return None
-        return f"`{ast.unparse(func)[:40]}` applied to tensors"
-    return None
+    if not any(is_tensor_expr(a, tensors, info) for a in args):
+        return None
+    if isinstance(func, ast.Name) and func.id in HARMLESS_BUILTINS | {"id", "hash"}:
+        return None
+    if isinstance(func, ast.Name) and func.id in info.kernel_holders:
+        return None
+    if isinstance(func, ast.Attribute):
+        root = _root(func)
+        imported = isinstance(root, ast.Name) and root.id in info.aliases
+        if not imported and _self_attr(func) is None:
+            return None  # a method of a local object (``outs.append(y)``), not compute
+    return f"`{ast.unparse(func)[:40]}` applied to tensors"
 
 
 def check_reference_use(tree: ast.Module, source: str) -> list[Finding]:
