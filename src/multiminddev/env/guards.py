@@ -54,7 +54,7 @@ DEFAULT_ALLOWED_OPS = frozenset(
     }
 )
 POISON_BYTE = 0xFF  # 0xFF.. is NaN in fp64/fp32/fp16/bf16 and -1 in integer types
-MIN_PENDING_MS = 1.0  # GPU work still running this long after the current stream finished
+MIN_PENDING_MS = 2.0  # GPU work still running this long after the current stream finished
 
 
 def _torch() -> Any:
@@ -245,6 +245,13 @@ SMALL_REQUEST_BYTES = 1 << 20  # the caching allocator serves requests <= 1 MiB 
 
 
 def _inactive_block_sizes(device: int) -> list[int]:
+    """Free-block claim sizes for this stream's blocks (all streams' if none match, so a
+    changed snapshot format degrades to over-poisoning rather than to none)."""
+    sizes = _inactive_block_sizes_for(device, only_current_stream=True)
+    return sizes or _inactive_block_sizes_for(device, only_current_stream=False)
+
+
+def _inactive_block_sizes_for(device: int, *, only_current_stream: bool) -> list[int]:
     """Allocation sizes that claim every free (inactive) cached block on ``device``, largest first.
 
     A free block in a small-pool segment can be larger than 1 MiB after coalescing, but only
@@ -254,7 +261,9 @@ def _inactive_block_sizes(device: int) -> list[int]:
     stream = torch.cuda.current_stream(device).cuda_stream
     sizes = []
     for segment in torch.cuda.memory_snapshot():
-        if segment.get("device", device) != device or segment.get("stream", stream) != stream:
+        if segment.get("device", device) != device:
+            continue
+        if only_current_stream and segment.get("stream", stream) != stream:
             continue  # other streams' blocks are never handed to this stream's allocations
         if tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0):
             continue  # private pools (CUDA graphs) are not used by ordinary allocations
@@ -365,6 +374,7 @@ def check_streams_synchronized(run_fn: Callable[[], Any] | None = None, *,
         return []
     if run_fn is None:
         return _pending_finding(_pending_ms_after_current_stream(), min_pending_ms)
+
     torch.cuda.synchronize()
     stream_before = torch.cuda.current_stream().cuda_stream
     with _LaunchStreamMonitor() as monitor:
@@ -391,8 +401,12 @@ def check_streams_synchronized(run_fn: Callable[[], Any] | None = None, *,
 
 
 def _pending_finding(pending_ms: float, min_pending_ms: float) -> list[Finding]:
+    """A finding when work was pending, unless the host itself is stalling (then the wall-clock
+    probe is inconclusive: an idle synchronize right after must be fast)."""
     if pending_ms < min_pending_ms:
         return []
+    if _pending_ms_after_current_stream() > 0.1 * min_pending_ms:
+        return []  # even an idle device took long: host preemption, not side-stream work
     return [Finding(rule="pending_gpu_work", reason=RejectReason.UNSYNCED_STREAM,
                     message=f"GPU work kept running {pending_ms:.2f} ms after the current stream "
                             "finished: launch everything on torch.cuda.current_stream()")]
