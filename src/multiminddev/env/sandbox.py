@@ -281,7 +281,15 @@ def _unshare_network() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+WATCHED_EVENTS = frozenset(
+    {"sys.addaudithook", "open", "os.kill", "os.killpg", "socket.__new__", "ctypes.dlopen",
+     "ctypes.dlsym", "ctypes.dlsym/handle"}
+) | SPAWN_EVENTS | NETWORK_EVENTS | frozenset(PATH_EVENTS) | INTROSPECTION_EVENTS
+
+
 def _audit_hook(event: str, args: tuple[Any, ...]) -> None:
+    if event not in WATCHED_EVENTS:
+        return  # fast path: most events (id(), getattr on code objects, imports) are fine
     if getattr(_STATE.in_hook, "active", False):
         return  # our own os.path/realpath calls must not recurse
     _STATE.in_hook.active = True
