@@ -9,7 +9,9 @@ was imported.
 from __future__ import annotations
 
 import math
+import re
 import signal
+import time
 from typing import Any
 
 from multiminddev.env.candidate import candidate_hash, unpack_tensor
@@ -87,11 +89,15 @@ def _verify(problem: Problem, outcome: JobOutcome) -> VerifyResult:
     atol, rtol = problem.tolerances
     if ref is None or cand is None:
         return VerifyResult(status=StageStatus.SKIPPED, atol=atol, rtol=rtol)
+    start = time.perf_counter()
     reference = [[unpack_tensor(p) for p in trial] for trial in ref["outputs"]]
     candidate = [[unpack_tensor(p) for p in trial] for trial in cand["outputs"]]
     if len(candidate) < len(reference):  # a runtime rejection stopped the trials early
         reference = reference[: len(candidate)]
-    return verify_outputs(reference, candidate, atol=atol, rtol=rtol)
+    result = verify_outputs(reference, candidate, atol=atol, rtol=rtol)
+    # Time spent running the trials in the worker plus comparing here.
+    result.seconds = outcome.stages_seconds.get(Stage.RUN.value, 0.0) + time.perf_counter() - start
+    return result
 
 
 def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> BenchmarkResult:
@@ -107,7 +113,8 @@ def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> Benchm
         status=StageStatus.OK, candidate=cand, eager=eager, compiled=compiled,
         gpu_name=base.get("gpu_name", ""), torch_version=base.get("torch_version", ""),
         peak_gbps=base.get("peak_gbps"), bytes_moved=problem.bytes_moved, error=base.get("note", ""),
-        seconds=outcome.stages_seconds.get(Stage.BENCHMARK.value, 0.0),
+        seconds=outcome.stages_seconds.get(Stage.BENCHMARK.value, 0.0)
+        + outcome.stages_seconds.get(Stage.BASELINE.value, 0.0),
     )
     if cand.median_ms > 0:
         result.speedup_vs_eager = eager.median_ms / cand.median_ms
@@ -151,9 +158,21 @@ def _timeout(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
     if stage in _TRUSTED_STAGES:
         return (EvalStatus.INFRA_ERROR, f"the reference problem ran past the {stage} time limit; "
                 f"raise EvalConfig.{stage}_timeout_s or shrink the problem", None)
-    _mark_stage(result, stage, StageStatus.TIMEOUT, f"ran past the {stage} time limit")
-    return (EvalStatus.TIMEOUT, f"timed out in {stage} (hang or infinite loop?); the worker was "
-            "killed and replaced; make sure every kernel and loop terminates", None)
+    where = _candidate_frame(outcome.hang_stack)
+    _mark_stage(result, stage, StageStatus.TIMEOUT, f"ran past the {stage} time limit"
+                + (f"; stack when killed:\n{outcome.hang_stack}" if outcome.hang_stack else ""))
+    at = f" at {where}" if where else ""
+    return (EvalStatus.TIMEOUT, f"timed out in {stage}{at} (hang or infinite loop?); the worker "
+            "was killed and replaced; make sure every kernel and loop terminates", None)
+
+
+def _candidate_frame(stack: str) -> str:
+    """The innermost frame of the candidate's own file in a faulthandler dump ('' if none)."""
+    frames = [line.strip() for line in stack.splitlines() if "mmd_candidate_" in line]
+    if not frames:
+        return ""
+    match = re.search(r'line (\d+) in (\S+)', frames[0])
+    return f"candidate line {match.group(1)} ({match.group(2)})" if match else ""
 
 
 def _death(result: EvalResult, outcome: JobOutcome) -> tuple[EvalStatus, str, None]:

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import sys
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -73,14 +74,45 @@ def as_output_list(outputs: Any) -> list[Any]:
 
 def pack_tensor(t: Any) -> dict[str, Any]:
     """A tensor (any dtype, any device) as a picklable dict of bytes; other values by repr."""
+    meta, raw = tensor_frame(t)
+    if raw is not None:
+        meta["data"] = bytes(raw)
+    return meta
+
+
+def tensor_frame(t: Any) -> tuple[dict[str, Any], Any]:
+    """(metadata, raw byte buffer or None) for sending the bytes as a separate frame."""
     import torch
 
     if not isinstance(t, torch.Tensor):
-        return {"kind": "other", "type": type(t).__name__, "repr": repr(t)[:200]}
+        return {"kind": "other", "type": type(t).__name__, "repr": repr(t)[:200]}, None
     cpu = t.detach().to("cpu").contiguous()
-    raw = cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b""
-    return {"kind": "tensor", "dtype": str(cpu.dtype).removeprefix("torch."),
-            "shape": list(cpu.shape), "data": raw}
+    meta = {"kind": "tensor", "dtype": str(cpu.dtype).removeprefix("torch."),
+            "shape": list(cpu.shape), "nbytes": cpu.numel() * cpu.element_size()}
+    if not cpu.numel():
+        return meta, None
+    return meta, memoryview(cpu.reshape(-1).view(torch.uint8).numpy())
+
+
+def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]]) -> None:
+    """Send ``(tag, {"outputs": metadata})`` then each tensor's bytes as its own frame
+    (no pickling of tensor data: one copy into the pipe, one out)."""
+    frames = [[tensor_frame(t) for t in group] for group in lists]
+    conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames], "framed": True}))
+    for group in frames:
+        for _, raw in group:
+            if raw is not None:
+                conn.send_bytes(raw)
+
+
+def receive_frames(conn: Any, payload: dict[str, Any]) -> None:
+    """Attach the frames that follow a framed message to its metadata (in place)."""
+    if not payload.get("framed"):
+        return
+    for group in payload["outputs"]:
+        for meta in group:
+            if meta.get("kind") == "tensor" and meta.get("nbytes"):
+                meta["data"] = conn.recv_bytes()
 
 
 def unpack_tensor(packed: dict[str, Any]) -> Any:
@@ -90,9 +122,12 @@ def unpack_tensor(packed: dict[str, Any]) -> Any:
     if packed.get("kind") != "tensor":
         return NonTensorOutput(packed.get("type", "?"), packed.get("repr", ""))
     dtype = getattr(torch, packed["dtype"])
-    if not packed["data"]:
+    data = packed.get("data")
+    if not data:
         return torch.empty(packed["shape"], dtype=dtype)
-    flat = torch.frombuffer(bytearray(packed["data"]), dtype=torch.uint8)
+    with warnings.catch_warnings():  # read-only bytes are fine: outputs are only compared
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.frombuffer(data, dtype=torch.uint8)
     return flat.view(dtype).reshape(packed["shape"])
 
 

@@ -62,7 +62,7 @@ class EvalConfig:
     warmup_runs: int = 3
     min_timed_runs: int = 10
     max_timed_runs: int = 300
-    bench_budget_s: float = 2.0  # per timed function; stops earlier once the spread is small
+    bench_budget_s: float = 1.0  # per timed function; stops earlier once the spread is small
     target_relative_spread: float = 0.02  # IQR / median
     compile_baseline: bool = True  # also time torch.compile(Model) (cached per problem/GPU/torch)
     cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev

@@ -136,7 +136,7 @@ class Evaluator:
             return CompileResult(status=status, backend="load_inline", error=reason), job
         specs = inline_build.extract_inline_specs(candidate)
         if not specs:  # arguments computed at run time: the worker builds (slow, but works)
-            return None, job
+            return None, {**job, "allow_inline_build": True}
         if self._inline is None:
             self._inline = inline_build.InlineBuilder(
                 self.config.cache_path, self.config.arch, self.config.inline_build_workers)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multiminddev.env.results import CompileResult, Diagnostic, StageStatus
+from multiminddev.env.results import CompileResult, Diagnostic, KernelResources, StageStatus
 
 SPEC_ARGS = (
     "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
@@ -81,6 +81,14 @@ class InlineSpec:
     def module_name(self, key: str) -> str:
         base = re.sub(r"\W", "_", str(self.args.get("name") or "ext"))[:40]
         return f"{base}_mmd_{key[:12]}"
+
+
+_GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+(\w+)")
+
+
+def kernel_names(cuda_sources: list[str]) -> list[str]:
+    """``__global__`` function names in load_inline CUDA sources (for kernel-time coverage)."""
+    return sorted({m.group(1) for src in cuda_sources for m in _GLOBAL_RE.finditer(src)})
 
 
 def torch_can_build_cuda() -> str | None:
@@ -365,8 +373,10 @@ def install_routing(cache_root: Path, arch: str) -> None:
                 result = outcome_to_compile_result(outcome, arch)
                 inline_log.append(result)
                 raise InlineBuildError(result) from None
-        inline_log.append(CompileResult(status=StageStatus.OK, backend="load_inline", arch=arch,
-                                        seconds=time.perf_counter() - start, cached=prebuilt))
+        inline_log.append(CompileResult(
+            status=StageStatus.OK, backend="load_inline", arch=arch,
+            seconds=time.perf_counter() - start, cached=prebuilt,
+            kernels=[KernelResources(name=n) for n in kernel_names(spec.args["cuda_sources"] or [])]))
         return module
 
     routed_load_inline._mmd_routed = True  # type: ignore[attr-defined]

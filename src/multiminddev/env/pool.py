@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue
+import signal
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
 
 
@@ -32,6 +36,7 @@ class JobOutcome:
     exitcode: int | None = None
     worker_restarted: bool = False
     infra_error: str = ""
+    hang_stack: str = ""  # the worker's Python stack when it ran past its time limit
     device: str = ""
     gpu: bool = False
     stages_seconds: dict[str, float] = field(default_factory=dict)
@@ -72,12 +77,34 @@ class WorkerHandle:
         self.info = payload
         return True
 
+    def stack_at_hang(self) -> str:
+        """Ask the worker (SIGUSR1 -> faulthandler) where it is stuck; '' if it cannot say."""
+        path = (self.info or {}).get("stack_dump")
+        if not path or path == "None" or not self.process.is_alive():
+            return ""
+        try:
+            os.kill(self.process.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 1.0
+            text = ""
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                text = Path(path).read_text()
+                if text.strip():
+                    break
+            return text[-4000:]
+        except OSError:
+            return ""
+
     def kill(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
         if self.process.is_alive():
             self.process.kill()
         self.process.join(5.0)
+        path = (self.info or {}).get("stack_dump")
+        if path and path != "None":
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
     def stop(self) -> None:
         """Ask politely (None on the pipe), then kill if it lingers."""
@@ -218,10 +245,18 @@ class WorkerPool:
                 return
             if message is None:
                 outcome.timed_out_stage = stage.value
+                outcome.hang_stack = worker.stack_at_hang()
                 worker.kill()
                 outcome.exitcode = worker.process.exitcode
                 return
             tag, payload = message
+            if isinstance(payload, dict) and payload.get("framed"):
+                try:
+                    receive_frames(worker.conn, payload)
+                except (EOFError, OSError):
+                    worker.process.join(2.0)
+                    outcome.died_in_stage, outcome.exitcode = stage.value, worker.process.exitcode
+                    return
             if tag == "begin":
                 outcome.stages_seconds[stage.value] = time.monotonic() - stage_start
                 stage, stage_start = Stage(payload), time.monotonic()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from multiminddev.env.candidate import as_output_list, pack_tensor
+from multiminddev.env.candidate import as_output_list, send_tensor_lists
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import Finding, _to_jsonable
 
@@ -29,7 +29,7 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         torch.manual_seed(cfg.seed)
         model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
         outputs, findings = _correctness_trials(state, cfg, ref, model_new)
-        conn.send(("outputs", {"outputs": outputs}))
+        send_tensor_lists(conn, "outputs", outputs)
         if findings:
             return _reject(conn, stage, findings)
         if state.guards is not None:
@@ -62,13 +62,13 @@ def _reject(conn: Any, stage: Stage, findings: list[Finding]) -> bool:
 
 
 def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
-                        ) -> tuple[list[list[dict[str, Any]]], list[Finding]]:
+                        ) -> tuple[list[list[Any]], list[Finding]]:
     import torch
 
     from multiminddev.env.worker import clone_inputs
 
     guards = state.guards
-    packed: list[list[dict[str, Any]]] = []
+    packed: list[list[Any]] = []  # per trial, the outputs copied to the CPU
     findings: list[Finding] = []
     for trial_inputs in ref.trial_inputs:
         inputs = clone_inputs(trial_inputs)
@@ -79,7 +79,7 @@ def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
             else:
                 outs, found = _guarded_forward(guards, ref, model_new, trial_inputs, inputs)
                 findings.extend(found)
-        packed.append([pack_tensor(o) for o in outs])
+        packed.append([o.cpu() if isinstance(o, torch.Tensor) else o for o in outs])
         del outs
         if findings:
             break
@@ -103,53 +103,66 @@ def _guarded_forward(guards: Any, ref: Any, model_new: Any, pristine: list[Any],
     with compute_guard:
         outs = as_output_list(model_new(*inputs))
     found: list[Finding] = list(compute_guard.findings)
-    found += guards.check_streams_synchronized()
+    found += guards.check_streams_synchronized()  # before any synchronize: pending side work
     torch.cuda.synchronize()
     found += guards.check_inputs_unchanged(snapshot, inputs)
     found += guards.check_output_aliasing(inputs, outs)
+    found += guards.check_output_types(outs)
     found += guards.check_threads(threads)
+    found += sandbox_findings()
     return outs, found
+
+
+def sandbox_findings() -> list[Finding]:
+    """Operations the sandbox refused so far, even ones the candidate caught and hid."""
+    try:
+        from multiminddev.env import sandbox
+    except ImportError:
+        return []
+    return sandbox.violations() if sandbox.is_installed() else []
 
 
 def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, module: Any
                     ) -> dict[str, Any]:
-    """Stale-output check and the share of GPU time spent in the candidate's own kernels."""
+    """Once per evaluation: side-stream probe with output re-read, stale-output check (new
+    data in the same input buffers), and the share of GPU time in the candidate's kernels."""
     import torch
 
     from multiminddev.env.worker import clone_inputs
 
     guards = state.guards
     inputs = clone_inputs(ref.trial_inputs[0])
-    findings: list[Finding] = []
     notes: list[str] = []
 
     def run_fn(*args: Any) -> list[Any]:
         with torch.no_grad():
-            return as_output_list(model_new(*(args or inputs)))
+            return as_output_list(model_new(*args))
 
     def expected_fn(*args: Any) -> list[Any]:
         with torch.no_grad():
-            return as_output_list(ref.model(*(args or inputs)))
+            return as_output_list(ref.model(*args))
 
-    findings += guards.check_stale_output(run_fn, inputs, expected_fn)
-    coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs), own_kernel_names(module))
-    if coverage is not None and coverage < cfg.min_kernel_coverage:
-        from multiminddev.env.results import RejectReason
-
-        findings.append(Finding(
-            rule="kernel_time_coverage", reason=RejectReason.LOW_KERNEL_COVERAGE,
-            message=f"the candidate's own kernels account for {coverage:.0%} of its GPU time "
-                    f"(minimum {cfg.min_kernel_coverage:.0%}); do the work in your kernels"))
-    if coverage is None:
-        notes.append("kernel coverage unavailable (no kernel names or no profiler data)")
+    findings = guards.check_streams_synchronized(lambda: run_fn(*inputs))
+    if not findings:
+        other = clone_inputs(ref.trial_inputs[1]) if len(ref.trial_inputs) > 1 else None
+        findings += guards.check_stale_output(run_fn, inputs, expected_fn, new_inputs=other)
+    coverage = None
+    if not findings:
+        coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs), own_kernel_names(module))
+        findings += guards.check_kernel_coverage(coverage, cfg.min_kernel_coverage)
+        if coverage is None:
+            notes.append("kernel coverage unavailable (no kernel names or no profiler data)")
+    findings += sandbox_findings()
     return {"findings": findings, "coverage": coverage, "notes": notes}
 
 
 def own_kernel_names(module: Any) -> list[str]:
-    """Names of the kernels this process compiled with NVRTC (load_inline: unknown -> [])."""
+    """Names of the kernels this process compiled (NVRTC, and load_inline's __global__ names)."""
     from multiminddev.cuda import kernels as kernels_mod
+    from multiminddev.env import inline_build
 
-    return sorted({k.name for r in kernels_mod.compile_log for k in r.kernels})
+    results = [*kernels_mod.compile_log, *inline_build.inline_log]
+    return sorted({k.name for r in results for k in r.kernels})
 
 
 def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, model_new: Any
@@ -166,4 +179,6 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, mo
     if state.guards is not None and problem.bytes_moved and state.peak_gbps:
         findings += state.guards.check_impossible_speed(stats.median_ms, problem.bytes_moved,
                                                         state.peak_gbps)
+    if state.guards is not None:
+        findings += sandbox_findings()
     return {"candidate": bm.stats_to_dict(stats)}, findings

@@ -34,7 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multiminddev.env.candidate import as_output_list, candidate_hash, load_module_from_source, pack_tensor
+from multiminddev.env.candidate import (
+    as_output_list,
+    candidate_hash,
+    load_module_from_source,
+    send_tensor_lists,
+)
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
 
@@ -55,6 +60,7 @@ class WorkerState:
     device_index: int | None
     device_name: str
     workdir: Path
+    stack_dump: Path | None = None
     flush: Any = None
     peak_gbps: float | None = None
     sandboxed: bool = False
@@ -71,7 +77,8 @@ def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> 
         with contextlib.suppress(Exception):
             conn.send(("startup_failed", {"message": f"{type(exc).__name__}: {exc}"}))
         return
-    conn.send(("ready", {"pid": os.getpid(), "gpu": state.gpu, "device": state.device_name}))
+    conn.send(("ready", {"pid": os.getpid(), "gpu": state.gpu, "device": state.device_name,
+                         "stack_dump": str(state.stack_dump)}))
     while True:
         try:
             job = conn.recv()
@@ -92,19 +99,20 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
+    stack_dump = _register_stack_dump()
     gpu = device_index is not None and torch.cuda.is_available()
     if not gpu:
         from multiminddev.cuda import compiler
 
         # compile_kernels resolves arch = explicit or GPU's or DEFAULT_ARCH; honour config.arch.
         compiler.DEFAULT_ARCH = cfg.arch or compiler.DEFAULT_ARCH
-        return WorkerState(gpu=False, device_index=None, workdir=workdir,
+        return WorkerState(gpu=False, device_index=None, workdir=workdir, stack_dump=stack_dump,
                            device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})")
     from multiminddev.env.benchmark import l2_flush_buffer
 
     torch.cuda.set_device(device_index)
     torch.cuda.init()
-    state = WorkerState(gpu=True, device_index=device_index, workdir=workdir,
+    state = WorkerState(gpu=True, device_index=device_index, workdir=workdir, stack_dump=stack_dump,
                         device_name=torch.cuda.get_device_name(device_index))
     state.flush = l2_flush_buffer(device_index)
     if cfg.defenses:
@@ -117,6 +125,25 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     return state
 
 
+def _register_stack_dump() -> Path | None:
+    """On SIGUSR1 write every thread's Python stack to a file: before killing a worker that
+    ran past its time limit, the parent asks for it to say *where* the candidate hung."""
+    import faulthandler
+    import signal
+
+    try:
+        fd, name = tempfile.mkstemp(prefix="mmd-stack-", suffix=".txt")
+        handle = os.fdopen(fd, "w")
+        faulthandler.register(signal.SIGUSR1, file=handle, all_threads=True)
+        _KEEP_OPEN.append(handle)
+        return Path(name)
+    except (OSError, AttributeError, ValueError):
+        return None
+
+
+_KEEP_OPEN: list[Any] = []  # the dump file must stay open for faulthandler
+
+
 def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     """Run one job; returns True when the process must exit (CUDA context poisoned)."""
     from multiminddev.tasks.problem import Problem
@@ -125,19 +152,25 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     problem = Problem.from_dict(job["problem"])
     send = conn.send
     stage = Stage.SETUP
+    if state.sandboxed:  # a reused worker: violations belong to the job that caused them
+        from multiminddev.env import sandbox
+
+        sandbox.clear_violations()
     try:
         reference = None
         if state.gpu:
             send(("begin", Stage.SETUP.value))
             reference = _setup_reference(problem, cfg)
-            send(("reference", {"outputs": reference.packed_outputs}))
+            send_tensor_lists(conn, "reference", reference.outputs)
+            reference.outputs = []  # the parent has them; drop ours before the candidate loads
             if cfg.benchmark:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
                 send(("baseline", _baselines(state, problem, cfg, reference, job.get("peak_gbps"))))
         stage = Stage.COMPILE
         send(("begin", stage.value))
-        module = _import_candidate(conn, state, cfg, job["candidate"])
+        module = _import_candidate(conn, state, cfg, job["candidate"],
+                                   job_allows_build=job.get("allow_inline_build", False))
         if module is None:
             return False
         if not state.gpu:
@@ -156,7 +189,7 @@ class Reference:
     model: Any
     init_inputs: list[Any]
     trial_inputs: list[list[Any]]  # pristine inputs on the GPU, one list per trial
-    packed_outputs: list[list[dict[str, Any]]]
+    outputs: list[list[Any]]  # reference outputs (CPU), sent to the parent then dropped
     problem_module: Any
 
 
@@ -171,18 +204,30 @@ def _setup_reference(problem: Any, cfg: EvalConfig) -> Reference:
     init_inputs = list(module.get_init_inputs())
     torch.manual_seed(cfg.seed)
     model = module.Model(*init_inputs).cuda().eval()
-    trials, packed = [], []
+    trials, outputs = [], []
     for t in range(cfg.num_trials):
-        torch.manual_seed(cfg.seed + 1000 * (t + 1))
-        inputs = [to_device(x) for x in module.get_inputs()]
+        inputs = make_inputs(module, cfg.seed + 1000 * (t + 1))
         with torch.no_grad():
             outs = as_output_list(model(*inputs))
-        torch.cuda.synchronize()
         trials.append(inputs)
-        packed.append([pack_tensor(o) for o in outs])
+        outputs.append([o.cpu() if isinstance(o, torch.Tensor) else o for o in outs])
         del outs
     return Reference(model=model, init_inputs=init_inputs, trial_inputs=trials,
-                     packed_outputs=packed, problem_module=module)
+                     outputs=outputs, problem_module=module)
+
+
+def make_inputs(module: Any, seed: int) -> list[Any]:
+    """``get_inputs()`` drawn on the GPU (factory calls default to CUDA: 64 MB of randn takes
+    milliseconds instead of a second on the CPU); problems that insist on CPU still work."""
+    import torch
+
+    torch.manual_seed(seed)
+    try:
+        with torch.device("cuda"):
+            return [to_device(x) for x in module.get_inputs()]
+    except Exception:  # noqa: BLE001 - e.g. a problem mixing numpy and torch: draw on the CPU
+        torch.manual_seed(seed)
+        return [to_device(x) for x in module.get_inputs()]
 
 
 def to_device(x: Any) -> Any:
@@ -244,7 +289,8 @@ def timing_plan(cfg: EvalConfig) -> Any:
                       target_relative_spread=cfg.target_relative_spread)
 
 
-def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: str) -> Any:
+def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: str,
+                      job_allows_build: bool = False) -> Any:
     """Sandbox, then import the candidate; sends ("compile", ...) or ("fail", ...)."""
     from multiminddev.cuda import KernelCompileError, NoGPUError
     from multiminddev.cuda import kernels as kernels_mod
@@ -254,7 +300,7 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
         inline_build.install_routing(Path(cfg.cache_dir or "."), inline_build.inline_arch(cfg.arch))
         state.routed = True
     if cfg.sandbox and not state.sandboxed:
-        _install_sandbox(state, cfg)
+        _install_sandbox(state, cfg, allow_build=bool(job_allows_build))
     first_nvrtc, first_inline = len(kernels_mod.compile_log), len(inline_build.inline_log)
     name = f"mmd_candidate_{candidate_hash(source)}_{time.monotonic_ns()}"
     known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
@@ -270,6 +316,14 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
         raise
     conn.send(("compile", _compile_payload(kernels_mod.compile_log[first_nvrtc:],
                                            inline_build.inline_log[first_inline:])))
+    from multiminddev.env.stages import sandbox_findings
+
+    refused = sandbox_findings()
+    if refused:
+        conn.send(("fail", {"kind": FailureKind.REJECTED, "stage": Stage.COMPILE.value,
+                            "reason": RejectReason.SANDBOX_VIOLATION.value,
+                            "message": refused[0].message}))
+        return None
     if not hasattr(module, "ModelNew"):
         conn.send(("fail", {"kind": FailureKind.REJECTED, "stage": Stage.COMPILE.value,
                             "reason": RejectReason.NO_MODEL_NEW.value,
@@ -309,32 +363,17 @@ def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException | No
         return None
 
 
-def _install_sandbox(state: WorkerState, cfg: EvalConfig) -> None:
-    try:
-        from multiminddev.env import sandbox
-    except ImportError as exc:
-        state.notes.append(f"sandbox unavailable ({exc})")
-        return
-    policy = None
-    policy_cls = getattr(sandbox, "SandboxPolicy", None)
-    if policy_cls is not None:
-        policy = _sandbox_policy(policy_cls, cfg)
+def _install_sandbox(state: WorkerState, cfg: EvalConfig, *, allow_build: bool) -> None:
+    """The sandbox, with our cache dir writable; ``allow_build`` lets ``ninja`` run (a
+    load_inline candidate whose sources could not be built ahead, outside the sandbox)."""
+    from multiminddev.env import sandbox
+
+    policy = sandbox.SandboxPolicy(
+        extra_writable_paths=(str(cfg.cache_dir),) if cfg.cache_dir else (),
+        allowed_executables=("ninja",) if allow_build else (),
+    )
     sandbox.install_sandbox(state.workdir, policy)
     state.sandboxed = True
-
-
-def _sandbox_policy(policy_cls: Any, cfg: EvalConfig) -> Any:
-    """The default policy, plus read/write access to our caches if the policy has such fields."""
-    import dataclasses
-
-    cache = str(cfg.cache_dir or "")
-    names = {f.name for f in dataclasses.fields(policy_cls)} if dataclasses.is_dataclass(policy_cls) else set()
-    kwargs: dict[str, Any] = {}
-    for fname in ("extra_writable_paths", "writable_paths", "extra_readable_paths", "readable_paths"):
-        if fname in names and cache:
-            default = getattr(policy_cls(), fname)
-            kwargs[fname] = type(default)([*default, cache]) if isinstance(default, (list, tuple)) else (cache,)
-    return policy_cls(**kwargs)
 
 
 def _compile_payload(nvrtc: list[CompileResult], inline: list[CompileResult]) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""GPU tests: honest fixtures pass, wrong ones fail with the right status, faults recover the
+pool, a copy-like kernel reaches >= 70% of measured bandwidth, timing is repeatable."""
+
+from __future__ import annotations
+
+import pytest
+
+from multiminddev.env import EvalConfig, EvalStatus, Evaluator
+from tests.env._fixtures import candidates, fixture_header, problem_for, problem_named
+
+pytestmark = pytest.mark.gpu
+
+HONEST = candidates("honest")
+WRONG = candidates("wrong")
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.5)
+    with Evaluator(cfg) as ev:
+        yield ev
+
+
+@pytest.mark.parametrize("path", HONEST, ids=lambda p: p.stem)
+def test_honest_candidate_is_ok(evaluator, path):
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is EvalStatus.OK, result.message
+    assert result.verify.trials_passed == result.verify.trials_run == 5
+    assert result.benchmark.candidate.median_ms > 0 and result.benchmark.speedup_vs_eager > 0
+
+
+@pytest.mark.parametrize("path", WRONG, ids=lambda p: p.stem)
+def test_wrong_candidate_gets_expected_status(evaluator, path):
+    expected = EvalStatus(fixture_header(path)["expect"])
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is expected, result.message
+
+
+@pytest.mark.parametrize("fault", ["relu_illegal_address", "relu_infinite_loop"])
+def test_fault_replaces_worker_and_next_evaluation_succeeds(evaluator, fixtures_dir, fault):
+    bad = (fixtures_dir / "wrong" / f"{fault}.py").read_text()
+    good = (fixtures_dir / "honest" / "relu_basic.py").read_text()
+    problem = problem_named("1_relu")
+    faulted = evaluator.evaluate(problem, bad)
+    assert faulted.worker_restarted
+    assert faulted.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.TIMEOUT)
+    after = evaluator.evaluate(problem, good)
+    assert after.status is EvalStatus.OK, after.message
+
+
+def test_copy_like_kernel_reaches_70_percent_of_measured_bandwidth(evaluator, fixtures_dir):
+    src = (fixtures_dir / "honest" / "relu_vec4.py").read_text()
+    result = evaluator.evaluate(problem_named("1_relu"), src)
+    assert result.status is EvalStatus.OK, result.message
+    assert result.benchmark.fraction_of_peak is not None
+    assert result.benchmark.fraction_of_peak >= 0.70, result.benchmark
+
+
+def test_repeated_timing_of_one_kernel_agrees_within_5_percent(evaluator, fixtures_dir):
+    src = (fixtures_dir / "honest" / "relu_basic.py").read_text()
+    medians = [evaluator.evaluate(problem_named("1_relu"), src).benchmark.candidate.median_ms
+               for _ in range(3)]
+    assert min(medians) > 0
+    assert (max(medians) - min(medians)) / min(medians) <= 0.05, medians
+
+
+def test_compile_baseline_is_timed_and_cached(tmp_path, fixtures_dir):
+    src = (fixtures_dir / "honest" / "relu_basic.py").read_text()
+    cfg = EvalConfig(num_workers=1, cache_dir=str(tmp_path), bench_budget_s=0.3)
+    with Evaluator(cfg) as ev:
+        first = ev.evaluate(problem_named("1_relu"), src)
+        second = ev.evaluate(problem_named("1_relu"), src)
+    assert first.status is EvalStatus.OK, first.message
+    assert first.benchmark.compiled is not None and first.benchmark.speedup_vs_compile
+    assert second.benchmark.compiled == first.benchmark.compiled  # from the disk cache

@@ -1,0 +1,98 @@
+"""verify_outputs / compare_tensor against numpy references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from multiminddev.env.results import StageStatus
+from multiminddev.env.verify import compare_tensor, error_magnitudes, verify_outputs
+
+
+def _pair(seed=0, shape=(64, 33)):
+    rng = np.random.default_rng(seed)
+    expected = rng.standard_normal(shape).astype(np.float32)
+    return expected, expected.copy()
+
+
+def test_identical_outputs_pass_every_trial():
+    e, a = _pair()
+    ref = [[torch.from_numpy(e)] for _ in range(5)]
+    cand = [[torch.from_numpy(a)] for _ in range(5)]
+    result = verify_outputs(ref, cand, atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.OK
+    assert (result.trials_run, result.trials_passed) == (5, 5)
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-5, 5e-5, 2e-4, 1e-3])
+def test_pass_fail_agrees_with_numpy_allclose(scale):
+    rng = np.random.default_rng(1)
+    e = rng.standard_normal((128, 64)).astype(np.float32)
+    a = (e + scale * rng.standard_normal(e.shape)).astype(np.float32)
+    mismatch = compare_tensor(torch.from_numpy(e), torch.from_numpy(a), atol=1e-4, rtol=1e-4)
+    assert (mismatch is None) == bool(np.allclose(a, e, atol=1e-4, rtol=1e-4))
+
+
+def test_mismatch_summary_matches_numpy():
+    e, a = _pair(2)
+    a[3, 7] += 1.0
+    a[10, 0] -= 0.5
+    m = compare_tensor(torch.from_numpy(e), torch.from_numpy(a), atol=1e-4, rtol=1e-4,
+                       trial=2, output_index=0)
+    assert m is not None and m.reason == "allclose"
+    bad = np.argwhere(~np.isclose(a, e, atol=1e-4, rtol=1e-4))
+    assert m.first_bad_indices == bad[:5].tolist()
+    assert m.max_abs_error == pytest.approx(np.abs(a - e).max(), rel=1e-6)
+    assert m.max_rel_error == pytest.approx((np.abs(a - e) / np.abs(e)).max(), rel=1e-5)
+    assert m.expected_values[0] == pytest.approx(float(e[3, 7]))
+    assert m.actual_values[0] == pytest.approx(float(a[3, 7]))
+    assert m.mismatched_fraction == pytest.approx(2 / e.size)
+    assert "trial 2" in m.message and "[3, 7]" in m.message
+
+
+def test_shape_mismatch_is_reported():
+    m = compare_tensor(torch.zeros(4, 5), torch.zeros(5, 4), atol=1e-4, rtol=1e-4)
+    assert m is not None and m.reason == "shape" and "(5, 4)" in m.message
+
+
+def test_dtype_mismatch_is_reported_even_when_values_match():
+    m = compare_tensor(torch.ones(8, dtype=torch.float16), torch.ones(8), atol=1e-2, rtol=1e-2)
+    assert m is not None and m.reason == "dtype" and "float16" in m.message
+
+
+def test_nan_where_reference_is_finite_fails_as_nan_inf():
+    e, a = _pair(3)
+    a[0, 0] = np.nan
+    m = compare_tensor(torch.from_numpy(e), torch.from_numpy(a), atol=1e-4, rtol=1e-4)
+    assert m is not None and m.reason == "nan_inf" and m.first_bad_indices == [[0, 0]]
+
+
+def test_nan_and_inf_matching_the_reference_pass():
+    e = torch.tensor([1.0, float("nan"), float("inf"), -float("inf")])
+    assert compare_tensor(e, e.clone(), atol=1e-4, rtol=1e-4) is None
+
+
+def test_wrong_number_of_outputs_fails():
+    ref = [[torch.zeros(3), torch.zeros(3)]]
+    result = verify_outputs(ref, [[torch.zeros(3)]], atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.FAILED and result.mismatches[0].reason == "count"
+
+
+def test_half_precision_tolerances_use_exact_upcast():
+    rng = np.random.default_rng(4)
+    e = rng.standard_normal(1000).astype(np.float16)
+    a = (e.astype(np.float32) * 1.004).astype(np.float16)
+    ok = compare_tensor(torch.from_numpy(e), torch.from_numpy(a), atol=1e-2, rtol=1e-2)
+    assert ok is None
+    assert np.allclose(a.astype(np.float64), e.astype(np.float64), atol=1e-2, rtol=1e-2)
+
+
+def test_failed_trial_counts_and_error_magnitudes():
+    e, a = _pair(5)
+    good, bad = torch.from_numpy(e), torch.from_numpy(a + 1e-2)
+    result = verify_outputs([[good], [good]], [[good.clone()], [bad]], atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.FAILED and result.trials_passed == 1
+    assert result.mismatches[0].trial == 1
+    abs_err, _ = error_magnitudes(good, bad)
+    assert result.max_abs_error == pytest.approx(abs_err) == pytest.approx(1e-2, rel=1e-3)
