@@ -140,7 +140,7 @@ REASON_PRIORITY = (
     RejectReason.SYNTAX, RejectReason.NO_MODEL_NEW, RejectReason.REFERENCE_USE,
     RejectReason.MONKEY_PATCH, RejectReason.POINTER_CACHE, RejectReason.CONCURRENCY,
     RejectReason.TRY_EXCEPT_FALLBACK, RejectReason.FILE_ACCESS, RejectReason.PRECISION_DOWNGRADE,
-    RejectReason.OUTPUT_ALIASING, RejectReason.TORCH_COMPUTE, RejectReason.NO_KERNEL,
+    RejectReason.OUTPUT_ALIASING, RejectReason.NO_KERNEL, RejectReason.TORCH_COMPUTE,
     RejectReason.FORBIDDEN_IMPORT, RejectReason.OTHER,
 )
 
