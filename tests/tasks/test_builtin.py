@@ -3,7 +3,8 @@
 Each solution's CUDA is compiled with NVRTC for sm_90 (no GPU needed) by importing its source,
 exactly as the evaluation worker does; every kernel launch in ``forward`` is checked against
 the compiled kernel's signature; the static checks must find nothing. Kernel *results* are
-checked on the GPU machine by test_gpu_solutions.py.
+checked on the GPU machine by test_gpu_solutions.py, and here on small shapes by running the
+kernels in a CPU emulator (tests/tasks/cuda_cpu_emulator.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from multiminddev.tasks.builtin import (
 )
 from multiminddev.tasks.builtin.spec import Family, Shape
 from multiminddev.tasks.problem import Problem, load_problem_source
+from tests.tasks import cuda_cpu_emulator
 
 FAMILY_IDS = [f.name for f in FAMILIES]
 SOLUTIONS = [(f, v, dt) for f in FAMILIES for v in f.variants for dt in f.dtypes]
@@ -35,7 +37,7 @@ GIB = 1 << 30
 
 def _exec(source: str, name: str) -> dict:
     namespace: dict = {"__name__": name}
-    exec(compile(source, name, "exec"), namespace)
+    exec(compile(source, name, "exec"), namespace)  # noqa: S102 - our own generated sources
     return namespace
 
 
@@ -229,3 +231,37 @@ def test_solution_holds_the_same_parameters_as_the_model(family: Family):
     assert ref.keys() == got.keys()
     for name, value in ref.items():
         assert torch.equal(value, got[name]), name
+
+
+def _guarded(t: torch.Tensor, pad: int = 64) -> torch.Tensor:
+    """A copy of a floating tensor inside a NaN-filled buffer: an out-of-bounds read by a
+    kernel pulls NaN into its output (16-byte alignment is kept for vectorised loads)."""
+    if not t.is_floating_point():
+        return t.clone()
+    buffer = torch.full((t.numel() + 2 * pad,), float("nan"), dtype=t.dtype)
+    view = buffer[pad : pad + t.numel()].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cuda_cpu_emulator.compiler_available(), reason="needs g++ (C++20)")
+@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
+def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
+    """The kernels' results, on small shapes that still span several blocks, tiles and
+    grid-stride steps, run by tests/tasks/cuda_cpu_emulator.py on CPU tensors."""
+    s = _small(family, dtype)
+    problem_ns = _exec(family.render_problem(s), "problem")
+    init = problem_ns["get_init_inputs"]()
+    torch.manual_seed(0)
+    model = problem_ns["Model"](*init)
+    ns = cuda_cpu_emulator.emulated_namespace(family.render_solution(variant, dtype))
+    torch.manual_seed(0)
+    new = ns["ModelNew"](*init)
+    torch.manual_seed(1)
+    inputs = problem_ns["get_inputs"]()
+    expected = model(*inputs)
+    got = new(*[_guarded(x) for x in inputs])
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    atol, rtol = make_problem(family, s).tolerances
+    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)

@@ -192,8 +192,8 @@ def _plain_mm(name: str, description: str, shapes: tuple[Shape, ...], small: Sha
         flops=lambda s: 2 * _mnk(s)[0] * _mnk(s)[1] * _mnk(s)[2],
         bytes_=lambda s: 4 * (_mnk(s)[0] * _mnk(s)[2] + _mnk(s)[2] * _mnk(s)[1] + _mnk(s)[0] * _mnk(s)[1]),
         head=_MM2D_HEAD.format(n_dim=0 if trans_b else 1),
-        launch_kw=dict(a="a", b="b", bias="None", c="c", m="m", n="n", k="k",
-                       trans_b=int(trans_b)),
+        launch_kw={"a": "a", "b": "b", "bias": "None", "c": "c", "m": "m", "n": "n", "k": "k",
+                   "trans_b": int(trans_b)},
     )
 
 
@@ -204,7 +204,7 @@ def _linear(name: str, tier: int, description: str, act: int) -> Family:
     return _mm_family(
         name, tier, description,
         (shape(M=2048, K=1024, N=1024), shape(M=4096, K=2048, N=1024), shape(M=1000, K=1536, N=3000)),
-        shape(M=5, K=19, N=7),
+        shape(M=20, K=40, N=70),
         inputs=("torch.randn(M, K)",),
         forward_args="x",
         forward="        return " + _ACT_TORCH[act].format(y="self.linear(x)") + "\n",
@@ -214,8 +214,8 @@ def _linear(name: str, tier: int, description: str, act: int) -> Family:
         flops=lambda s: 2 * _mnk(s)[0] * _mnk(s)[1] * _mnk(s)[2],
         bytes_=lambda s: 4 * (_mnk(s)[0] * _mnk(s)[2] + _mnk(s)[2] * _mnk(s)[1] + _mnk(s)[0] * _mnk(s)[1]),
         head=_LINEAR_HEAD,
-        launch_kw=dict(a="x", b="w", bias="self.linear.bias", c="c", m="m", n="n", k="k",
-                       trans_b=1, act=act),
+        launch_kw={"a": "x", "b": "w", "bias": "self.linear.bias", "c": "c", "m": "m", "n": "n",
+                   "k": "k", "trans_b": 1, "act": act},
         tags=("matmul", "fused") if act else ("matmul",),
     )
 
@@ -224,23 +224,23 @@ def matmul_families() -> list[Family]:
     square = _plain_mm(
         "matmul_square", "Square matrix multiplication C = A @ B",
         (shape(M=1024, K=1024, N=1024), shape(M=2048, K=2048, N=2048), shape(M=1537, K=1537, N=1537)),
-        shape(M=9, K=9, N=9), trans_b=False,
+        shape(M=70, K=40, N=130), trans_b=False,
     )
     tall = _plain_mm(
         "matmul_tall_skinny", "Tall-skinny matmul: many rows, small output width",
         (shape(M=16384, K=1024, N=64), shape(M=32768, K=512, N=128), shape(M=65536, K=256, N=96)),
-        shape(M=33, K=6, N=3), trans_b=False,
+        shape(M=130, K=40, N=3), trans_b=False,
     )
     trans = _plain_mm(
         "matmul_transposed_b", "Matmul with a transposed second operand: A @ B.T",
         (shape(M=1024, K=1024, N=1024), shape(M=2048, K=512, N=2048), shape(M=1000, K=2000, N=1500)),
-        shape(M=7, K=11, N=5), trans_b=True,
+        shape(M=33, K=50, N=70), trans_b=True,
     )
     bmm = _mm_family(
         "batched_matmul", 2, "Batched matrix multiplication (torch.bmm)",
         (shape(B=32, M=256, K=512, N=256), shape(B=16, M=512, K=512, N=512),
          shape(B=64, M=200, K=300, N=100)),
-        shape(B=3, M=5, K=7, N=4),
+        shape(B=3, M=35, K=40, N=66),
         inputs=("torch.randn(B, M, K)", "torch.randn(B, K, N)"),
         forward_args="a, b",
         forward="        return torch.bmm(a, b)\n",
@@ -249,8 +249,8 @@ def matmul_families() -> list[Family]:
         bytes_=lambda s: 4 * int(s["B"]) * (_mnk(s)[0] * _mnk(s)[2] + _mnk(s)[2] * _mnk(s)[1]
                                             + _mnk(s)[0] * _mnk(s)[1]),
         head=_BMM_HEAD,
-        launch_kw=dict(a="a", b="b", bias="None", c="c", m="m", n="n", k="k", batch="batch",
-                       strides="m * k, k * n, m * n"),
+        launch_kw={"a": "a", "b": "b", "bias": "None", "c": "c", "m": "m", "n": "n", "k": "k",
+                   "batch": "batch", "strides": "m * k, k * n, m * n"},
     )
     return [
         square, tall, trans, bmm,
@@ -309,7 +309,7 @@ def tier3_matmul_families() -> list[Family]:
         description="Scaled dot-product attention, unmasked: softmax(q @ k^T / sqrt(d)) @ v",
         shapes=(shape(B=4, H=8, S=1024, D=64), shape(B=2, H=16, S=512, D=128),
                 shape(B=8, H=4, S=1000, D=64)),
-        small=shape(B=2, H=2, S=9, D=4),
+        small=shape(B=2, H=2, S=70, D=20),
         inputs=("torch.randn(B, H, S, D)", "torch.randn(B, H, S, D)", "torch.randn(B, H, S, D)"),
         forward_args="q, k, v",
         forward=(
@@ -570,7 +570,7 @@ def tier1_linalg_families() -> list[Family]:
         tier=1,
         description="Sum over the middle dimension of a 3D tensor",
         shapes=(shape(B=16, R=1024, C=1024), shape(B=128, R=256, C=512), shape(B=10, R=999, C=2000)),
-        small=shape(B=3, R=5, C=11),
+        small=shape(B=3, R=5, C=300),
         inputs=("torch.randn(B, R, C)",),
         forward="        return torch.sum(x, dim=1)\n",
         output_shape=lambda s: (int(s["B"]), int(s["C"])),

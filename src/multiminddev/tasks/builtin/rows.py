@@ -100,7 +100,7 @@ def _reduce_solution(fast: bool, identity: str, combine: str, map_: str, final: 
 
 
 _ROW_SHAPES = (shape(M=4096, N=4096), shape(M=1024, N=16384), shape(M=16384, N=1023))
-_ROW_SMALL = shape(M=6, N=45)
+_ROW_SMALL = shape(M=6, N=300)
 
 
 def _row_bytes(s: Shape) -> int:

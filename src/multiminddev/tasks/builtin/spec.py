@@ -13,7 +13,8 @@ their weights match. Its ``forward`` only allocates, queries shapes and launches
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -34,7 +35,7 @@ class Variant(str, enum.Enum):
 class Shape:
     """One point of a family's parameter space: named sizes and a dtype."""
 
-    sizes: tuple[tuple[str, int | float], ...]
+    sizes: tuple[tuple[str, float], ...]
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class Shape:
         return dict(self.sizes)
 
 
-def shape(dtype: str = "float32", **sizes: int | float) -> Shape:
+def shape(dtype: str = "float32", **sizes: float) -> Shape:
     return Shape(tuple(sizes.items()), dtype)
 
 
@@ -209,23 +210,7 @@ def fill(template: str, **values: Any) -> str:
     out = template
     for key, value in values.items():
         out = out.replace(f"@{key}@", str(value))
-    if "@" in out.replace("@@", ""):
-        leftover = [part for part in out.split("@")[1::2] if part.isupper()]
-        if leftover:
-            raise ValueError(f"template markers left unfilled: {leftover}")
+    leftover = re.findall(r"@[A-Z][A-Z0-9_]*@", out)
+    if leftover:
+        raise ValueError(f"template markers left unfilled: {leftover}")
     return out
-
-
-def iter_shapes(family: Family) -> Iterator[tuple[int, Shape]]:
-    yield from enumerate(family.shapes)
-
-
-def numel(s: Shape, *names: str) -> int:
-    total = 1
-    for name in names:
-        total *= int(s[name])
-    return total
-
-
-def mapping(**kw: Any) -> Mapping[str, Any]:
-    return MappingProxyType(dict(kw))
