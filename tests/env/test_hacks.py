@@ -79,3 +79,17 @@ def test_honest_candidate_has_zero_findings(path):
     assert result.findings == [], [(f.rule, f.line, f.message) for f in result.findings]
     assert result.status is StageStatus.OK
     assert result.candidate_kind in {"nvrtc", "load_inline"}
+
+
+def test_builtin_reference_solutions_have_zero_findings():
+    """The curriculum's own reference kernels (naive and fast) are a large honest corpus."""
+    builtin = pytest.importorskip("multiminddev.tasks.builtin")
+    flagged = []
+    for problem in builtin.builtin_problems():
+        for variant in ("naive", "fast"):
+            source = builtin.reference_solution(problem, variant=variant)
+            if source is None:
+                continue
+            result = run_static_checks(source, problem_dtype=problem.dtype)
+            flagged += [(problem.name, variant, f.rule, f.line) for f in result.findings]
+    assert flagged == []

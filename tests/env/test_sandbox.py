@@ -98,6 +98,8 @@ PROBE = textwrap.dedent(
     attempt("torch_cpu_compute", lambda: torch.ones(4).sum().item())
     attempt("tempfile", lambda: __import__("tempfile").NamedTemporaryFile().close())
     attempt("compile_kernel", compile_kernel)
+    attempt("write_devnull", lambda: open(os.devnull, "w").write("x"))
+    attempt("symlink_escape", lambda: (os.symlink(outside, "link"), open("link", "w")))
     results["env"] = dict(os.environ)
     results["cwd"] = os.getcwd()
     results["violations"] = [f.rule for f in sandbox.violations()]
@@ -129,7 +131,7 @@ def probe(tmp_path_factory) -> dict:
     "operation",
     ["spawn", "os_system", "fork", "connect", "inet_socket", "dns", "write_outside",
      "os_open_outside", "remove_outside", "rename_outside", "libc_by_path", "libc_by_name",
-     "settrace", "gc_objects"],
+     "settrace", "gc_objects", "symlink_escape"],
 )
 def test_escape_is_refused(probe, operation):
     assert probe[operation].startswith("refused: sandbox refused"), probe[operation]
@@ -148,7 +150,7 @@ def test_refused_writes_leave_no_file(probe):
 @pytest.mark.parametrize(
     "operation",
     ["write_inside", "read_problem", "import_numpy", "import_new_module", "torch_cpu_compute",
-     "tempfile", "compile_kernel"],
+     "tempfile", "compile_kernel", "write_devnull"],
 )
 def test_honest_operation_still_works(probe, operation):
     assert probe[operation] == "ok", probe[operation]
@@ -168,6 +170,27 @@ def test_working_directory_is_the_workdir(probe):
 def test_violations_are_recorded_even_when_caught(probe):
     assert "sandbox:subprocess.Popen" in probe["violations"]
     assert "sandbox:open" in probe["violations"]
+
+
+ALLOWLIST_PROBE = textwrap.dedent(
+    r'''
+    import pathlib, subprocess, sys
+    from multiminddev.env import sandbox
+    sandbox.install_sandbox(pathlib.Path(sys.argv[1]),
+                            sandbox.SandboxPolicy(allowed_executables=("true",)))
+    subprocess.run(["true"], check=True)
+    try:
+        subprocess.run(["sh", "-c", "true"], check=True)
+    except sandbox.SandboxViolation:
+        print("RESULT allowlisted-only")
+    '''
+)
+
+
+def test_allowed_executables_are_the_only_spawnable_ones(tmp_path):
+    out = subprocess.run([sys.executable, "-c", ALLOWLIST_PROBE, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert "RESULT allowlisted-only" in out.stdout, out.stderr[-2000:]
 
 
 def test_policy_validates_limits():
