@@ -265,3 +265,11 @@ def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
     assert got.shape == expected.shape and got.dtype == expected.dtype
     atol, rtol = make_problem(family, s).tolerances
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+
+
+def test_corpus_doc_lists_every_family():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "CORPUS.md").read_text()
+    missing = [f.name for f in FAMILIES if f"| `{f.name}` |" not in doc]
+    assert not missing, f"docs/CORPUS.md lacks rows for {missing}"
