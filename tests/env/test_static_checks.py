@@ -204,6 +204,22 @@ def test_tensor_arguments_to_helpers_are_tracked():
     assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward))
 
 
+def test_compute_in_call_override_is_found():
+    # nn.Module.__call__ overridden: the harness's model(x) never reaches the clean forward.
+    forward = HONEST_FORWARD + "\n    def __call__(self, x):\n        return torch.relu(x)\n"
+    assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward))
+
+
+def test_compute_in_property_is_found():
+    forward = ("    @property\n    def result(self):\n        return torch.relu(self._x)\n\n"
+               + forward_with("self._x = x\nreturn self.result"))
+    assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward))
+
+
+def test_method_through_type_of_tensor_is_compute():
+    assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward_with("return type(x).relu(x)")))
+
+
 def test_getattr_on_torch_in_forward_is_compute():
     assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward_with(
         "return getattr(torch, 'relu')(x)")))
@@ -258,6 +274,20 @@ def test_concurrency(extra, body):
 ])
 def test_monkey_patching(extra):
     assert RejectReason.MONKEY_PATCH in reasons(candidate(extra=extra))
+
+
+@pytest.mark.parametrize("extra", [
+    "type(torch.ones(1)).__eq__ = lambda a, b: True\n",
+    "object.__setattr__(torch, 'allclose', None)\n",
+    "torch.set_float32_matmul_precision('medium')\n",
+    "torch.set_default_dtype(torch.float16)\n",
+])
+def test_class_patching_and_global_torch_state(extra):
+    assert RejectReason.MONKEY_PATCH in reasons(candidate(extra=extra))
+
+
+def test_builtins_access_is_forbidden():
+    assert RejectReason.FORBIDDEN_IMPORT in reasons(candidate(extra="o = __builtins__['open']\n"))
 
 
 def test_setattr_on_self_is_fine():

@@ -24,6 +24,7 @@ shapes, sizes and ints (``(n + 255) // 256``) is not.
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -90,6 +91,7 @@ HARMLESS_BUILTINS = frozenset(
      "str", "super", "tuple", "list"}
 )
 
+BUILTIN_NAMES = frozenset(dir(builtins))
 ALLOWED_IMPORTS = frozenset(
     {
         "__future__", "typing", "math", "numpy", "functools", "itertools", "operator",
@@ -493,16 +495,40 @@ def reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
     return info.scopes
 
 
+# nn.Module methods the harness's ``model(*inputs)`` runs instead of (or around) forward.
+CALL_ENTRY_POINTS = ("forward", "__call__", "_call_impl", "_wrapped_call_impl", "__getattr__",
+                     "__getattribute__")
+
+
+def _entry_points(info: ModuleInfo) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """forward first, then overrides of the call path and properties (code that runs when the
+    harness calls or touches the model)."""
+    assert info.model_new is not None
+    methods = info.methods(info.model_new)
+    entries = [methods[name] for name in CALL_ENTRY_POINTS if name in methods]
+    entries += [m for m in methods.values() if m not in entries and any(
+        _dotted(d) in {"property", "functools.cached_property", "cached_property"}
+        for d in m.decorator_list)]
+    return entries
+
+
+def _entry_seeds(fn: ast.AST) -> set[str]:
+    """Parameters but ``self`` of the call path hold the inputs; properties and __getattr__
+    take no tensors."""
+    if fn.name not in CALL_ENTRY_POINTS[:4]:
+        return set()
+    seeds = set(_params(fn)[1:]) | {a.arg for a in (fn.args.vararg, fn.args.kwarg) if a}
+    return seeds | {a.arg for a in fn.args.kwonlyargs}
+
+
 def _reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
     forward = info.forward
     if forward is None:
         return []
     params = _params(forward)[1:]
-    seeds = set(params) | {a.arg for a in (forward.args.vararg, forward.args.kwarg) if a}
-    seeds |= {a.arg for a in forward.args.kwonlyargs}
     scopes: list[FunctionScope] = []
     seen: set[tuple[int, frozenset[str]]] = set()
-    work: list[tuple[ast.AST, set[str]]] = [(forward, seeds)]
+    work = [(fn, _entry_seeds(fn)) for fn in reversed(_entry_points(info))]  # forward first
     while work:
         fn, fn_seeds = work.pop()
         key = (id(fn), frozenset(fn_seeds))
@@ -713,10 +739,10 @@ def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -
         return None
     if isinstance(func, ast.Name) and func.id in info.kernel_holders:
         return None
-    if isinstance(func, ast.Attribute):
+    if isinstance(func, ast.Attribute) and _self_attr(func) is None:
         root = _root(func)
-        imported = isinstance(root, ast.Name) and root.id in info.aliases
-        if not imported and _self_attr(func) is None:
+        if (isinstance(root, ast.Name) and root.id not in info.aliases
+                and root.id not in BUILTIN_NAMES and root.id not in tensors):
             return None  # a method of a local object (``outs.append(y)``), not compute
     return f"`{ast.unparse(func)[:40]}` applied to tensors"
 
@@ -829,18 +855,46 @@ def check_monkey_patch(tree: ast.Module, source: str) -> list[Finding]:
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             targets = [node.target]
         for target in targets:
-            root = _root(target)
-            if isinstance(target, (ast.Attribute, ast.Subscript)) and isinstance(root, ast.Name) and (
-                    root.id in info.aliases or root.id == "__builtins__"):
-                findings.append(_finding("patch_module", RejectReason.MONKEY_PATCH,
-                                         f"modifies {ast.unparse(target)[:60]} (imported from "
-                                         f"{info.aliases.get(root.id, root.id)})", node))
-        if isinstance(node, ast.Call) and _dotted(node.func) in {"setattr", "delattr"}:
+            message = _patch_target_message(target, info)
+            if message:
+                findings.append(_finding("patch_module", RejectReason.MONKEY_PATCH, message, node))
+        if isinstance(node, ast.Call) and _dotted(node.func) in SETATTR_FUNCTIONS:
             if not (node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
                 findings.append(_finding("setattr", RejectReason.MONKEY_PATCH,
                                          "setattr/delattr on something other than self", node))
+        if isinstance(node, ast.Call):
+            name = resolve(node.func, info.aliases) or ""
+            if name.startswith(TORCH_STATE_SETTERS) and name not in TORCH_STATE_SETTERS_OK:
+                findings.append(_finding("torch_global_state", RejectReason.MONKEY_PATCH,
+                                         f"{name}() changes torch's global numerics/state",
+                                         node))
         findings.extend(_tensor_subclass_findings(node, info))
     return _dedup(findings)
+
+
+SETATTR_FUNCTIONS = frozenset({"setattr", "delattr", "object.__setattr__", "object.__delattr__",
+                               "type.__setattr__", "type.__delattr__"})
+TORCH_STATE_SETTERS = ("torch.set_", "torch.backends.", "torch.cuda.set_", "torch.use_deterministic",
+                       "torch.cuda.matmul.")
+TORCH_STATE_SETTERS_OK = frozenset({"torch.set_grad_enabled"})
+
+
+def _patch_target_message(target: ast.AST, info: ModuleInfo) -> str | None:
+    """Why assigning to ``target`` patches shared code (a module, a class), or None."""
+    if not isinstance(target, (ast.Attribute, ast.Subscript)):
+        return None
+    root = _root(target)
+    if isinstance(root, ast.Name) and (root.id in info.aliases or root.id == "__builtins__"):
+        return (f"modifies {ast.unparse(target)[:60]} (imported from "
+                f"{info.aliases.get(root.id, root.id)})")
+    chain = ast.unparse(target)
+    if "__class__" in chain or (isinstance(root, ast.Name) and root.id == "type"):
+        return f"modifies a class through {chain[:60]}"
+    if (isinstance(target, ast.Attribute) and target.attr.startswith("__")
+            and target.attr.endswith("__") and not (isinstance(target.value, ast.Name)
+                                                    and target.value.id in {"self", "cls"})):
+        return f"replaces the special method {chain[:60]}"
+    return None
 
 
 def _tensor_subclass_findings(node: ast.AST, info: ModuleInfo) -> list[Finding]:
@@ -975,6 +1029,9 @@ def check_forbidden_import(tree: ast.Module, source: str) -> list[Finding]:
             if root and root.split(".")[0] in {"torch", "multiminddev"}:
                 findings.append(_finding("private_internals", RejectReason.FORBIDDEN_IMPORT,
                                          f"{root}: private torch/harness internals", node))
+        if isinstance(node, ast.Name) and node.id == "__builtins__":
+            findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
+                                     "__builtins__ access is not allowed", node))
         if isinstance(node, ast.Attribute) and node.attr in {"__globals__", "__subclasses__",
                                                              "__builtins__", "__code__",
                                                              "f_back", "f_globals"}:
