@@ -100,6 +100,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     torch.set_float32_matmul_precision("highest")
     workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
     stack_dump = _register_stack_dump()
+    _warm_toolchain(cfg)
     gpu = device_index is not None and torch.cuda.is_available()
     if not gpu:
         from multiminddev.cuda import compiler
@@ -123,6 +124,17 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         except ImportError as exc:
             state.notes.append(f"runtime guards unavailable ({exc})")
     return state
+
+
+def _warm_toolchain(cfg: EvalConfig) -> None:
+    """Locate headers and load NVRTC now, in trusted code: the first lookup runs helper
+    processes (ldconfig, a cuda.pathfinder probe) that the sandbox refuses later."""
+    from multiminddev.cuda import compiler
+
+    compiler.cuda_include_paths()
+    compiler.current_device_arch()
+    compiler.compile_cuda('extern "C" __global__ void mmd_warm(int* p) { if (p) *p = 0; }',
+                          compiler.CompileOptions(arch=cfg.arch, use_cache=False))
 
 
 def _register_stack_dump() -> Path | None:

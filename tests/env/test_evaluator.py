@@ -1,0 +1,77 @@
+"""Evaluator on a machine without a GPU: static + compile, status no_gpu, never an exception.
+
+(On a GPU machine these CPU expectations do not hold; the GPU suite covers that case.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from multiminddev.env import EvalConfig, EvalResult, EvalStatus, Evaluator, StageStatus
+from tests.conftest import gpu_available
+from tests.env._fixtures import FIXTURES, candidates, problem_for, problem_named
+
+pytestmark = pytest.mark.skipif(gpu_available(), reason="CPU-machine behaviour (no_gpu)")
+
+NVRTC_HONEST = [p for p in candidates("honest") if "load_inline" not in p.name]
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(EvalConfig(num_workers=1, compile_timeout_s=20)) as ev:
+        yield ev
+
+
+def test_honest_fixtures_compile_and_report_no_gpu(evaluator):
+    results = evaluator.evaluate_many([(problem_for(p), p.read_text()) for p in NVRTC_HONEST])
+    for path, result in zip(NVRTC_HONEST, results, strict=True):
+        assert result.status is EvalStatus.NO_GPU, (path.name, result.message)
+        assert result.compile.status is StageStatus.OK and result.compile.kernels
+        assert result.compile.arch == "sm_90"
+        assert "no GPU" in result.message and result.verify.status is StageStatus.SKIPPED
+
+
+def test_compile_error_reports_line_numbers(evaluator):
+    path = FIXTURES / "wrong" / "relu_compile_error.py"
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is EvalStatus.COMPILE_ERROR
+    assert result.compile.errors[0].line == 4
+    assert "line 4" in result.message
+
+
+def test_load_inline_candidate_is_skipped_with_a_reason(evaluator):
+    path = FIXTURES / "honest" / "relu_load_inline.py"
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is EvalStatus.NO_GPU
+    assert result.compile.backend == "load_inline" and result.compile.status is StageStatus.SKIPPED
+    assert "CPU build" in result.message
+
+
+def test_syntax_error_is_rejected_without_running(evaluator):
+    result = evaluator.evaluate(problem_named("1_relu"), "class ModelNew(:\n    pass\n")
+    assert result.status is EvalStatus.REJECTED and result.reject_reason.value == "syntax"
+    assert result.compile.status is StageStatus.SKIPPED
+
+
+def test_result_survives_a_json_round_trip(evaluator):
+    path = FIXTURES / "honest" / "relu_vec4.py"
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    back = EvalResult.from_dict(__import__("json").loads(result.to_json()))
+    assert back == result
+
+
+def test_submit_returns_a_future_and_aevaluate_awaits(evaluator):
+    path = FIXTURES / "honest" / "relu_basic.py"
+    future = evaluator.submit(problem_for(path), path.read_text())
+    assert future.result(timeout=120).status is EvalStatus.NO_GPU
+    result = asyncio.run(evaluator.aevaluate(problem_for(path), path.read_text()))
+    assert result.status is EvalStatus.NO_GPU
+
+
+def test_closed_evaluator_answers_infra_error():
+    ev = Evaluator(EvalConfig(num_workers=1))
+    ev.close()
+    result = ev.evaluate(problem_named("1_relu"), "x = 1")
+    assert result.status is EvalStatus.INFRA_ERROR and "closed" in result.message

@@ -1,0 +1,73 @@
+"""Worker replacement: a candidate that segfaults, exits or hangs in host code kills only its
+worker; the result says what happened and the next evaluation runs normally."""
+
+from __future__ import annotations
+
+import pytest
+
+from multiminddev.env import EvalConfig, EvalStatus, Evaluator
+from tests.conftest import gpu_available
+from tests.env._fixtures import FIXTURES, problem_named
+
+pytestmark = pytest.mark.skipif(gpu_available(), reason="CPU-machine expectations (no_gpu after)")
+
+SEGFAULT = """
+import os, signal
+import torch.nn as nn
+os.kill(os.getpid(), signal.SIGSEGV)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x
+"""
+EXIT = """
+import os
+import torch.nn as nn
+os._exit(3)
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x
+"""
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    # defenses off: the static checks would (rightly) refuse os.kill before anything runs
+    cfg = EvalConfig(num_workers=1, defenses=False, compile_timeout_s=3.0)
+    with Evaluator(cfg) as ev:
+        yield ev
+
+
+def _honest() -> str:
+    return (FIXTURES / "honest" / "relu_basic.py").read_text()
+
+
+def test_segfault_kills_only_the_worker(evaluator):
+    crashed = evaluator.evaluate(problem_named("1_relu"), SEGFAULT)
+    assert crashed.status is EvalStatus.RUNTIME_ERROR and crashed.worker_restarted
+    assert "SIGSEGV" in crashed.message
+    after = evaluator.evaluate(problem_named("1_relu"), _honest())
+    assert after.status is EvalStatus.NO_GPU and not after.worker_restarted
+
+
+def test_process_exit_is_a_runtime_error(evaluator):
+    result = evaluator.evaluate(problem_named("1_relu"), EXIT)
+    assert result.status is EvalStatus.RUNTIME_ERROR and "exit code 3" in result.message
+
+
+def test_host_hang_times_out_and_names_the_line(evaluator):
+    path = FIXTURES / "wrong" / "relu_host_hang.py"
+    hung = evaluator.evaluate(problem_named("1_relu"), path.read_text())
+    assert hung.status is EvalStatus.TIMEOUT and hung.worker_restarted
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "while True" in text)
+    assert f"candidate line {line}" in hung.message or f"candidate line {line + 1}" in hung.message
+    assert hung.compile.status.value == "timeout"
+    after = evaluator.evaluate(problem_named("1_relu"), _honest())
+    assert after.status is EvalStatus.NO_GPU
+
+
+def test_restarts_are_counted(evaluator):
+    before = evaluator.pool.restarts
+    evaluator.evaluate(problem_named("1_relu"), SEGFAULT)
+    assert evaluator.pool.restarts == before + 1
