@@ -98,6 +98,9 @@ PROBE = textwrap.dedent(
     attempt("torch_cpu_compute", lambda: torch.ones(4).sum().item())
     attempt("tempfile", lambda: __import__("tempfile").NamedTemporaryFile().close())
     attempt("compile_kernel", compile_kernel)
+    attempt("proc_environ", lambda: open("/proc/self/environ", "rb").read())
+    attempt("parent_proc", lambda: open(f"/proc/{os.getppid()}/cmdline", "rb").read())
+    attempt("proc_self_status", lambda: open("/proc/self/status").read())
     attempt("write_devnull", lambda: open(os.devnull, "w").write("x"))
     attempt("symlink_escape", lambda: (os.symlink(outside, "link"), open("link", "w")))
     results["env"] = dict(os.environ)
@@ -131,7 +134,7 @@ def probe(tmp_path_factory) -> dict:
     "operation",
     ["spawn", "os_system", "fork", "connect", "inet_socket", "dns", "write_outside",
      "os_open_outside", "remove_outside", "rename_outside", "libc_by_path", "libc_by_name",
-     "settrace", "gc_objects", "symlink_escape"],
+     "settrace", "gc_objects", "symlink_escape", "proc_environ", "parent_proc"],
 )
 def test_escape_is_refused(probe, operation):
     assert probe[operation].startswith("refused: sandbox refused"), probe[operation]
@@ -150,7 +153,7 @@ def test_refused_writes_leave_no_file(probe):
 @pytest.mark.parametrize(
     "operation",
     ["write_inside", "read_problem", "import_numpy", "import_new_module", "torch_cpu_compute",
-     "tempfile", "compile_kernel", "write_devnull"],
+     "tempfile", "compile_kernel", "write_devnull", "proc_self_status"],
 )
 def test_honest_operation_still_works(probe, operation):
     assert probe[operation] == "ok", probe[operation]

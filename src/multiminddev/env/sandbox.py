@@ -21,6 +21,8 @@
    ``workdir`` and the compile caches, a second audit hook (CPython then silently skips adding
    it, so ours cannot be shadowed),
    ``sys.settrace``/``sys.setprofile``/``sys._current_frames`` (spying on the harness's frames),
+   reading ``/proc/self/environ`` (the pre-scrub environment), ``/proc/self/mem`` or another
+   process's ``/proc/<pid>``,
    ``gc.get_objects``/``get_referrers``/``get_referents`` (finding the reference model or the
    result pipe) and raising rlimits again. Every refusal is recorded (``violations()``) even if
    the candidate catches the exception, so the worker can still report SANDBOX_VIOLATION.
@@ -364,10 +366,34 @@ def _dlopen_refusal(name: Any) -> str | None:
     return f"loading library {name!r} (only CUDA/NVRTC libraries may be loaded)"
 
 
+def _proc_refusal(path: Any) -> str | None:
+    """Reads of /proc that leak what the scrub removed or reach other processes.
+
+    ``/proc/self/environ`` is the environment at exec time (``os.environ.clear()`` does not
+    change it), ``mem`` is raw process memory, and ``/proc/<other pid>`` is another process
+    (the evaluator parent, with its secrets).
+    """
+    try:
+        real = os.path.realpath(os.fsdecode(path))
+    except (TypeError, ValueError):
+        return None
+    parts = real.split(os.sep)
+    if len(parts) < 3 or parts[1] != "proc" or not parts[2].isdigit():
+        return None
+    if int(parts[2]) != os.getpid():
+        return f"reading another process's {real!r}"
+    if len(parts) > 3 and parts[3] in {"environ", "mem"}:
+        return f"reading {real!r} (pre-scrub environment / raw memory)"
+    return None
+
+
 def _open_refusal(args: tuple[Any, ...]) -> str | None:
     path, mode, flags = (list(args) + [None, None, None])[:3]
     if isinstance(path, int):
         return None  # an already-open descriptor
+    proc = _proc_refusal(path)
+    if proc:
+        return proc
     writing = False
     if isinstance(mode, str):
         writing = any(c in mode for c in "wax+")
