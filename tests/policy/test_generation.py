@@ -116,3 +116,22 @@ def test_seeded_sampling_is_reproducible_and_async_works(policy):
     b = backend.generate_sync(prompts, sampling, G)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
     assert backend.tokens_generated == 2 * sum(len(o.token_ids) for o in a)
+
+
+@pytest.mark.gpu
+def test_embedded_model_generates_on_the_gpu_in_bfloat16():
+    from multiminddev.policy import PolicyConfig, load_policy
+    from tests.policy.helpers import require_default_model
+
+    require_default_model()
+    policy = load_policy(PolicyConfig(model="default"))
+    assert policy.device.type == "cuda"
+    assert next(policy.peft_model.parameters()).dtype == torch.bfloat16
+    backend = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER)
+    prompt = encode_chat(policy.tokenizer, [{"role": "user", "content": "Write a CUDA relu kernel."}])
+    outs = backend.generate_sync([prompt] * 4, SamplingParams(max_new_tokens=64, seed=0), G)
+    for o in outs:
+        assert o.token_ids and len(o.logprobs) == len(o.token_ids)
+        want = _rescore(policy, G, prompt, o.token_ids)
+        # bf16: KV-cache sampling and a full forward differ slightly; the mean must agree
+        assert abs(float(torch.tensor(o.logprobs).mean() - want.mean().cpu())) < 0.05
