@@ -30,9 +30,9 @@ def _prompts(policy):
 
 
 def _rescore(policy, role, prompt, tokens):
-    ids = torch.tensor([prompt + tokens])
+    ids = torch.tensor([prompt + tokens], device=policy.device)
     with torch.no_grad(), policy.use(role) as model:
-        return token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):]
+        return token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):].cpu()
 
 
 def test_sampling_params_validate():
@@ -134,4 +134,4 @@ def test_embedded_model_generates_on_the_gpu_in_bfloat16():
         assert o.token_ids and len(o.logprobs) == len(o.token_ids)
         want = _rescore(policy, G, prompt, o.token_ids)
         # bf16: KV-cache sampling and a full forward differ slightly; the mean must agree
-        assert abs(float(torch.tensor(o.logprobs).mean() - want.mean().cpu())) < 0.05
+        assert abs(float(torch.tensor(o.logprobs).mean() - want.mean())) < 0.05
