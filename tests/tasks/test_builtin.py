@@ -273,3 +273,15 @@ def test_corpus_doc_lists_every_family():
     doc = (Path(__file__).parents[2] / "docs" / "CORPUS.md").read_text()
     missing = [f.name for f in FAMILIES if f"| `{f.name}` |" not in doc]
     assert not missing, f"docs/CORPUS.md lacks rows for {missing}"
+
+
+def test_exported_problem_file_loads_and_keeps_its_solution(tmp_path):
+    from multiminddev.tasks.problem import load_problem
+
+    family = get_family("layernorm")
+    path = tmp_path / "level2" / "1_layernorm.py"
+    path.parent.mkdir()
+    path.write_text(family.render_problem(family.shapes[0]))
+    problem = load_problem(path)
+    assert problem.name == family.problem_name(family.shapes[0])
+    assert reference_solution(problem, "fast") == family.render_solution("fast")

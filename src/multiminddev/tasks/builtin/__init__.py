@@ -27,7 +27,7 @@ from multiminddev.tasks.builtin.rows import (
     tier2_row_families,
     tier3_row_families,
 )
-from multiminddev.tasks.builtin.spec import Family, Shape, Variant
+from multiminddev.tasks.builtin.spec import ORIGIN, Family, Shape, Variant
 from multiminddev.tasks.problem import Problem, load_problem_source
 
 
@@ -124,7 +124,7 @@ def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE)
     """A reference candidate (ModelNew source) for a built-in problem; None when the problem is
     not built-in or its family has no such variant."""
     family = FAMILY_BY_NAME.get(problem.family)
-    if family is None or problem.extra.get("source") != "multiminddev.builtin":
+    if family is None or problem.extra.get("origin") != ORIGIN:
         return None
     return family.render_solution(Variant(variant), problem.dtype)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+ORIGIN = "multiminddev.builtin"  # MULTIMINDDEV["origin"] of every built-in problem
 DTYPE_BYTES = MappingProxyType({"float32": 4, "float16": 2})
 DTYPE_TORCH = MappingProxyType({"float32": "", "float16": ", dtype=torch.float16"})
 DTYPE_CUDA = MappingProxyType({"float32": "float", "float16": "__half"})
@@ -130,7 +131,7 @@ class Family:
             "flops": int(self.flops(s)),
             "description": self.description,
             "params": s.as_dict(),
-            "source": "multiminddev.builtin",
+            "origin": ORIGIN,  # not "source": load_problem passes metadata as keywords
         }
         if self.atol is not None:
             meta["atol"] = self.atol
