@@ -523,14 +523,13 @@ def kernel_time_coverage(run_fn: Callable[[], Any], own_kernel_names: Iterable[s
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run_fn()
         torch.cuda.synchronize()
-    times = [
-        (e.name, float(getattr(e, "self_device_time_total", 0.0) or e.device_time_total))
-        for e in prof.events()
-        if getattr(e, "device_type", None) == DeviceType.CUDA
-    ]
+    # Device-side events (kernels, memsets, copies) carry the GPU time; CPU ops are skipped so
+    # nothing is counted twice.
+    times = [(e.name, float(e.device_time_total)) for e in prof.events()
+             if getattr(e, "device_type", None) == DeviceType.CUDA]
     return coverage_from_kernel_times(times, names)
 
 
