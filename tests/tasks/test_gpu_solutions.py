@@ -48,7 +48,7 @@ def results(tmp_path_factory):
         assert source is not None, (family.name, variant)
         pairs.append((problem, source))
     config = EvalConfig(num_workers=None, num_trials=3, timeout_s=300.0, benchmark=True,
-                        compile_baseline=False)
+                        compile_baseline=False, bench_budget_s=1.0)
     with Evaluator(config) as evaluator:
         evaluated = evaluator.evaluate_many(pairs)
     table = {(f.name, dt, v): r for (f, dt, v), r in zip(CASES, evaluated, strict=True)}
