@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from multiminddev.env import guards  # noqa: E402
-from multiminddev.env.results import RejectReason  # noqa: E402
+from multiminddev.env import guards
+from multiminddev.env.results import RejectReason
 
 
 def _reasons(findings):

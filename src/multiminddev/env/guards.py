@@ -106,7 +106,7 @@ class TorchComputeGuard:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._mode.__exit__(*exc)
         self._mode = None
 
@@ -352,7 +352,7 @@ class _LaunchStreamMonitor:
         Kernel.__call__ = monitored
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         from multiminddev.cuda.kernels import Kernel
 
         Kernel.__call__ = self._original
@@ -453,7 +453,7 @@ def check_stale_output(run_fn: Callable[..., Any], inputs: Sequence[Any],
     Tolerances are loose on purpose: this looks for reuse, verification checks precision.
     """
     torch = _torch()
-    as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])  # noqa: E731
+    as_list = (lambda x: list(x) if isinstance(x, (list, tuple)) else [x])
     first = [o.detach().clone() for o in as_list(run_fn(*inputs)) if isinstance(o, torch.Tensor)]
     if not _refill_in_place(inputs, new_inputs):
         return []  # constant inputs: nothing to learn

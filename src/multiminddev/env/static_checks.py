@@ -331,9 +331,7 @@ def _classify_self_attrs(info: ModuleInfo) -> None:
             callee is not None and callee.startswith("torch.") and callee.count(".") == 1
         ):
             info.self_tensors.add(attr)
-        elif callee is not None and callee.startswith(nn_module_names):
-            info.self_modules[attr] = callee
-        elif callee in info.classes:
+        elif callee is not None and callee.startswith(nn_module_names) or callee in info.classes:
             info.self_modules[attr] = callee
         else:
             dotted = resolve(value, info.aliases)
