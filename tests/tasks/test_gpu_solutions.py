@@ -10,6 +10,8 @@ The measured times and speedups go to ``$MULTIMINDDEV_CORPUS_REPORT`` (JSON) whe
 pytest's temporary folder, and are printed (run with ``-s`` to see the table):
 
     MULTIMINDDEV_CORPUS_REPORT=corpus_gpu.json pytest -m gpu -s tests/tasks/test_gpu_solutions.py
+
+``MULTIMINDDEV_CORPUS_FAMILIES=relu,softmax`` limits the run to those families.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from multiminddev.tasks.builtin import FAMILIES, Variant, make_problem, referenc
 
 pytestmark = pytest.mark.gpu
 
+# MULTIMINDDEV_CORPUS_FAMILIES=relu,softmax limits a run to some families (default: all).
+_ONLY = {n for n in os.environ.get("MULTIMINDDEV_CORPUS_FAMILIES", "").split(",") if n}
+SELECTED = [f for f in FAMILIES if not _ONLY or f.name in _ONLY]
 # (family, dtype, variant): every solution text the corpus can produce
-CASES = [(f, dt, v) for f in FAMILIES for dt in f.dtypes for v in f.variants]
+CASES = [(f, dt, v) for f in SELECTED for dt in f.dtypes for v in f.variants]
 CASE_IDS = [f"{f.name}-{dt}-{v.value}" for f, dt, v in CASES]
-FAST_PAIRS = [(f, dt) for f in FAMILIES for dt in f.dtypes if f.fast is not None]
+FAST_PAIRS = [(f, dt) for f in SELECTED for dt in f.dtypes if f.fast is not None]
 FAST_IDS = [f"{f.name}-{dt}" for f, dt in FAST_PAIRS]
 
 
@@ -47,8 +52,9 @@ def results(tmp_path_factory):
         source = reference_solution(problem, variant)
         assert source is not None, (family.name, variant)
         pairs.append((problem, source))
-    config = EvalConfig(num_workers=None, num_trials=3, timeout_s=300.0, benchmark=True,
-                        compile_baseline=False, bench_budget_s=1.0)
+    # Trusted sources: a worker may serve several (a fault still replaces it).
+    config = EvalConfig(num_workers=None, max_jobs_per_worker=16, num_trials=3, timeout_s=300.0,
+                        benchmark=True, compile_baseline=False, bench_budget_s=1.0)
     with Evaluator(config) as evaluator:
         evaluated = evaluator.evaluate_many(pairs)
     table = {(f.name, dt, v): r for (f, dt, v), r in zip(CASES, evaluated, strict=True)}
