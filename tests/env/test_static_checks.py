@@ -398,3 +398,55 @@ def test_every_check_documents_its_rationale():
     for check in (*sc.CHECKS, sc.check_precision_downgrade):
         assert check.__name__.startswith("check_")
         assert check.__doc__ and "Rationale" in check.__doc__, check.__name__
+
+
+# --- native (load_inline) code --------------------------------------------------------------
+
+INLINE = '''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+src = r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+__global__ void k(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fmaxf(x[i], 0.f);  // a comment naming system() is fine
+}
+torch::Tensor f(torch::Tensor x) {
+    x = x.contiguous();
+    auto y = torch::empty_like(x);
+    auto s = at::cuda::getCurrentCUDAStream();
+    long n = x.numel();
+    k<<<(n + 255) / 256, 256, 0, s>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    BODY
+    return y;
+}
+"""
+ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", cuda_sources=src,
+                  functions=["f"])
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return ext.f(x)
+'''
+
+
+def test_honest_inline_wrapper_is_clean():
+    assert reasons(INLINE.replace("BODY", "")) == set()
+
+
+@pytest.mark.parametrize("body,reason", [
+    ("y = torch::relu(x);", RejectReason.TORCH_COMPUTE),
+    ("y = at::matmul(x, x);", RejectReason.TORCH_COMPUTE),
+    ("y = x.exp();", RejectReason.TORCH_COMPUTE),
+    ("auto side = at::cuda::getStreamFromPool();", RejectReason.CONCURRENCY),
+    ("std::thread t([]{}); t.detach();", RejectReason.CONCURRENCY),
+    ('system("ls");', RejectReason.FORBIDDEN_IMPORT),
+    ('FILE* f = fopen("/tmp/a", "r");', RejectReason.FORBIDDEN_IMPORT),
+    ('auto m = py::module_::import("torch");', RejectReason.FORBIDDEN_IMPORT),
+])
+def test_native_code_rules(body, reason):
+    assert reason in reasons(INLINE.replace("BODY", body))

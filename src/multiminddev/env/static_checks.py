@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -1106,6 +1107,88 @@ def check_returns_input(tree: ast.Module, source: str) -> list[Finding]:
     return findings
 
 
+# Native (C++/CUDA) source: load_inline wrappers run natively, outside every Python-level check.
+_CXX_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
+    ("native_streams_threads", RejectReason.CONCURRENCY, re.compile(
+        r"\b(cudaStreamCreate\w*|getStreamFromPool|getStreamFromExternal|cudaStreamBeginCapture|"
+        r"cudaGraph\w*|cudaLaunchHostFunc|pthread_create|std::thread|std::async|std::jthread)\b|"
+        r"#\s*include\s*<(thread|future|pthread\.h)>")),
+    ("native_escape", RejectReason.FORBIDDEN_IMPORT, re.compile(
+        r"\b(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|execvpe|posix_spawnp?|"
+        r"dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|mprotect|ptrace|"
+        r"PyRun_\w+|PyImport_\w+)\s*\(|"
+        r"\b(std::[io]?fstream|py::exec|py::eval|pybind11::exec|pybind11::eval|"
+        r"(py|pybind11)::module_?::import)\b|"
+        r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
+        r"spawn\.h|sys/mman\.h|Python\.h)>")),
+)
+# ATen calls a C++ wrapper may make: allocation and metadata. Everything else is torch compute.
+NATIVE_ALLOWED_ATEN = frozenset(
+    {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full",
+     "full_like", "from_blob", "device", "dtype", "scalarTypeToTypeMeta", "typeMetaToScalarType"}
+)
+_ATEN_CALL = re.compile(r"\b(?:torch|at)::([a-z_][a-z0-9_]*)\s*\(")
+_TENSOR_COMPUTE_METHOD = re.compile(
+    r"\.\s*(matmul|mm|bmm|addmm|baddbmm|einsum|sum|mean|prod|softmax|log_softmax|relu|gelu|"
+    r"sigmoid|tanh|exp|log|sqrt|rsqrt|pow|clamp|clamp_min|clamp_max|abs|neg|conv[123]d|linear|"
+    r"layer_norm|batch_norm|max_pool[123]d|avg_pool[123]d|cumsum|sort|topk|clone|copy_|add|sub|"
+    r"mul|div|add_|sub_|mul_|div_|maximum|minimum|where)\s*\(")
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def _native_sources(tree: ast.Module) -> Iterator[tuple[ast.Constant, str]]:
+    """String constants that are C/C++/CUDA source, comments blanked (newlines kept so match
+    offsets still give line numbers); docstrings are prose, not code."""
+    docstrings = _docstrings(tree)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and id(node) not in docstrings and any(
+                    marker in node.value for marker in ("__global__", "#include", "torch::", "at::"))):
+            yield node, _CXX_COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n") + " ", node.value)
+
+
+def _native_line(node: ast.Constant, code: str, offset: int) -> int:
+    return node.lineno + code[:offset].count("\n")
+
+
+def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
+    """Rules for the C++/CUDA strings (load_inline wrappers run natively, unseen by Python).
+
+    Rationale: KernelBench / Sakana load_inline candidates whose C++ wrapper simply returns
+    ``torch::matmul(a, b)`` (the torch fallback moved into C++), launch on a side stream
+    obtained with ``at::cuda::getStreamFromPool()``, or call ``system()`` / ``fopen()``, which no
+    audit hook sees.
+    """
+    findings = []
+    for node, code in _native_sources(tree):
+        for rule, reason, pattern in NATIVE_RULES:
+            match = pattern.search(code)
+            if match:
+                findings.append(Finding(rule=rule, reason=reason,
+                                        line=_native_line(node, code, match.start()),
+                                        message=f"native code uses `{match.group(0).strip()}`"))
+        compute = [m for m in _ATEN_CALL.finditer(code) if m.group(1) not in NATIVE_ALLOWED_ATEN]
+        compute += list(_TENSOR_COMPUTE_METHOD.finditer(code))
+        if compute:
+            first = min(compute, key=lambda m: m.start())
+            what = ", ".join(sorted({m.group(0).rstrip("( ") for m in compute}))
+            findings.append(Finding(rule="native_torch_compute", reason=RejectReason.TORCH_COMPUTE,
+                                    line=_native_line(node, code, first.start()),
+                                    message=f"native code calls torch ops ({what}); compute in "
+                                            "your kernel"))
+    return findings
+
+
 def check_dynamic_torch_access(tree: ast.Module, source: str) -> list[Finding]:
     """No ``getattr(torch, ...)``-style access to torch functions in forward.
 
@@ -1148,6 +1231,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_pointer_cache,
     check_forbidden_import,
     check_returns_input,
+    check_native_code,
 )
 
 
