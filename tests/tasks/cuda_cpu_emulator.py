@@ -63,27 +63,36 @@ template <class A, class B> static inline A max(A a, B b) { return a > (A)b ? a 
 thread_local dim3 threadIdx, blockIdx;
 dim3 blockDim, gridDim;
 
-struct WarpState { std::barrier<> bar; float vals[32]; explicit WarpState(int n) : bar(n) {} };
+struct WarpState {
+    std::barrier<> bar;
+    unsigned long long vals[32];
+    explicit WarpState(int n) : bar(n) {}
+};
 static std::barrier<>* g_block_barrier = nullptr;
 static std::vector<std::unique_ptr<WarpState>> g_warps;
 thread_local int t_linear = 0;
 
 static inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
-static inline float warp_exchange(float v, int src_lane) {
+// A shuffle: every lane publishes its value, then reads its source lane's (any 4/8-byte type).
+template <class T> static inline T warp_exchange(T v, int src_lane) {
+    static_assert(sizeof(T) <= 8, "shuffles move 4 or 8 bytes");
     WarpState& w = *g_warps[t_linear / 32];
-    int lane = t_linear % 32;
-    w.vals[lane] = v;
+    const int lane = t_linear % 32;
+    std::memcpy(&w.vals[lane], &v, sizeof(T));
     w.bar.arrive_and_wait();
-    float r = w.vals[src_lane];
+    T r;
+    std::memcpy(&r, &w.vals[src_lane], sizeof(T));
     w.bar.arrive_and_wait();
     return r;
 }
-static inline float __shfl_xor_sync(unsigned, float v, int o) {
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     return warp_exchange(v, (t_linear % 32) ^ o);
 }
-static inline float __shfl_sync(unsigned, float v, int src) { return warp_exchange(v, src & 31); }
-static inline float __shfl_up_sync(unsigned, float v, int d) {
-    int lane = t_linear % 32;
+template <class T> static inline T __shfl_sync(unsigned, T v, int src) {
+    return warp_exchange(v, src & 31);
+}
+template <class T> static inline T __shfl_up_sync(unsigned, T v, int d) {
+    const int lane = t_linear % 32;
     return warp_exchange(v, lane >= d ? lane - d : lane);
 }
 

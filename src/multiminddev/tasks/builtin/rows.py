@@ -201,14 +201,60 @@ extern "C" __global__ void argmax_naive(const float* __restrict__ x, long* __res
 """
 
 
-def _argmax_naive(dtype: str) -> Solution:
-    fwd = (
-        _ROWS_FWD_HEAD
-        + "        y = torch.empty(x.shape[:-1], device=x.device, dtype=torch.int64)\n"
-        + "        kernels.argmax_naive(grid=((rows + 255) // 256,), block=(256,), "
-        "args=(x, y, rows, cols))\n        return y\n"
-    )
-    return Solution(cuda=_ARGMAX_NAIVE, forward=fwd)
+_ARGMAX_FAST = r"""
+#define FULL_MASK 0xffffffffu
+// Keep the larger value; on a tie the smaller index (torch.argmax returns the first); an
+// index < 0 marks "no element yet".
+__device__ __forceinline__ void pick(float& v, long& i, float v2, long i2) {
+    if (i2 < 0) return;
+    if (i < 0 || v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+__device__ __forceinline__ void warp_pick(float& v, long& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(FULL_MASK, v, o);
+        const long i2 = __shfl_xor_sync(FULL_MASK, i, o);
+        pick(v, i, v2, i2);
+    }
+}
+// One block per row: coalesced strided scan, then (value, index) shuffle + shared reduction.
+extern "C" __global__ void __launch_bounds__(256) argmax_fast(const float* __restrict__ x,
+                                                              long* __restrict__ y,
+                                                              long rows, long cols) {
+    __shared__ float sv[32];
+    __shared__ long si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const float* p = x + (long)blockIdx.x * cols;
+    float v = 0.f;
+    long i = -1;
+    for (long c = threadIdx.x; c < cols; c += blockDim.x) pick(v, i, __ldg(p + c), c);
+    warp_pick(v, i);
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    v = lane < warps ? sv[lane] : 0.f;
+    i = lane < warps ? si[lane] : -1;
+    warp_pick(v, i);
+    if (threadIdx.x == 0) y[blockIdx.x] = i;
+}
+"""
+
+
+def _argmax_solution(fast: bool):
+    def build(dtype: str) -> Solution:
+        launch = (
+            "kernels.argmax_fast(grid=(rows,), block=(256,), args=(x, y, rows, cols))"
+            if fast
+            else "kernels.argmax_naive(grid=((rows + 255) // 256,), block=(256,), "
+            "args=(x, y, rows, cols))"
+        )
+        fwd = (
+            _ROWS_FWD_HEAD
+            + "        y = torch.empty(x.shape[:-1], device=x.device, dtype=torch.int64)\n"
+            + f"        {launch}\n        return y\n"
+        )
+        return Solution(cuda=_ARGMAX_FAST if fast else _ARGMAX_NAIVE, forward=fwd)
+
+    return build
 
 
 def tier1_row_families() -> list[Family]:
@@ -253,7 +299,9 @@ def tier1_row_families() -> list[Family]:
             output_shape=lambda s: (int(s["M"]),),
             bytes_moved=lambda s: 4 * int(s["M"]) * int(s["N"]) + 8 * int(s["M"]),
             flops=lambda s: int(s["M"]) * int(s["N"]),
-            naive=_argmax_naive,
+            naive=_argmax_solution(False),
+            fast=_argmax_solution(True),
+            fast_min_speedup=1.2,
             tags=("reduction", "memory-bound"),
         ),
     ]
