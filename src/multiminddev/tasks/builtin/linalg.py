@@ -537,8 +537,8 @@ def _sum_mid_solution(fast: bool):
     return build
 
 
-def tier1_linalg_families() -> list[Family]:
-    transpose = Family(
+def _transpose_family() -> Family:
+    return Family(
         name="transpose",
         tier=1,
         description="Matrix transpose into a contiguous result",
@@ -554,7 +554,10 @@ def tier1_linalg_families() -> list[Family]:
         fast_min_speedup=1.2,
         tags=("data-movement", "memory-bound"),
     )
-    batched_transpose = Family(
+
+
+def _batched_transpose_family() -> Family:
+    return Family(
         name="batched_transpose",
         tier=1,
         description="Swap the last two dims of a 3D tensor into a contiguous result",
@@ -570,7 +573,10 @@ def tier1_linalg_families() -> list[Family]:
         fast_min_speedup=1.2,
         tags=("data-movement", "memory-bound"),
     )
-    matvec = Family(
+
+
+def _matvec_family() -> Family:
+    return Family(
         name="matvec",
         tier=1,
         description="Matrix-vector product A @ v",
@@ -589,7 +595,10 @@ def tier1_linalg_families() -> list[Family]:
         fast_min_speedup=1.2,
         tags=("matvec", "memory-bound"),
     )
-    embedding = Family(
+
+
+def _embedding_family() -> Family:
+    return Family(
         name="embedding",
         tier=1,
         description="Embedding lookup (nn.Embedding) of int64 token ids",
@@ -607,7 +616,10 @@ def tier1_linalg_families() -> list[Family]:
         naive=_embedding_naive,
         tags=("gather", "memory-bound"),
     )
-    sum_mid = Family(
+
+
+def _sum_mid_family() -> Family:
+    return Family(
         name="sum_dim1_3d",
         tier=1,
         description="Sum over the middle dimension of a 3D tensor",
@@ -625,4 +637,8 @@ def tier1_linalg_families() -> list[Family]:
         rtol=1e-3,
         tags=("reduction", "memory-bound"),
     )
-    return [transpose, batched_transpose, matvec, embedding, sum_mid]
+
+
+def tier1_linalg_families() -> list[Family]:
+    return [_transpose_family(), _batched_transpose_family(), _matvec_family(),
+            _embedding_family(), _sum_mid_family()]
