@@ -139,8 +139,6 @@ def _launcher(name: str, params: tuple) -> str:
     )
 
 
-def compiler_available() -> bool:
-    return shutil.which("g++") is not None
 
 
 _FLAGS = ["-std=c++20", "-O1", "-fPIC", "-pthread", "-w"]
@@ -171,6 +169,17 @@ def _header() -> Path:
         _run(["g++", *_FLAGS, "-x", "c++-header", "-o", f"{header}.gch.tmp", str(header)])
         Path(f"{header}.gch.tmp").replace(f"{header}.gch")
     return header
+
+
+def compiler_available() -> bool:
+    """g++ is present and builds the emulator header (C++20 <barrier>)."""
+    if shutil.which("g++") is None:
+        return False
+    try:
+        _header()
+    except RuntimeError:
+        return False
+    return True
 
 
 @functools.cache

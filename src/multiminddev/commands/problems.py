@@ -101,7 +101,7 @@ def run_list(args: argparse.Namespace) -> int:
         table.add_row(str(r["tier"]), r["name"], r["family"], r["dtype"], r["split"],
                       f"{(r['bytes_moved'] or 0) / 1e6:.1f}", f"{(r['flops'] or 0) / 1e9:.2f}",
                       ",".join(r["solutions"]))
-    Console().print(table)
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     return 0
 
 
