@@ -16,7 +16,8 @@ WRONG = candidates("wrong")
 
 @pytest.fixture(scope="module")
 def evaluator():
-    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.5)
+    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.5,
+                     compile_timeout_s=10, run_timeout_s=10)
     with Evaluator(cfg) as ev:
         yield ev
 

@@ -132,7 +132,10 @@ def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> Benchm
 def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
              ) -> tuple[EvalStatus, str, RejectReason | None]:
     failure = outcome.failure or {}
-    if failure.get("kind") == "rejected":
+    late = failure.get("stage") in (Stage.GUARDS.value, Stage.BENCHMARK.value)
+    if failure.get("kind") == "rejected" and not (late and result.verify.status is StageStatus.FAILED):
+        # A wrong kernel also "fails" the once-per-evaluation checks (stale output compares
+        # with the reference); then incorrect is the explanation, not a hack.
         reason = RejectReason(failure.get("reason", RejectReason.OTHER.value))
         _mark_stage(result, failure.get("stage", ""), StageStatus.FAILED, failure.get("message", ""))
         return EvalStatus.REJECTED, f"rejected: {failure.get('message', '')}", reason

@@ -11,6 +11,8 @@ import ast
 import enum
 import hashlib
 import importlib.util
+import os
+import struct
 import sys
 import types
 import warnings
@@ -112,7 +114,32 @@ def receive_frames(conn: Any, payload: dict[str, Any]) -> None:
     for group in payload["outputs"]:
         for meta in group:
             if meta.get("kind") == "tensor" and meta.get("nbytes"):
-                meta["data"] = conn.recv_bytes()
+                meta["data"] = recv_bytes_fast(conn)
+
+
+def recv_bytes_fast(conn: Any) -> bytearray:
+    """``Connection.recv_bytes`` without its per-read allocation of the whole remaining size
+    (which makes a 64 MB frame crawl at ~50 MB/s): read straight into one buffer.
+
+    Follows ``multiprocessing.connection``'s framing: a 4-byte signed big-endian length, or
+    -1 followed by an 8-byte length for frames of 2 GiB and more."""
+    fd = conn.fileno()
+    (size,) = struct.unpack("!i", _read_exact(fd, 4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
+    return _read_exact(fd, size)
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        n = os.readv(fd, [view[pos:]])
+        if n == 0:
+            raise EOFError("the worker closed the pipe mid-frame")
+        pos += n
+    return buf
 
 
 def unpack_tensor(packed: dict[str, Any]) -> Any:
@@ -125,7 +152,7 @@ def unpack_tensor(packed: dict[str, Any]) -> Any:
     data = packed.get("data")
     if not data:
         return torch.empty(packed["shape"], dtype=dtype)
-    with warnings.catch_warnings():  # read-only bytes are fine: outputs are only compared
+    with warnings.catch_warnings():  # read-only bytes (pack_tensor) are fine: only compared
         warnings.simplefilter("ignore", UserWarning)
         flat = torch.frombuffer(data, dtype=torch.uint8)
     return flat.view(dtype).reshape(packed["shape"])

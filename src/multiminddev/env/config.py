@@ -98,6 +98,8 @@ class EvalConfig:
             raise ValueError("min_kernel_coverage is a fraction in [0, 1]")
         if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
             raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
+        if self.cache_dir is None:  # resolved once, so the evaluator and its workers agree
+            self.cache_dir = str(self.cache_path)
 
     def stage_timeout(self, stage: Stage) -> float:
         return float(getattr(self, f"{stage.value}_timeout_s"))
@@ -112,7 +114,6 @@ class EvalConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["start_method"] = self.start_method.value
-        data["cache_dir"] = str(self.cache_path)  # resolved once, so workers agree with the parent
         return data
 
     @classmethod
