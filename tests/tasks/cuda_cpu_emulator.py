@@ -9,7 +9,9 @@ bounds and reductions of kernels written in the subset of CUDA the corpus uses; 
 nothing about speed, and it cannot see races that only a real GPU's scheduling exposes.
 
 ``emulated_namespace(solution_source)`` executes a reference solution with
-``compile_kernels`` swapped for ``compile_for_cpu``; ``ModelNew`` then runs on CPU tensors.
+``compile_kernels`` swapped for ``compile_for_cpu``; ``ModelNew`` then runs on CPU tensors. Its
+outputs come from guarded buffers (``GuardedTorch``), so an out-of-bounds write shows up; the
+tests also put inputs inside NaN margins, so an out-of-bounds read shows up in the result.
 Needs ``g++`` (C++20); callers skip when it is missing.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -134,7 +137,8 @@ def _launcher(name: str, params: tuple) -> str:
     return (
         f'extern "C" void emu_launch_{name}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, '
         f"unsigned by, unsigned bz, void** args) {{\n"
-        f"    run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}}, [&] {{ {name}({', '.join(args)}); }});\n"
+        f"    run_grid(dim3{{gx, gy, gz}}, dim3{{bx, by, bz}},\n"
+        f"             [&] {{ {name}({', '.join(args)}); }});\n"
         "}\n"
     )
 
@@ -245,13 +249,61 @@ def compile_for_cpu(source: str, **_: Any) -> EmulatedKernels:
 
 
 IMPORT_LINE = "from multiminddev.cuda import compile_kernels"
+_IMPORT_TORCH = re.compile(r"^import torch$", re.MULTILINE)
+GUARD_ELEMENTS = 64
+
+
+class GuardedTorch:
+    """``torch``, except that ``empty``/``empty_like`` return views into larger buffers whose
+    margins hold a known pattern (NaN, or a sentinel for integers): after ``forward``,
+    ``intact()`` says whether any kernel wrote outside the tensors it was given."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._buffers: list[tuple[Any, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._torch, name)
+
+    def empty(self, *size: Any, **kwargs: Any) -> Any:
+        return self._guard(self._torch.empty(*size, **kwargs))
+
+    def empty_like(self, t: Any, **kwargs: Any) -> Any:
+        return self._guard(self._torch.empty_like(t, **kwargs))
+
+    def _fill(self, dtype: Any) -> float:
+        return float("nan") if dtype.is_floating_point else -12345
+
+    def _guard(self, t: Any) -> Any:
+        n = t.numel()
+        buffer = self._torch.full((n + 2 * GUARD_ELEMENTS,), self._fill(t.dtype), dtype=t.dtype,
+                                  device=t.device)
+        self._buffers.append((buffer, n))
+        return buffer[GUARD_ELEMENTS : GUARD_ELEMENTS + n].view(t.shape)
+
+    def intact(self) -> bool:
+        for buffer, n in self._buffers:
+            margins = self._torch.cat([buffer[:GUARD_ELEMENTS], buffer[GUARD_ELEMENTS + n :]])
+            if margins.is_floating_point():
+                if not bool(self._torch.isnan(margins).all()):
+                    return False
+            elif not bool((margins == -12345).all()):
+                return False
+        return True
 
 
 def emulated_namespace(solution_source: str) -> dict[str, Any]:
-    """Execute a reference solution with its kernels compiled for the CPU emulator."""
-    if IMPORT_LINE not in solution_source:
-        raise ValueError("the solution does not import compile_kernels the usual way")
-    namespace: dict[str, Any] = {"__name__": "emulated_solution", "compile_kernels": compile_for_cpu}
-    code = compile(solution_source.replace(IMPORT_LINE, ""), "solution", "exec")
-    exec(code, namespace)  # noqa: S102 - our own reference solutions
+    """Execute a reference solution with its kernels compiled for the CPU emulator and its
+    ``torch.empty*`` outputs guarded; ``namespace["torch"].intact()`` checks the guards."""
+    if IMPORT_LINE not in solution_source or not _IMPORT_TORCH.search(solution_source):
+        raise ValueError("the solution does not import torch / compile_kernels the usual way")
+    namespace: dict[str, Any] = {
+        "__name__": "emulated_solution",
+        "compile_kernels": compile_for_cpu,
+        "torch": GuardedTorch(),
+    }
+    text = _IMPORT_TORCH.sub("", solution_source.replace(IMPORT_LINE, ""))
+    exec(compile(text, "solution", "exec"), namespace)  # noqa: S102 - our reference solutions
     return namespace

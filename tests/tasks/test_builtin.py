@@ -262,6 +262,7 @@ def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
     inputs = problem_ns["get_inputs"]()
     expected = model(*inputs)
     got = new(*[_guarded(x) for x in inputs])
+    assert ns["torch"].intact(), "a kernel wrote outside its output tensor"
     assert got.shape == expected.shape and got.dtype == expected.dtype
     atol, rtol = make_problem(family, s).tolerances
     torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
@@ -285,3 +286,23 @@ def test_exported_problem_file_loads_and_keeps_its_solution(tmp_path):
     problem = load_problem(path)
     assert problem.name == family.problem_name(family.shapes[0])
     assert reference_solution(problem, "fast") == family.render_solution("fast")
+
+
+@pytest.mark.skipif(not cuda_cpu_emulator.compiler_available(), reason="needs g++ (C++20)")
+def test_emulator_catches_a_missing_bounds_check_and_a_wrong_reduction():
+    """The harness itself: a kernel without its bounds check writes past the output (guards
+    broken), and a block reduction that drops the other warps gives wrong sums."""
+    relu = get_family("relu").render_solution(Variant.NAIVE)
+    unchecked = relu.replace("if (i < n) y[i]", "y[i]")
+    assert unchecked != relu
+    ns = cuda_cpu_emulator.emulated_namespace(unchecked)
+    ns["ModelNew"]()(torch.randn(5, 301))
+    assert not ns["torch"].intact()
+
+    sum_fast = get_family("sum_dim").render_solution(Variant.FAST)
+    one_warp = sum_fast.replace("v = lane < warps ? smem[lane] : IDENTITY;",
+                                "v = lane < 1 ? smem[lane] : IDENTITY;")
+    assert one_warp != sum_fast
+    ns = cuda_cpu_emulator.emulated_namespace(one_warp)
+    x = torch.randn(6, 300)
+    assert not torch.allclose(ns["ModelNew"]()(x), x.sum(dim=1), atol=1e-3)

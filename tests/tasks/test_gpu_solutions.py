@@ -89,7 +89,8 @@ def _write_report(table, default_path: Path) -> None:
 @pytest.mark.parametrize(("family", "dtype", "variant"), CASES, ids=CASE_IDS)
 def test_reference_solution_passes_the_evaluator(results, family, dtype, variant):
     result = results[(family.name, dtype, variant)]
-    detail = f"{result.message} | verify: {result.verify.error[:500]} | {result.verify.mismatches[:1]}"
+    detail = (f"{result.message} | verify: {result.verify.error[:500]} | "
+              f"{result.verify.mismatches[:1]}")
     assert result.status.value == "ok", detail
     assert result.correct
     assert _median_ms(result) > 0

@@ -167,11 +167,12 @@ def _conv1d_solution(fast: bool):
         )
         args = "args=(x, w, self.conv.bias, y, batch, ci, co, length, k))\n"
         if fast:
-            launch = ("        kernels.conv1d_fast(grid=((lo + 1023) // 1024, (co + 7) // 8, batch), "
-                      "block=(256,), " + args)
+            launch = ("        kernels.conv1d_fast(grid=((lo + 1023) // 1024, (co + 7) // 8, "
+                      "batch), block=(256,), " + args)
         else:
             launch = ("        n = y.numel()\n"
-                      "        kernels.conv1d_naive(grid=((n + 255) // 256,), block=(256,), " + args)
+                      "        kernels.conv1d_naive(grid=((n + 255) // 256,), block=(256,), "
+                      + args)
         return Solution(cuda=_CONV1D_FAST if fast else _CONV1D_NAIVE,
                         forward=head + launch + "        return y\n")
 
@@ -278,7 +279,8 @@ def _conv2d_solution(fast: bool, relu: bool):
                       "batch), block=(256,), " + args)
         else:
             launch = ("        n = y.numel()\n"
-                      "        kernels.conv2d_naive(grid=((n + 255) // 256,), block=(256,), " + args)
+                      "        kernels.conv2d_naive(grid=((n + 255) // 256,), block=(256,), "
+                      + args)
         cuda = fill(_CONV2D_FAST if fast else _CONV2D_NAIVE, RELU=int(relu))
         return Solution(cuda=cuda, forward=head + launch + "        return y\n")
 
@@ -302,7 +304,7 @@ def _conv2d_family(name: str, tier: int, description: str, relu: bool) -> Family
         inputs=("torch.randn(B, CI, H, W)",),
         init_args=(("in_channels", "CI"), ("out_channels", "CO"), ("kernel_size", "KS")),
         init_body="        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size)\n",
-        forward="        return torch.relu(self.conv(x))\n" if relu else "        return self.conv(x)\n",
+        forward=f"        return {'torch.relu(self.conv(x))' if relu else 'self.conv(x)'}\n",
         output_shape=_conv2d_out,
         bytes_moved=lambda s: 4 * (int(s["B"]) * int(s["CI"]) * int(s["H"]) * int(s["W"])
                                    + _numel(_conv2d_out(s))

@@ -236,7 +236,8 @@ def tier0_families() -> list[Family]:
     return [
         u("relu", "ReLU: max(x, 0)", "torch.relu(x)", "fmaxf(v, 0.f)", half=True),
         u("leaky_relu", "Leaky ReLU with a negative slope", "F.leaky_relu(x, self.negative_slope)",
-          "v > 0.f ? v : v * p0", init=_SLOPE, params=("self.negative_slope", "0.0"), flops_per_elem=2),
+          "v > 0.f ? v : v * p0", init=_SLOPE, params=("self.negative_slope", "0.0"),
+          flops_per_elem=2),
         u("gelu_tanh", "GELU, tanh approximation", 'F.gelu(x, approximate="tanh")', _GELU_TANH,
           half=True, flops_per_elem=8),
         u("gelu_erf", "GELU, exact (erf)", "F.gelu(x)", _GELU_ERF, flops_per_elem=5),
@@ -272,17 +273,22 @@ def tier0_families() -> list[Family]:
 
 
 _BIAS_ACT_NAIVE = r"""
-__device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.f + erff(v * 0.7071067811865476f)); }
+__device__ __forceinline__ float gelu(float v) {
+    return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+}
 
-extern "C" __global__ void bias_gelu_naive(const float* __restrict__ x, const float* __restrict__ bias,
-                                           float* __restrict__ y, long n, long cols) {
+extern "C" __global__ void bias_gelu_naive(const float* __restrict__ x,
+                                           const float* __restrict__ bias, float* __restrict__ y,
+                                           long n, long cols) {
     long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (i < n) y[i] = gelu(x[i] + bias[i % cols]);
 }
 """
 
 _BIAS_ACT_FAST = r"""
-__device__ __forceinline__ float gelu(float v) { return 0.5f * v * (1.f + erff(v * 0.7071067811865476f)); }
+__device__ __forceinline__ float gelu(float v) {
+    return 0.5f * v * (1.f + erff(v * 0.7071067811865476f));
+}
 
 // float4 loads/stores of x and y; the bias column advances with each element (any cols works).
 extern "C" __global__ void __launch_bounds__(256) bias_gelu_fast(const float* __restrict__ x,

@@ -157,6 +157,11 @@ def _mnk(s: Shape) -> tuple[int, int, int]:
     return int(s["M"]), int(s["N"]), int(s["K"])
 
 
+def _mm_bytes(s: Shape) -> int:
+    m, n, k = _mnk(s)
+    return 4 * (m * k + k * n + m * n)
+
+
 _MM2D_HEAD = """\
         a = a.contiguous()
         b = b.contiguous()
@@ -190,7 +195,7 @@ def _plain_mm(name: str, description: str, shapes: tuple[Shape, ...], small: Sha
         forward=f"        return torch.matmul(a, {'b.T' if trans_b else 'b'})\n",
         out=lambda s: (int(s["M"]), int(s["N"])),
         flops=lambda s: 2 * _mnk(s)[0] * _mnk(s)[1] * _mnk(s)[2],
-        bytes_=lambda s: 4 * (_mnk(s)[0] * _mnk(s)[2] + _mnk(s)[2] * _mnk(s)[1] + _mnk(s)[0] * _mnk(s)[1]),
+        bytes_=_mm_bytes,
         head=_MM2D_HEAD.format(n_dim=0 if trans_b else 1),
         launch_kw={"a": "a", "b": "b", "bias": "None", "c": "c", "m": "m", "n": "n", "k": "k",
                    "trans_b": int(trans_b)},
@@ -203,7 +208,8 @@ _ACT_TORCH = {0: "{y}", 1: "torch.relu({y})", 2: "F.gelu({y})"}
 def _linear(name: str, tier: int, description: str, act: int) -> Family:
     return _mm_family(
         name, tier, description,
-        (shape(M=2048, K=1024, N=1024), shape(M=4096, K=2048, N=1024), shape(M=1000, K=1536, N=3000)),
+        (shape(M=2048, K=1024, N=1024), shape(M=4096, K=2048, N=1024),
+         shape(M=1000, K=1536, N=3000)),
         shape(M=20, K=40, N=70),
         inputs=("torch.randn(M, K)",),
         forward_args="x",
@@ -212,7 +218,7 @@ def _linear(name: str, tier: int, description: str, act: int) -> Family:
         init_body="        self.linear = nn.Linear(in_features, out_features)\n",
         out=lambda s: (int(s["M"]), int(s["N"])),
         flops=lambda s: 2 * _mnk(s)[0] * _mnk(s)[1] * _mnk(s)[2],
-        bytes_=lambda s: 4 * (_mnk(s)[0] * _mnk(s)[2] + _mnk(s)[2] * _mnk(s)[1] + _mnk(s)[0] * _mnk(s)[1]),
+        bytes_=_mm_bytes,
         head=_LINEAR_HEAD,
         launch_kw={"a": "x", "b": "w", "bias": "self.linear.bias", "c": "c", "m": "m", "n": "n",
                    "k": "k", "trans_b": 1, "act": act},
@@ -223,7 +229,8 @@ def _linear(name: str, tier: int, description: str, act: int) -> Family:
 def matmul_families() -> list[Family]:
     square = _plain_mm(
         "matmul_square", "Square matrix multiplication C = A @ B",
-        (shape(M=1024, K=1024, N=1024), shape(M=2048, K=2048, N=2048), shape(M=1537, K=1537, N=1537)),
+        (shape(M=1024, K=1024, N=1024), shape(M=2048, K=2048, N=2048),
+         shape(M=1537, K=1537, N=1537)),
         shape(M=70, K=40, N=130), trans_b=False,
     )
     tall = _plain_mm(
@@ -233,7 +240,8 @@ def matmul_families() -> list[Family]:
     )
     trans = _plain_mm(
         "matmul_transposed_b", "Matmul with a transposed second operand: A @ B.T",
-        (shape(M=1024, K=1024, N=1024), shape(M=2048, K=512, N=2048), shape(M=1000, K=2000, N=1500)),
+        (shape(M=1024, K=1024, N=1024), shape(M=2048, K=512, N=2048),
+         shape(M=1000, K=2000, N=1500)),
         shape(M=33, K=50, N=70), trans_b=True,
     )
     bmm = _mm_family(
@@ -442,8 +450,9 @@ def _matvec_solution(fast: bool):
 
 _EMBEDDING_NAIVE = r"""
 // y[t][d] = W[idx[t]][d]; an out-of-range index writes 0 instead of reading out of bounds.
-extern "C" __global__ void embedding_naive(const long* __restrict__ idx, const float* __restrict__ W,
-                                           float* __restrict__ y, long tokens, long dim, long vocab) {
+extern "C" __global__ void embedding_naive(const long* __restrict__ idx,
+                                           const float* __restrict__ W, float* __restrict__ y,
+                                           long tokens, long dim, long vocab) {
     const long t = blockIdx.x * (long)blockDim.x + threadIdx.x;
     if (t >= tokens * dim) return;
     const long row = idx[t / dim];
@@ -561,7 +570,8 @@ def _batched_transpose_family() -> Family:
         name="batched_transpose",
         tier=1,
         description="Swap the last two dims of a 3D tensor into a contiguous result",
-        shapes=(shape(B=16, M=1024, N=1024), shape(B=64, M=256, N=1024), shape(B=8, M=1000, N=2050)),
+        shapes=(shape(B=16, M=1024, N=1024), shape(B=64, M=256, N=1024),
+                shape(B=8, M=1000, N=2050)),
         small=shape(B=3, M=33, N=40),
         inputs=("torch.randn(B, M, N)",),
         forward="        return x.transpose(1, 2).contiguous()\n",
@@ -623,7 +633,8 @@ def _sum_mid_family() -> Family:
         name="sum_dim1_3d",
         tier=1,
         description="Sum over the middle dimension of a 3D tensor",
-        shapes=(shape(B=16, R=1024, C=1024), shape(B=128, R=256, C=512), shape(B=10, R=999, C=2000)),
+        shapes=(shape(B=16, R=1024, C=1024), shape(B=128, R=256, C=512),
+                shape(B=10, R=999, C=2000)),
         small=shape(B=3, R=21, C=300),
         inputs=("torch.randn(B, R, C)",),
         forward="        return torch.sum(x, dim=1)\n",

@@ -178,7 +178,8 @@ def _cumsum_solution(fast: bool):
             else "kernels.cumsum_naive(grid=((rows + 255) // 256,), block=(256,), "
             "args=(x, y, rows, cols))"
         )
-        fwd = _ROWS_FWD_HEAD + "        y = torch.empty_like(x)\n" + f"        {launch}\n        return y\n"
+        fwd = (_ROWS_FWD_HEAD + "        y = torch.empty_like(x)\n"
+               + f"        {launch}\n        return y\n")
         return Solution(cuda=_CUMSUM_FAST if fast else _CUMSUM_NAIVE, forward=fwd)
 
     return build
@@ -378,7 +379,8 @@ extern "C" __global__ void __launch_bounds__(256) softmax_fast(const float* __re
     for (long c = threadIdx.x; c < cols; c += blockDim.x) q[c] = __ldg(p + c) * scale - m - log_s;
 #else
     const float inv = 1.f / s;
-    for (long c = threadIdx.x; c < cols; c += blockDim.x) q[c] = expf(__ldg(p + c) * scale - m) * inv;
+    for (long c = threadIdx.x; c < cols; c += blockDim.x)
+        q[c] = expf(__ldg(p + c) * scale - m) * inv;
 #endif
 }
 """
