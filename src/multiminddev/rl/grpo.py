@@ -66,7 +66,7 @@ class GRPOConfig:
     max_new_tokens: int = 512
     temperature: float = 1.0
     top_p: float = 1.0
-    eval_every: int = 5  # steps between held-out evaluations (0: only at the end)
+    eval_every: int = 5  # steps between held-out evaluations (and at the end); 0: none
     eval_problems: int = 8  # held-out problems per evaluation
     checkpoint_every: int = 1
     train_roles: tuple[AgentRole, ...] = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
@@ -457,8 +457,8 @@ class GRPOTrainer:
 
     def maybe_evaluate(self) -> dict[str, float] | None:
         every, last = self.cfg.eval_every, self.step == self.cfg.num_steps
-        if not self.heldout or not ((every and self.step % every == 0) or last):
-            return None
+        if not self.heldout or not every or not (self.step % every == 0 or last):
+            return None  # eval_every=0: no evaluation during training (the pipeline's final one)
         stats = self.evaluate()
         self.metrics.log_eval(self.step, {**stats, "compile_only": self.compile_only})
         return stats

@@ -198,9 +198,8 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
     cfg = SFTConfig(output_dir=s.output_dir, max_steps=s.sft_steps or size.sft_max_steps,
                     batch_size=size.sft_batch_size, max_seq_length=size.sft_max_seq_length,
                     learning_rate=s.sft_learning_rate or size.sft_learning_rate,
-                    full_finetune=s.full_finetune, logging_steps=max(1, (s.sft_steps or
-                                                                         size.sft_max_steps) // 4),
-                    seed=s.seed)
+                    full_finetune=s.full_finetune, loss_eval_examples=size.sft_loss_examples,
+                    logging_steps=max(1, (s.sft_steps or size.sft_max_steps) // 4), seed=s.seed)
     out = {}
     for role in s.roles:
         dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed)
@@ -220,8 +219,8 @@ def eval_config(ctx: Context) -> Any:
 
     # Short runs skip the torch.compile baseline (tens of seconds per problem) and time briefly.
     quick = ctx.settings.preset is not Preset.FULL
-    return EvalConfig(num_trials=3 if quick else 5, compile_baseline=not quick,
-                      bench_budget_s=0.5 if quick else 2.0)
+    return EvalConfig(num_workers=ctx.size.eval_workers, num_trials=3 if quick else 5,
+                      compile_baseline=not quick, bench_budget_s=0.5 if quick else 2.0)
 
 
 def episode_config(ctx: Context, grpo: Any) -> Any:
@@ -247,7 +246,7 @@ def grpo_config(ctx: Context) -> Any:
                       max_new_tokens=s.max_new_tokens or size.max_new_tokens,
                       learning_rate=s.learning_rate or size.learning_rate,
                       mini_batch_size=size.mini_batch_size, eval_every=size.eval_every,
-                      eval_problems=size.eval_problems,
+                      eval_problems=max(1, size.eval_problems),
                       train_roles=s.roles, seed=s.seed)
 
 

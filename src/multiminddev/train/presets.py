@@ -26,7 +26,7 @@ class RunSize:
     heldout_problems: str
     sft_max_steps: int
     sft_batch_size: int
-    sft_examples_per_problem: int
+    sft_loss_examples: int  # examples scored before/after SFT
     sft_max_seq_length: int
     rl_steps: int
     problems_per_step: int
@@ -37,43 +37,48 @@ class RunSize:
     eval_every: int
     eval_problems: int
     final_eval_problems: int
+    eval_workers: int | None = None  # None: one evaluation worker per GPU
     learning_rate: float = 2e-5
     sft_learning_rate: float = 2e-4
 
 
-# Measured on the 2-core CPU machine (see the trainer's report / docs/BENCHMARKS.md): SmolLM2-135M
-# in float32 generates ~<TODO measured> tokens/s; these sizes keep the whole quickstart < 20 min.
+# CPU sizes: SmolLM2-135M in float32 on 2 cores generates ~4-10 tokens/s and trains on ~20-60
+# tokens/s (measured here, depending on what else runs); prompts are ~800-1000 tokens, so the
+# quickstart keeps every phase to a few sequences. GPU sizes are estimates for one H100.
+_TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
-        train_problems="builtin:tier0,tier1:train", heldout_problems="builtin:tier0,tier1:heldout",
-        sft_max_steps=12, sft_batch_size=4, sft_examples_per_problem=1, sft_max_seq_length=1024,
-        rl_steps=4, problems_per_step=2, group_size=2, max_turns=2, max_new_tokens=256,
-        mini_batch_size=4, eval_every=0, eval_problems=4, final_eval_problems=4),
+        train_problems=_TIER01[0], heldout_problems=_TIER01[1],
+        sft_max_steps=2, sft_batch_size=2, sft_loss_examples=2, sft_max_seq_length=2048,
+        rl_steps=2, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=128,
+        mini_batch_size=4, eval_every=0, eval_problems=0, final_eval_problems=2),
     (Preset.QUICKSTART, True): RunSize(
-        train_problems="builtin:tier0,tier1:train", heldout_problems="builtin:tier0,tier1:heldout",
-        sft_max_steps=60, sft_batch_size=8, sft_examples_per_problem=2, sft_max_seq_length=2048,
-        rl_steps=12, problems_per_step=4, group_size=4, max_turns=2, max_new_tokens=512,
-        mini_batch_size=8, eval_every=6, eval_problems=8, final_eval_problems=16),
+        train_problems=_TIER01[0], heldout_problems=_TIER01[1],
+        sft_max_steps=40, sft_batch_size=8, sft_loss_examples=16, sft_max_seq_length=2048,
+        rl_steps=5, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=448,
+        mini_batch_size=8, eval_every=0, eval_problems=0, final_eval_problems=8,
+        eval_workers=4),
     (Preset.QUICK_TEST, False): RunSize(
         train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
-        sft_max_steps=2, sft_batch_size=2, sft_examples_per_problem=1, sft_max_seq_length=768,
-        rl_steps=1, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=64,
-        mini_batch_size=4, eval_every=0, eval_problems=1, final_eval_problems=1),
+        sft_max_steps=1, sft_batch_size=1, sft_loss_examples=1, sft_max_seq_length=2048,
+        rl_steps=1, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=32,
+        mini_batch_size=4, eval_every=0, eval_problems=0, final_eval_problems=1),
     (Preset.QUICK_TEST, True): RunSize(
         train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
-        sft_max_steps=5, sft_batch_size=4, sft_examples_per_problem=1, sft_max_seq_length=1024,
+        sft_max_steps=5, sft_batch_size=4, sft_loss_examples=4, sft_max_seq_length=2048,
         rl_steps=2, problems_per_step=2, group_size=2, max_turns=2, max_new_tokens=128,
-        mini_batch_size=4, eval_every=0, eval_problems=2, final_eval_problems=2),
+        mini_batch_size=4, eval_every=0, eval_problems=0, final_eval_problems=2, eval_workers=2),
     (Preset.FULL, False): RunSize(
         train_problems="builtin:train", heldout_problems="builtin:heldout",
-        sft_max_steps=200, sft_batch_size=4, sft_examples_per_problem=2, sft_max_seq_length=2048,
+        sft_max_steps=200, sft_batch_size=4, sft_loss_examples=16, sft_max_seq_length=2048,
         rl_steps=50, problems_per_step=4, group_size=4, max_turns=3, max_new_tokens=512,
         mini_batch_size=8, eval_every=10, eval_problems=8, final_eval_problems=16),
     (Preset.FULL, True): RunSize(
         train_problems="builtin:train", heldout_problems="builtin:heldout",
-        sft_max_steps=500, sft_batch_size=8, sft_examples_per_problem=4, sft_max_seq_length=2048,
+        sft_max_steps=500, sft_batch_size=8, sft_loss_examples=32, sft_max_seq_length=2048,
         rl_steps=200, problems_per_step=8, group_size=8, max_turns=3, max_new_tokens=1024,
-        mini_batch_size=16, eval_every=20, eval_problems=32, final_eval_problems=64),
+        mini_batch_size=16, eval_every=20, eval_problems=32, final_eval_problems=64,
+        eval_workers=2),
 }
 
 

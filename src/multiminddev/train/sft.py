@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import importlib.util
+import logging
 import math
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -19,6 +20,8 @@ from typing import Any
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.train.checkpoints import SFT_DIR, save_role
+
+log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 
@@ -42,6 +45,7 @@ class SFTConfig:
     full_finetune: bool = False
     qlora: bool | None = None  # None: on when bitsandbytes and a GPU are present
     logging_steps: int = 10
+    loss_eval_examples: int = 16  # examples scored before/after (a forward pass each)
     seed: int = 0
     report_to: tuple[str, ...] = ("tensorboard",)
 
@@ -49,7 +53,8 @@ class SFTConfig:
         self.output_dir = Path(self.output_dir)
         if self.num_epochs <= 0 and self.max_steps <= 0:
             raise ValueError("SFTConfig needs num_epochs > 0 or max_steps > 0")
-        for name in ("batch_size", "grad_accum", "max_seq_length", "logging_steps"):
+        for name in ("batch_size", "grad_accum", "max_seq_length", "logging_steps",
+                     "loss_eval_examples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.learning_rate < 1:
@@ -70,8 +75,9 @@ class SFTResult:
     output_dir: Path | None
     num_examples: int = 0
     steps: int = 0
-    loss_before: float = math.nan  # mean assistant-token loss on the training set, before
+    loss_before: float = math.nan  # mean assistant-token loss on loss_eval_examples, before
     loss_after: float = math.nan  # ... and after training
+    dropped: int = 0  # examples with no assistant token left after truncation
     train_loss: float = math.nan  # Trainer's running mean
     seconds: float = 0.0
     qlora: bool = False
@@ -187,21 +193,25 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
         policy = load_policy(policy_cfg)
     model = _trainable_model(policy, role, cfg.full_finetune)
     tokenizer = policy.tokenizer
-    examples = [tokenize_chat(tokenizer, m, cfg.max_seq_length) for m in dataset["messages"]]
-    examples = [e for e in examples if any(t != IGNORE_INDEX for t in e["labels"])]
+    encoded = [tokenize_chat(tokenizer, m, cfg.max_seq_length) for m in dataset["messages"]]
+    examples = [e for e in encoded if any(t != IGNORE_INDEX for t in e["labels"])]
+    dropped = len(encoded) - len(examples)
     out_dir = cfg.checkpoint_root / role.value
     if not examples:
+        log.warning("SFT %s: all %d examples lost their reply to truncation at max_seq_length=%d;"
+                    " raise max_seq_length", role.value, len(encoded), cfg.max_seq_length)
         return SFTResult(status=SFTStatus.EMPTY_DATASET, role=role, output_dir=None,
-                         seconds=time.perf_counter() - start)
+                         dropped=dropped, seconds=time.perf_counter() - start)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    loss_before = mean_assistant_loss(model, examples, pad_id, cfg.batch_size)
+    scored = examples[: cfg.loss_eval_examples]
+    loss_before = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
     trainer = Trainer(model=model, args=_training_args(cfg, out_dir / "trainer"),
                       train_dataset=_ListDataset(examples), data_collator=_collate(pad_id))
     output = trainer.train()
-    loss_after = mean_assistant_loss(model, examples, pad_id, cfg.batch_size)
+    loss_after = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
     save_role(policy, role, cfg.checkpoint_root)
     return SFTResult(status=SFTStatus.OK, role=role, output_dir=out_dir,
-                     num_examples=len(examples), steps=output.global_step,
+                     num_examples=len(examples), steps=output.global_step, dropped=dropped,
                      loss_before=loss_before, loss_after=loss_after,
                      train_loss=float(output.training_loss), qlora=qlora,
                      seconds=time.perf_counter() - start,
@@ -227,7 +237,20 @@ def _trainable_model(policy, role: AgentRole, full_finetune: bool):
                          "(run_sft sets it when it loads the policy itself)")
     model = policy.model_for(role)  # activates role's adapter: only its tensors train
     policy.trainable_parameters(role)  # marks them requires_grad
+    _forget_gguf_quantizer(model)
     return model
+
+
+def _forget_gguf_quantizer(model) -> None:
+    """A GGUF checkpoint is dequantized to float on load, but transformers keeps its GGUF
+    "quantizer" on the model and the Trainer then refuses to train it; the weights are plain
+    floats, so drop the marker."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    quantizer = getattr(base, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is not None and getattr(method, "value", method) == "gguf":
+        base.hf_quantizer = None
+        base.is_quantized = False
 
 
 def _training_args(cfg: SFTConfig, out_dir: Path):

@@ -1,0 +1,272 @@
+"""Learning benchmark: base model vs SFT vs SFT+GRPO on held-out tier-0/1 problems.
+
+For each seed: load the base model, evaluate it on the held-out problems (one episode per
+problem), SFT the Generator and the Optimizer, evaluate, run GRPO, evaluate. Per stage it reports
+the episode-level compile rate, correctness rate, mean reward and fast_1 (correct and faster than
+eager PyTorch), as mean +- std over seeds and a bootstrap 95% interval over the pooled episodes,
+and the per-seed GRPO - SFT gain with its spread. Results go to ``<out>/results.json``,
+``<out>/results.md`` and plots ``<out>/learning.png`` and ``<out>/seed<k>/training.png``.
+
+    python benchmarks/bench_learning.py --short            # ~8 min on one H100 (3 seeds)
+    python benchmarks/bench_learning.py --seeds 0 1 2 --sft-steps 200 --rl-steps 40
+
+Without a GPU kernels are only compiled (compile-only rewards); the numbers then say nothing
+about correctness or speed, and the output says so. The issue's targets (SFT: compile >= 80%,
+correct >= 60%; GRPO: reward and fast_1 above SFT by more than the spread) are checked and
+printed, never assumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STAGES = ("base", "sft", "grpo")
+METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
+
+
+@dataclass(kw_only=True)
+class BenchArgs:
+    model: str
+    seeds: list[int]
+    train_problems: str
+    heldout_problems: str
+    eval_problems: int
+    sft_steps: int
+    sft_batch_size: int
+    rl_steps: int
+    problems_per_step: int
+    group_size: int
+    max_turns: int
+    max_new_tokens: int
+    eval_temperature: float
+    eval_workers: int
+    output_dir: Path
+
+
+def parse_args(argv: list[str] | None = None) -> BenchArgs:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--train-problems", default="builtin:tier0,tier1:train")
+    p.add_argument("--heldout-problems", default="builtin:tier0,tier1:heldout")
+    p.add_argument("--eval-problems", type=int, default=39, help="held-out problems per evaluation")
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--sft-batch-size", type=int, default=8)
+    p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--problems-per-step", type=int, default=4)
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=768)
+    p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--eval-workers", type=int, default=2)
+    p.add_argument("--output-dir", type=Path, default=Path("runs/bench_learning"))
+    p.add_argument("--short", action="store_true",
+                   help="the lead's short version: ~8 min on one H100")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
+    a = p.parse_args(argv)
+    if a.short:
+        a.sft_steps, a.rl_steps, a.eval_problems = 40, 4, 12
+        a.problems_per_step, a.group_size, a.max_new_tokens = 4, 4, 512
+    if a.cpu_smoke:
+        a.seeds, a.sft_steps, a.sft_batch_size, a.rl_steps = a.seeds[:2], 1, 1, 1
+        a.eval_problems, a.problems_per_step, a.group_size = 1, 1, 2
+        a.max_turns, a.max_new_tokens = 1, 16
+        a.train_problems, a.heldout_problems = "builtin:tier0:train", "builtin:tier0:heldout"
+    return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
+
+
+# --------------------------------------------------------------------------- one seed
+
+def episode_row(episode: Any, reward: float) -> dict[str, Any]:
+    """Episode-level outcome: any turn compiled / correct; best correct speedup; best reward."""
+    results = [t.eval_result for t in episode.turns if t.eval_result is not None]
+    speeds = [r.speedup for r in results if r.correct]
+    return {"problem": episode.problem.name, "tier": episode.problem.tier,
+            "compiled": any(r.compiled for r in results), "correct": bool(speeds),
+            "speedup": max(speeds) if speeds else 0.0, "reward": reward}
+
+
+def evaluate_stage(trainer: Any, problems: list[Any]) -> list[dict[str, Any]]:
+    from multiminddev.rl.grpo import score_episodes
+
+    episodes = trainer.run_episodes(problems, 1)
+    rows = []
+    for episode in episodes:
+        _, stats = score_episodes([episode], trainer.cfg)
+        rows.append(episode_row(episode, stats["reward_mean"]))
+    return rows
+
+
+def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, float]:
+    n = max(len(rows), 1)
+    return {"compile_rate": sum(r["compiled"] for r in rows) / n,
+            "correct_rate": sum(r["correct"] for r in rows) / n,
+            "reward_mean": sum(r["reward"] for r in rows) / n,
+            "fast_1": 0.0 if compile_only else sum(r["correct"] and r["speedup"] > 1.0
+                                                   for r in rows) / n}
+
+
+def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
+             compile_only: bool) -> dict[str, Any]:
+    import torch
+
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import HFGenerationBackend, PolicyConfig, SamplingParams, load_policy
+    from multiminddev.report.plots import plot_training_curves
+    from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
+    from multiminddev.tasks.curriculum import Curriculum
+    from multiminddev.tasks.sft_data import build_sft_dataset
+    from multiminddev.train.metrics import read_metrics
+    from multiminddev.train.sft import SFTConfig, run_sft
+
+    out = args.output_dir / f"seed{seed}"
+    torch.manual_seed(seed)
+    policy = load_policy(PolicyConfig(model=args.model))
+    cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
+                     group_size=args.group_size, max_turns=args.max_turns,
+                     max_new_tokens=args.max_new_tokens, eval_every=0, seed=seed)
+    train_episodes = EpisodeConfig(max_turns=args.max_turns, sampling=SamplingParams(
+        temperature=cfg.temperature, max_new_tokens=args.max_new_tokens))
+    eval_episodes = EpisodeConfig(max_turns=args.max_turns, sampling=SamplingParams(
+        temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens))
+    trainer = GRPOTrainer(cfg, policy=policy, backend=HFGenerationBackend(policy),
+                          evaluator=evaluator, curriculum=Curriculum.from_problems(train),
+                          episode_config=eval_episodes, output_dir=out,
+                          compile_only=compile_only)
+    rows: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    t = time.perf_counter()
+    rows["base"] = evaluate_stage(trainer, heldout)
+    for role in cfg.train_roles:
+        run_sft(role, policy.config, build_sft_dataset(role, train, seed=seed),
+                SFTConfig(output_dir=out, max_steps=args.sft_steps, batch_size=args.sft_batch_size,
+                          seed=seed, report_to=()), policy=policy)
+    seconds["sft"] = time.perf_counter() - t
+    rows["sft"] = evaluate_stage(trainer, heldout)
+    t = time.perf_counter()
+    trainer.episode_config = train_episodes
+    trainer.train()
+    trainer.finish()
+    seconds["grpo"] = time.perf_counter() - t
+    trainer.episode_config = eval_episodes
+    rows["grpo"] = evaluate_stage(trainer, heldout)
+    plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
+    metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES}
+    print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
+                                       for s, m in metrics.items()), flush=True)
+    return {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds}
+
+
+# --------------------------------------------------------------------------- aggregate
+
+def aggregate(per_seed: list[dict[str, Any]], compile_only: bool) -> dict[str, Any]:
+    from multiminddev.report.metrics import bootstrap_ci
+
+    out: dict[str, Any] = {}
+    for stage in STAGES:
+        pooled = [r for s in per_seed for r in s["rows"][stage]]
+        for metric in METRICS:
+            values = [s["metrics"][stage][metric] for s in per_seed]
+            ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
+            out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
+                                        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                        "ci95": list(ci), "per_seed": values}
+    for metric in ("reward_mean", "fast_1"):
+        gains = [s["metrics"]["grpo"][metric] - s["metrics"]["sft"][metric] for s in per_seed]
+        mean = statistics.fmean(gains)
+        spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
+        out[f"gain/{metric}"] = {"mean": mean, "std": spread, "per_seed": gains,
+                                 "exceeds_spread": mean > spread}
+    return out
+
+
+def targets(summary: dict[str, Any]) -> dict[str, bool]:
+    return {
+        "sft_compile_rate>=0.8": summary["sft/compile_rate"]["mean"] >= 0.8,
+        "sft_correct_rate>=0.6": summary["sft/correct_rate"]["mean"] >= 0.6,
+        "grpo_reward_gain>spread": summary["gain/reward_mean"]["exceeds_spread"],
+        "grpo_fast_1_gain>spread": summary["gain/fast_1"]["exceeds_spread"],
+    }
+
+
+def plot_learning(summary: dict[str, Any], path: Path, note: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4))
+    for ax, metric in zip(axes, METRICS):
+        means = [summary[f"{s}/{metric}"]["mean"] for s in STAGES]
+        errs = [summary[f"{s}/{metric}"]["std"] for s in STAGES]
+        ax.bar(STAGES, means, yerr=errs, capsize=4, color=["#999", "#4a90d9", "#e07b39"])
+        ax.set_title(metric)
+    fig.suptitle(note, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path, note: str) -> None:
+    lines = [f"Measured on: {note}", "", "| stage | " + " | ".join(METRICS) + " |",
+             "|---|" + "---|" * len(METRICS)]
+    for stage in STAGES:
+        cells = []
+        for m in METRICS:
+            e = summary[f"{stage}/{m}"]
+            cells.append(f"{e['mean']:.3f} ± {e['std']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]")
+        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+    lines += ["", "mean ± std over seeds [bootstrap 95% CI over pooled episodes]", ""]
+    for m in ("reward_mean", "fast_1"):
+        g = summary[f"gain/{m}"]
+        lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} (std over seeds {g['std']:.3f}); "
+                     f"per seed {[round(x, 3) for x in g['per_seed']]}")
+    lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.loaders import load_problems
+
+    args = parse_args(argv)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    compile_only = not torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if not compile_only else "cpu"
+    note = f"{device}; model {args.model}; seeds {args.seeds}" + (
+        "; COMPILE-ONLY REWARDS (no GPU): correctness and speed were not measured" if compile_only else "")
+    print(note, flush=True)
+    train = load_problems(args.train_problems)
+    heldout = load_problems(args.heldout_problems)[: args.eval_problems]
+    start = time.perf_counter()
+    eval_cfg = EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
+                          bench_budget_s=0.5)
+    with Evaluator(eval_cfg) as evaluator:
+        per_seed = [run_seed(args, s, train, heldout, evaluator, compile_only) for s in args.seeds]
+    summary = aggregate(per_seed, compile_only)
+    checks = targets(summary)
+    result = {"note": note, "args": {k: str(v) for k, v in vars(args).items()},
+              "summary": summary, "targets": checks, "seconds": time.perf_counter() - start,
+              "per_seed": per_seed}
+    (args.output_dir / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    write_markdown(summary, checks, args.output_dir / "results.md", note)
+    plot_learning(summary, args.output_dir / "learning.png", note)
+    print((args.output_dir / "results.md").read_text())
+    print(f"total {result['seconds'] / 60:.1f} min; results in {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
