@@ -306,3 +306,23 @@ def test_emulator_catches_a_missing_bounds_check_and_a_wrong_reduction():
     ns = cuda_cpu_emulator.emulated_namespace(one_warp)
     x = torch.randn(6, 300)
     assert not torch.allclose(ns["ModelNew"]()(x), x.sum(dim=1), atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="test_gpu_solutions.py covers the GPU")
+def test_every_solution_clears_the_evaluator_up_to_the_gpu():
+    """Through the real evaluation service on a machine without a GPU: static checks and
+    compilation pass for every solution text, so each ends ``no_gpu``."""
+    from multiminddev.env import EvalConfig, Evaluator
+
+    pairs, labels = [], []
+    for family, variant, dtype in SOLUTIONS:
+        problem = make_problem(family, next(s for s in family.shapes if s.dtype == dtype))
+        pairs.append((problem, family.render_solution(variant, dtype)))
+        labels.append(f"{family.name}-{variant.value}-{dtype}")
+    config = EvalConfig(num_workers=2, max_jobs_per_worker=64, compile_baseline=False)
+    with Evaluator(config) as evaluator:
+        results = evaluator.evaluate_many(pairs)
+    bad = {label: (r.status.value, r.message) for label, r in zip(labels, results, strict=True)
+           if r.status.value != "no_gpu"}
+    assert not bad
