@@ -21,6 +21,7 @@ import gc
 import json
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,9 @@ def bench_policies(
             print(f"[{label}] loading {policy_cfg.model}")
             policy = load_policy(policy_cfg)
             backend = HFGenerationBackend(policy)
+            start = time.perf_counter()
             episodes = run_episodes(problems, backend, evaluator, episode_config, group_size=group_size)
+            print(f"[{label}] {len(episodes)} episodes in {time.perf_counter() - start:.0f} s")
             write_episodes_jsonl(episodes, Path(out_dir) / _slug(label) / "episodes.jsonl")
             out[label] = [episode_to_dict(e) for e in episodes]
             del policy, backend, episodes
