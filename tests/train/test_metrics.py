@@ -73,3 +73,20 @@ def test_phase_timer_reports_every_phase():
     out = timer.as_metrics()
     assert set(out) == {f"time_{p}" for p in
                         ("rollout", "reward", "advantage", "update", "log", "checkpoint")}
+
+
+@pytest.mark.gpu
+def test_reference_solutions_measure_as_correct_on_gpu():
+    """On the GPU a built-in reference kernel is correct and timed, so speedups are reported."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.builtin import builtin_problems, reference_solution
+
+    problem = builtin_problems(tiers=[0], split="heldout")[0]
+    source = reference_solution(problem, "fast")
+    with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as ev:
+        result = ev.evaluate(problem, source)
+    episode = Episode(problem=problem, turns=[Turn(index=0, role=AgentRole.GENERATOR,
+                                                   eval_result=result, candidate_source=source)])
+    m = rollout_metrics([episode], compile_only=False)
+    assert result.status is EvalStatus.OK, result.message
+    assert m["pass_rate"] == 1.0 and m["geomean_speedup"] > 0

@@ -64,6 +64,7 @@ class TrainSettings:
     lora_rank: int = 16
     wandb: bool = False
     seed: int = 0
+    roles_sft_done: tuple[AgentRole, ...] = ()  # set when resuming a run that stopped in SFT
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -202,6 +203,9 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
                     logging_steps=max(1, (s.sft_steps or size.sft_max_steps) // 4), seed=s.seed)
     out = {}
     for role in s.roles:
+        if role in s.roles_sft_done:
+            ctx.console.print(f"SFT {role.value}: already done (resumed), skipping")
+            continue
         dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed)
         ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
         result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
@@ -342,9 +346,10 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None) -> PipelineRes
     load_problems_for(ctx)
     plan_and_load(ctx)
     result = PipelineResult(output_dir=settings.output_dir, compile_only=ctx.compile_only)
-    resuming = settings.resume is not None
     try:
-        if not settings.skip_sft and not resuming:
+        if settings.resume is not None and not _has_rl_checkpoint(settings.resume):
+            _resume_from_sft(ctx)  # the run stopped during SFT: keep finished adapters, redo the rest
+        if not settings.skip_sft and settings.resume is None:
             result.sft = sft_phase(ctx)
         trainer = None
         with Evaluator(eval_config(ctx)) as evaluator:
@@ -361,6 +366,32 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None) -> PipelineRes
     result.seconds = time.perf_counter() - start
     summarize(ctx, result)
     return result
+
+
+def _has_rl_checkpoint(path: Path) -> bool:
+    from multiminddev.train.checkpoints import CheckpointError, find_latest
+
+    try:
+        find_latest(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def _resume_from_sft(ctx: Context) -> None:
+    """No RL checkpoint yet: load the SFT adapters that were finished; SFT redoes the others."""
+    from multiminddev.train.checkpoints import SFT_DIR
+
+    s = ctx.settings
+    sft_dir = Path(s.resume) / SFT_DIR
+    done = [r for r in s.roles if (sft_dir / r.value / "adapter_config.json").exists()]
+    if done:
+        ctx.policy.load_adapters({r.value: str(sft_dir / r.value) for r in done})
+    ctx.console.print(f"no RL checkpoint under {s.resume} yet; loaded SFT adapters for "
+                      f"{[r.value for r in done] or 'no role'} and continuing from there")
+    s.resume = None
+    if done and not s.skip_sft:
+        s.roles_sft_done = tuple(done)
 
 
 def resume_hint(settings: TrainSettings) -> str:
@@ -408,6 +439,13 @@ def summarize(ctx: Context, result: PipelineResult) -> None:
                       f"compile {e['compile_rate']:.2f}, pass {e['pass_rate']:.2f}, "
                       f"fast_1 {e['fast_1']:.2f}  ({ctx.settings.output_dir / 'eval_results.json'})")
     console.print(table)
-    console.print(resume_hint(ctx.settings) if result.final_model is None else
-                  f"to continue training: {' '.join(_resume_argv(ctx.settings))}")
+    if result.final_model is not None:
+        console.print(f"results: {ctx.settings.output_dir}; to train further (raise the step "
+                      f"count): {' '.join(_resume_argv(ctx.settings))}")
+    elif not ctx.settings.skip_rl:
+        console.print(resume_hint(ctx.settings))
+    else:
+        console.print(f"results: {ctx.settings.output_dir}; RL from these adapters: multiminddev rl "
+                      f"--generator-checkpoint {ctx.settings.output_dir} --optimizer-checkpoint "
+                      f"{ctx.settings.output_dir}")
     banner(ctx, "end")

@@ -267,7 +267,8 @@ def _training_args(cfg: SFTConfig, out_dir: Path):
         per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.learning_rate,
-        warmup_steps=cfg.warmup_ratio,
+        # A warm-up step at lr 0 would waste a fifth of a 5-step run: none for short runs.
+        warmup_steps=0 if 0 < cfg.max_steps < 20 else cfg.warmup_ratio,
         weight_decay=cfg.weight_decay,
         logging_steps=cfg.logging_steps,
         save_strategy="no",

@@ -1,0 +1,77 @@
+"""Pipeline and CLI wiring: flags -> settings -> configs; checkpoint resolution; presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.cli import build_parser
+from multiminddev.train.pipeline import Context, TrainSettings, grpo_config, resolve_checkpoint
+from multiminddev.train.presets import Preset, run_size
+
+
+def _settings(argv):
+    from multiminddev.commands.train import _settings
+
+    args = build_parser().parse_args(argv)
+    return _settings(args)
+
+
+def test_rl_flags_follow_the_seeds():
+    s = _settings(["rl", "--num-episodes", "200", "--num-gpus", "8", "--batch-size", "4",
+                   "--group-size", "8", "--learning-rate", "1e-6", "--max-turns", "3",
+                   "--output-dir", "/tmp/x"])
+    assert (s.num_episodes, s.num_gpus, s.batch_size, s.group_size) == (200, 8, 4, 8)
+    assert s.learning_rate == 1e-6 and s.max_turns == 3 and s.output_dir == Path("/tmp/x")
+
+
+def test_num_episodes_sets_steps_from_batch_and_group():
+    ctx = Context.__new__(Context)
+    ctx.settings = TrainSettings(num_episodes=100, batch_size=4, group_size=8)
+    ctx.size = run_size(Preset.FULL, gpu=False)
+    cfg = grpo_config(ctx)
+    assert cfg.num_steps == 4 and cfg.episodes_per_step == 32  # ceil(100 / 32)
+
+
+def test_bare_resume_uses_output_dir_and_resume_path_sets_it():
+    s = _settings(["train", "--resume", "--output-dir", "/tmp/run1"])
+    assert s.resume == Path("/tmp/run1")
+    s = _settings(["rl", "--resume", "/tmp/run2"])
+    assert s.resume == Path("/tmp/run2") and s.output_dir == Path("/tmp/run2")
+
+
+def test_quick_test_flag_selects_preset():
+    assert _settings(["train", "--quick-test"]).preset is Preset.QUICK_TEST
+    assert _settings(["train", "--preset", "quickstart"]).preset is Preset.QUICKSTART
+
+
+def test_sft_role_choice():
+    from multiminddev.commands.train import _run_sft  # noqa: F401  (handler exists)
+
+    args = build_parser().parse_args(["sft", "--role", "optimizer"])
+    assert args.role == "optimizer" and args.handler.__name__ == "_run_sft"
+
+
+def test_settings_reject_group_of_one_and_tester_role():
+    with pytest.raises(ValueError, match="group_size"):
+        TrainSettings(group_size=1)
+    with pytest.raises(ValueError, match="Tester"):
+        TrainSettings(roles=(AgentRole.TESTER,))
+
+
+def test_checkpoint_resolves_to_adapter_dirs_or_a_model(tmp_path):
+    sft = tmp_path / "sft_checkpoints" / "generator"
+    sft.mkdir(parents=True)
+    (sft / "adapter_config.json").write_text("{}")
+    assert resolve_checkpoint(str(tmp_path), AgentRole.GENERATOR) == ("adapter", str(sft))
+    assert resolve_checkpoint(str(sft), AgentRole.GENERATOR) == ("adapter", str(sft))
+    assert resolve_checkpoint("Qwen/Qwen2.5-Coder-1.5B-Instruct", AgentRole.OPTIMIZER) == (
+        "model", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
+
+
+def test_quickstart_is_small_on_cpu():
+    size = run_size(Preset.QUICKSTART, gpu=False)
+    episodes = size.rl_steps * size.problems_per_step * size.group_size
+    assert episodes <= 8 and size.max_new_tokens <= 256
