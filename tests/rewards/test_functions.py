@@ -279,3 +279,13 @@ def test_warp_lane_modulo_indexing_is_coalesced():
         for (int c = lane; c < cols; c += 32) y[c] = row[c];
     }"""
     assert uses_coalesced_access(src)
+
+
+def test_cooperative_groups_and_warp_reduce_count_as_shuffles():
+    assert uses_warp_shuffle("v = tile.shfl_down(v, 16);")
+    assert uses_warp_shuffle("int s = __reduce_add_sync(0xffffffff, v);")
+    assert not uses_warp_shuffle("// no __shfl here, only a word: shuffle(")
+
+
+def test_commented_out_shuffle_earns_nothing():
+    assert not uses_warp_shuffle("// TODO: v += __shfl_down_sync(0xffffffff, v, 16);\n/* __shfl_xor_sync( */")

@@ -306,15 +306,19 @@ def _breakdown(components: dict[str, float]) -> RewardBreakdown:
 
 # --- source heuristics -----------------------------------------------------------------------
 
-_SHFL = re.compile(r"\b__shfl(_xor|_up|_down)?(_sync)?\s*\(")
+# Warp shuffles: the intrinsics, sm_80 warp reductions, and cooperative-groups tile methods.
+_SHFL = re.compile(
+    r"\b__shfl(_xor|_up|_down)?(_sync)?\s*\(|\b__reduce_\w+_sync\s*\(|\.shfl(_xor|_up|_down)?\s*\("
+)
 _ASSIGN = re.compile(r"\b([A-Za-z_]\w*)\s*(?<![=!<>+\-*/%&|^])=(?!=)\s*([^;{}]+);")
 _SUBSCRIPT = re.compile(r"\[([^\[\]]+)\]")
 _CAST = re.compile(r"^\(\s*(?:unsigned\s+)?(?:long\s+long|long|int|size_t|int64_t)\s*\)\s*")
 
 
 def uses_warp_shuffle(source: str) -> bool:
-    """Whether the source calls a warp shuffle intrinsic (``__shfl_*_sync`` or legacy ``__shfl``)."""
-    return bool(_SHFL.search(source))
+    """Whether the source uses warp shuffles: ``__shfl*_sync`` (or legacy ``__shfl``),
+    ``__reduce_*_sync`` or a cooperative-groups tile's ``.shfl*()``."""
+    return bool(_SHFL.search(_strip_comments(source)))
 
 
 def uses_coalesced_access(source: str) -> bool:
@@ -328,6 +332,7 @@ def uses_coalesced_access(source: str) -> bool:
     warp-uniform index (``tid / 32``), which is neither. Not covered: lanes passed through
     function calls, and 2-D layouts whose innermost index is ``threadIdx.y``.
     """
+    source = _strip_comments(source)
     assignments = _ASSIGN.findall(source)
     lanes = {"threadIdx.x"}
     for _ in range(3):  # lanes derived from lanes (j = i + offset)
@@ -339,6 +344,14 @@ def uses_coalesced_access(source: str) -> bool:
     exprs = subscripts + [expr for _, expr in assignments]
     scaled = any(_scaled_term(e, lane) for e in exprs for lane in lanes)
     return unscaled and not scaled
+
+
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+
+
+def _strip_comments(source: str) -> str:
+    """C/C++ comments removed, so a comment mentioning an intrinsic earns nothing."""
+    return _COMMENT.sub(" ", source)
 
 
 def _terms(expr: str) -> list[str]:
