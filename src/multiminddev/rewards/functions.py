@@ -167,6 +167,8 @@ def _gated_shaped(result: EvalResult, cfg: RewardConfig, source: str | None) -> 
     if not _gate_open(result, cfg):
         return _breakdown(_failure_terms(result, cfg))
     comps = {
+        # Behind the default all-trials gate the pass rate is 1; it varies (partial credit for
+        # some passing trials) only with require_all_trials=False.
         "pass_rate": w["pass_rate"] * result.verify.pass_rate,
         "speedup": w["speedup"] * speedup_norm(result, cfg),
         "reg_pressure": -cfg.reg_pressure_penalty * float(has_register_pressure(result, cfg)),
