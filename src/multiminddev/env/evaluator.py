@@ -7,7 +7,8 @@
         result = await ev.aevaluate(problem, candidate_source)
 
 Every call returns an ``EvalResult`` with a one-line ``message``; nothing a candidate does makes
-these raise. Static checks run here; compilation, execution and timing run in worker processes
+these raise. Workers start from a forkserver (or spawn), so a script that builds an Evaluator
+needs the usual ``if __name__ == "__main__":`` guard. Static checks run here; compilation, execution and timing run in worker processes
 (``pool.py``); outputs are verified here (``verify.py``), outside the candidate's process.
 """
 

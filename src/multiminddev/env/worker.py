@@ -270,6 +270,7 @@ def _baselines(state: WorkerState, problem: Any, cfg: EvalConfig, ref: Reference
         peak_gbps = hit["gbps"] if hit else bm.measure_peak_bandwidth(state.device_index)
         if not hit:
             cache.put(key, {"gbps": peak_gbps})
+            torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
     state.peak_gbps = peak_gbps
     inputs = clone_inputs(ref.trial_inputs[0])
     with torch.no_grad():
@@ -344,35 +345,29 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
     return module
 
 
-def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException | None,
+def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException,
                           first_nvrtc: int, first_inline: int) -> None:
-    from multiminddev.cuda import KernelCompileError, NoGPUError
+    """Report a compile error, a failed load_inline build, or 'cannot run here'."""
+    from multiminddev.cuda import KernelCompileError
     from multiminddev.cuda import kernels as kernels_mod
     from multiminddev.env import inline_build
 
-    try:
-        raise exc  # type: ignore[misc]
-    except KernelCompileError as exc:
-        conn.send(("compile", _compile_payload(kernels_mod.compile_log[first_nvrtc:] or [exc.result],
-                                               inline_build.inline_log[first_inline:])))
+    nvrtc = kernels_mod.compile_log[first_nvrtc:]
+    inline = inline_build.inline_log[first_inline:]
+    if isinstance(exc, (KernelCompileError, inline_build.InlineBuildError)):
+        if isinstance(exc, KernelCompileError) and not nvrtc:
+            nvrtc = [exc.result]
+        conn.send(("compile", _compile_payload(nvrtc, inline)))
         conn.send(("fail", {"kind": FailureKind.COMPILE, "stage": Stage.COMPILE.value,
                             "message": _compile_message(exc.result)}))
-        return None
-    except inline_build.InlineBuildError as exc:
-        conn.send(("compile", _compile_payload([], inline_build.inline_log[first_inline:])))
-        conn.send(("fail", {"kind": FailureKind.COMPILE, "stage": Stage.COMPILE.value,
-                            "message": _compile_message(exc.result)}))
-        return None
-    except (NoGPUError, inline_build.InlineBuildUnavailable) as exc:
-        payload = _compile_payload(kernels_mod.compile_log[first_nvrtc:],
-                                   inline_build.inline_log[first_inline:])
-        if isinstance(exc, inline_build.InlineBuildUnavailable):
-            payload["result"] = _to_jsonable(CompileResult(
-                status=StageStatus.SKIPPED, backend="load_inline", error=str(exc)))
-        conn.send(("compile", payload))
-        kind = FailureKind.NO_GPU if not state.gpu else FailureKind.INFRA
-        conn.send(("fail", {"kind": kind, "stage": Stage.COMPILE.value, "message": str(exc)}))
-        return None
+        return
+    payload = _compile_payload(nvrtc, inline)
+    if isinstance(exc, inline_build.InlineBuildUnavailable):
+        payload["result"] = _to_jsonable(CompileResult(
+            status=StageStatus.SKIPPED, backend="load_inline", error=str(exc)))
+    conn.send(("compile", payload))
+    kind = FailureKind.NO_GPU if not state.gpu else FailureKind.INFRA
+    conn.send(("fail", {"kind": kind, "stage": Stage.COMPILE.value, "message": str(exc)}))
 
 
 def _install_sandbox(state: WorkerState, cfg: EvalConfig, *, allow_build: bool) -> None:
