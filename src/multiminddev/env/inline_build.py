@@ -288,18 +288,21 @@ class InlineBuilder:
         self._futures: dict[str, cf.Future] = {}
         self._lock = threading.Lock()
 
-    def submit(self, spec: InlineSpec) -> cf.Future:
+    def submit(self, spec: InlineSpec) -> tuple[cf.Future, bool]:
+        """The build's future, and whether this call started it (False: an earlier
+        evaluation in this process already asked for the same library)."""
         import torch
 
         key = spec.key(self.arch, torch.__version__)
         with self._lock:
-            if key not in self._futures:
+            fresh = key not in self._futures
+            if fresh:
                 if self._pool is None:
                     ctx = multiprocessing.get_context("spawn")
                     self._pool = cf.ProcessPoolExecutor(self._workers, mp_context=ctx)
                 self._futures[key] = self._pool.submit(
                     build_extension, spec.args, str(self.cache_root), self.arch)
-            return self._futures[key]
+            return self._futures[key], fresh
 
     def build(self, specs: list[InlineSpec], timeout_s: float) -> CompileResult:
         """Build all of a candidate's extensions; one merged CompileResult."""
@@ -307,15 +310,18 @@ class InlineBuilder:
         if reason is not None:
             return CompileResult(status=StageStatus.SKIPPED, backend="load_inline",
                                  arch=self.arch, error=reason)
-        futures = [self.submit(s) for s in specs]
+        submitted = [self.submit(s) for s in specs]
         try:
-            outcomes = [f.result(timeout=timeout_s) for f in futures]
+            outcomes = [dict(f.result(timeout=timeout_s)) for f, _ in submitted]
         except cf.TimeoutError:
             return CompileResult(status=StageStatus.TIMEOUT, backend="load_inline", arch=self.arch,
                                  error=f"load_inline build ran past {timeout_s:.0f} s")
         except Exception as exc:  # noqa: BLE001 - a crashed build process is infrastructure
             return CompileResult(status=StageStatus.ERROR, backend="load_inline", arch=self.arch,
                                  error=f"build process failed: {exc}")
+        for outcome, (_, fresh) in zip(outcomes, submitted, strict=True):
+            if not fresh and outcome.get("status") == "ok":  # built for an earlier evaluation
+                outcome.update(cached=True, seconds=0.0)
         results = [outcome_to_compile_result(o, self.arch) for o in outcomes]
         failed = [r for r in results if r.status is not StageStatus.OK]
         merged = failed[0] if failed else results[0] if results else CompileResult(

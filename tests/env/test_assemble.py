@@ -1,0 +1,77 @@
+"""assemble_result: worker reports (real JobOutcome data) -> status, message, precedence."""
+
+from __future__ import annotations
+
+import torch
+
+from multiminddev.env.assemble import assemble_result
+from multiminddev.env.candidate import pack_tensor
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.pool import JobOutcome
+from multiminddev.env.results import EvalStatus, RejectReason, StageStatus, StaticCheckResult
+from tests.env._fixtures import problem_named
+
+CFG = EvalConfig(benchmark=False)
+STATIC = StaticCheckResult(status=StageStatus.OK)
+COMPILED = {"result": {"status": "ok", "backend": "nvrtc", "arch": "sm_90", "kernels": [{"name": "k"}]}}
+
+
+def _outputs(values):
+    return {"outputs": [[pack_tensor(torch.tensor(v, dtype=torch.float32))] for v in values]}
+
+
+def _assemble(outcome):
+    return assemble_result(problem_named("1_relu"), "src", STATIC, outcome, CFG)
+
+
+def test_matching_outputs_are_ok():
+    out = JobOutcome(messages={"reference": _outputs([[1.0, 2.0]] * 5), "compile": COMPILED,
+                               "outputs": _outputs([[1.0, 2.0]] * 5), "done": {}})
+    result = _assemble(out)
+    assert result.status is EvalStatus.OK and result.message.startswith("correct on 5/5")
+
+
+def test_wrong_outputs_are_incorrect_with_a_summary():
+    out = JobOutcome(messages={"reference": _outputs([[1.0, 2.0]]), "compile": COMPILED,
+                               "outputs": _outputs([[1.0, 3.0]]), "done": {}})
+    result = _assemble(out)
+    assert result.status is EvalStatus.INCORRECT and "index [1]" in result.message
+
+
+def test_per_trial_guard_rejection_beats_incorrect():
+    fail = {"kind": "rejected", "stage": "run", "reason": "torch_compute", "message": "aten.relu"}
+    out = JobOutcome(messages={"reference": _outputs([[1.0]]), "compile": COMPILED,
+                               "outputs": _outputs([[5.0]])}, failure=fail)
+    result = _assemble(out)
+    assert result.status is EvalStatus.REJECTED
+    assert result.reject_reason is RejectReason.TORCH_COMPUTE
+
+
+def test_late_stale_output_finding_on_wrong_outputs_reads_as_incorrect():
+    fail = {"kind": "rejected", "stage": "guards", "reason": "stale_output", "message": "same"}
+    out = JobOutcome(messages={"reference": _outputs([[1.0]]), "compile": COMPILED,
+                               "outputs": _outputs([[5.0]])}, failure=fail)
+    assert _assemble(out).status is EvalStatus.INCORRECT
+
+
+def test_death_names_the_signal_and_marks_the_stage():
+    out = JobOutcome(messages={"reference": _outputs([[1.0]]), "compile": COMPILED},
+                     died_in_stage="run", exitcode=-11, worker_restarted=True)
+    result = _assemble(out)
+    assert result.status is EvalStatus.RUNTIME_ERROR and "SIGSEGV" in result.message
+    assert result.verify.status is StageStatus.FAILED and result.worker_restarted
+
+
+def test_timeout_in_reference_setup_is_infrastructure():
+    result = _assemble(JobOutcome(messages={}, timed_out_stage="setup", infra_error=""))
+    assert result.status is EvalStatus.INFRA_ERROR and "setup_timeout_s" in result.message
+
+
+def test_timeout_message_points_at_the_candidate_line():
+    stack = ('Thread 0x1 (most recent call first):\n'
+             '  File "/tmp/mmd-worker-x/mmd_candidate_ab_1.py", line 17 in forward\n'
+             '  File "/work/src/multiminddev/env/stages.py", line 80 in _correctness_trials\n')
+    out = JobOutcome(messages={"reference": _outputs([[1.0]]), "compile": COMPILED},
+                     timed_out_stage="run", hang_stack=stack)
+    result = _assemble(out)
+    assert result.status is EvalStatus.TIMEOUT and "candidate line 17 (forward)" in result.message
