@@ -71,3 +71,20 @@ def test_restarts_are_counted(evaluator):
     before = evaluator.pool.restarts
     evaluator.evaluate(problem_named("1_relu"), SEGFAULT)
     assert evaluator.pool.restarts == before + 1
+
+
+def test_interpreter_exits_without_close(tmp_path):
+    """Idle workers must not keep a script that forgot Evaluator.close() from exiting."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "forgot_close.py"
+    script.write_text(
+        "from multiminddev.env import EvalConfig, Evaluator\n"
+        "if __name__ == '__main__':\n"
+        "    ev = Evaluator(EvalConfig(num_workers=1))\n"
+        "    ev.warm_up()\n"
+        "    print('started')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=90, check=False)
+    assert done.returncode == 0 and "started" in done.stdout

@@ -9,6 +9,7 @@ the evaluator never die with it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
 import os
@@ -16,6 +17,7 @@ import queue
 import signal
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,6 +166,9 @@ class WorkerPool:
         for slot in self.slots:
             self._free.put(slot)
         self.restarts = 0
+        # Idle workers block on their pipe; multiprocessing's own exit handler would join them
+        # forever. This runs first (atexit is LIFO) for evaluators that were never closed.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def start(self) -> None:
         """Start every slot's workers now (otherwise they start on first use)."""
@@ -274,6 +279,12 @@ class WorkerPool:
         self.closed = True
         for slot in self.slots:
             slot.close()
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    pool = ref()
+    if pool is not None and not pool.closed:
+        pool.close()
 
 
 def visible_gpu_count() -> int:
