@@ -39,7 +39,8 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
     # min_new_tokens is not exposed: a fixed-length measure would hide EOS behaviour, so we
     # report what was actually sampled.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-    backend.generate_sync([prompt], SamplingParams(max_new_tokens=4), AgentRole.GENERATOR)  # warm
+    # warm-up at the measured batch shape (first calls allocate and pick kernels)
+    backend.generate_sync([prompt] * batch, SamplingParams(max_new_tokens=4), AgentRole.GENERATOR)
     times, tokens = [], 0
     for _ in range(repeats):
         _sync()
