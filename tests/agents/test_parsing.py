@@ -1,6 +1,11 @@
 import pytest
 
-from multiminddev.agents.parsing import MAX_REPLY_CHARS, ParseFailure, find_code_blocks, parse_candidate
+from multiminddev.agents.parsing import (
+    MAX_REPLY_CHARS,
+    ParseFailure,
+    find_code_blocks,
+    parse_candidate,
+)
 
 MODULE = '''import torch
 import torch.nn as nn

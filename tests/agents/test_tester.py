@@ -9,8 +9,10 @@ from multiminddev.agents.tester import (
     fit_sections,
     format_failure_feedback,
     parse_ncu_csv,
-    tester_feedback as feedback_for,
     threads_per_block_in,
+)
+from multiminddev.agents.tester import (
+    tester_feedback as feedback_for,
 )
 from multiminddev.env.results import (
     BenchmarkResult,

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from multiminddev.agents.roles import AgentRole
 from multiminddev.cli import build_parser, main
 from multiminddev.commands.optimize import describe
 from multiminddev.env.results import CompileResult, EvalResult, EvalStatus, StageStatus
 from multiminddev.episode import Episode, EpisodeStatus, Turn
-from multiminddev.agents.roles import AgentRole
 from tests.episode.helpers import RELU_KERNEL, RELU_PROBLEM, relu_problem
 from tests.policy.helpers import require_default_model
 

@@ -123,7 +123,7 @@ def _episode_with(results, **cfg):
 
 
 def test_termination_rules():
-    ok = lambda s: _res(EvalStatus.OK, s)  # noqa: E731
+    ok = lambda s: _res(EvalStatus.OK, s)
     assert _episode_with([ok(2.5)], target_speedup=2.0) is EpisodeStatus.TARGET_REACHED
     assert _episode_with([ok(1.2)]) is EpisodeStatus.RUNNING
     assert _episode_with(["format", "format"]) is EpisodeStatus.FORMAT_FAILURES

@@ -6,7 +6,6 @@ import functools
 
 import pytest
 
-from multiminddev.agents.roles import AgentRole
 from multiminddev.policy import PolicyConfig, build_policy, default_model_path
 
 

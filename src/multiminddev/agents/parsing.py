@@ -60,7 +60,7 @@ def find_code_blocks(text: str) -> list[CodeBlock]:
     for line in text.splitlines():
         stripped = line.strip()
         if body is None:
-            if stripped.startswith("```") or stripped.startswith("~~~"):
+            if stripped.startswith(("```", "~~~")):
                 fence = stripped[:3]
                 lang = stripped[3:].strip().lower().split(" ")[0] if len(stripped) > 3 else ""
                 body = []

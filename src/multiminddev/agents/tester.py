@@ -392,7 +392,7 @@ def deep_profile(problem: Any, source: str, *, timeout_s: float = 120.0) -> dict
 
 def _run_tool(cmd: list[str], timeout_s: float) -> subprocess.CompletedProcess[str] | str:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout_s:.0f} s"
     except OSError as exc:

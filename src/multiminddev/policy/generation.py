@@ -138,13 +138,13 @@ class HFGenerationBackend:
         import torch
 
         input_ids, attention_mask = left_pad([p for _, p in chunk], self._pad_id, self.policy.device)
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=sampling.max_new_tokens,
-            pad_token_id=self._pad_id,
-            eos_token_id=self.tokenizer.eos_token_id,
-            return_dict_in_generate=True,
-            output_logits=self.logprob_source is LogprobSource.SAMPLER,
-        )
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_new_tokens,
+            "pad_token_id": self._pad_id,
+            "eos_token_id": self.tokenizer.eos_token_id,
+            "return_dict_in_generate": True,
+            "output_logits": self.logprob_source is LogprobSource.SAMPLER,
+        }
         if sampling.temperature > 0:
             kwargs.update(do_sample=True, temperature=sampling.temperature,
                           top_p=sampling.top_p, top_k=0)
