@@ -46,7 +46,7 @@ def test_optimize_runs_the_embedded_model_end_to_end(tmp_path, capsys):
     problem = tmp_path / "relu.py"
     problem.write_text(RELU_PROBLEM)
     out = tmp_path / "episodes.jsonl"
-    code = main(["optimize", str(problem), "--turns", "2", "--max-new-tokens", "48",
+    code = main(["optimize", str(problem), "--turns", "2", "--max-new-tokens", "24",
                  "--seed", "0", "--json", "--save", str(out)])
     data = json.loads(capsys.readouterr().out)
     assert code in (0, 1) and data["problem"]["name"] == "relu"
