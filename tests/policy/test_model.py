@@ -147,3 +147,12 @@ def test_separate_models_give_each_role_its_own_parameters():
         {id(p) for p in policy.trainable_parameters(O)})
     with policy.reference() as ref:
         assert not any(p.requires_grad for p in ref.parameters())
+
+
+def test_nested_use_restores_the_outer_role():
+    policy = tiny_policy()
+    with policy.use(G) as m:
+        outer = _logits(m)
+        with policy.use(O) as inner:
+            assert not torch.allclose(_logits(inner), outer)
+        assert torch.allclose(_logits(m), outer)

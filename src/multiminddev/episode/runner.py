@@ -360,6 +360,11 @@ async def arun_episodes(
         Episode(problem=p, episode_id=f"{p.name}-{i}-{g}", group=i)
         for i, p in enumerate(problems) for g in range(group_size)
     ]
+    window = getattr(backend, "context_window", None)
+    if window and config.max_prompt_tokens + config.sampling.max_new_tokens > window:
+        log.warning("max_prompt_tokens (%d) + max_new_tokens (%d) exceed the model's window "
+                    "(%d): long prompts will be cut short by the model", config.max_prompt_tokens,
+                    config.sampling.max_new_tokens, window)
     cache = _EvalCache(evaluator)
     for index in range(config.max_turns):
         active = [e for e in episodes if not e.done]

@@ -172,6 +172,10 @@ class HFGenerationBackend:
         ]
 
     @property
+    def context_window(self) -> int:
+        return self.policy.context_window
+
+    @property
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self.tokenizer.eos_token_id
