@@ -149,7 +149,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     for role in cfg.train_roles:
         run_sft(role, policy.config, build_sft_dataset(role, train, seed=seed),
                 SFTConfig(output_dir=out, max_steps=args.sft_steps, batch_size=args.sft_batch_size,
-                          seed=seed, report_to=()), policy=policy)
+                          loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
+                          report_to=()), policy=policy)
     seconds["sft"] = time.perf_counter() - t
     rows["sft"] = evaluate_stage(trainer, heldout)
     t = time.perf_counter()
