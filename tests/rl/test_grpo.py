@@ -7,8 +7,13 @@ import torch
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.rl.grpo import (
-    AdvantageMode, GRPOConfig, GRPOTrainer, TurnSample, assign_advantages, batch_loss,
-    build_batch, score_episodes,
+    AdvantageMode,
+    GRPOConfig,
+    GRPOTrainer,
+    TurnSample,
+    assign_advantages,
+    batch_loss,
+    build_batch,
 )
 from tests.policy.helpers import tiny_policy
 

@@ -9,7 +9,13 @@ import torch
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.train.checkpoints import (
-    CheckpointError, TrainerState, atomic_dir, capture_rng, find_latest, load_latest, save_latest,
+    CheckpointError,
+    TrainerState,
+    atomic_dir,
+    capture_rng,
+    find_latest,
+    load_latest,
+    save_latest,
 )
 from tests.policy.helpers import tiny_policy
 
@@ -60,10 +66,9 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path):
     target = tmp_path / "latest"
     with atomic_dir(target) as tmp:
         (tmp / "a.txt").write_text("old")
-    with pytest.raises(RuntimeError):
-        with atomic_dir(target) as tmp:
-            (tmp / "a.txt").write_text("half-written")
-            raise RuntimeError("killed mid-write")
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("half-written")
+        raise RuntimeError("killed mid-write")
     assert (target / "a.txt").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["latest"]
 
@@ -93,8 +98,8 @@ def test_missing_file_listed_in_manifest_is_reported(tmp_path):
 
 
 def test_adapter_of_another_shape_is_refused(tmp_path):
-    from tests.policy.helpers import tiny_base_model, gguf_tokenizer
     from multiminddev.policy import PolicyConfig, build_policy
+    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
 
     policy = tiny_policy()
     opts = _optimizers(policy)

@@ -7,11 +7,22 @@ import math
 import pytest
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.env.results import BenchmarkResult, CompileResult, EvalResult, EvalStatus, StageStatus
+from multiminddev.env.results import (
+    BenchmarkResult,
+    CompileResult,
+    EvalResult,
+    EvalStatus,
+    StageStatus,
+)
 from multiminddev.episode import Episode, Turn
 from multiminddev.tasks.problem import load_problem_source
 from multiminddev.train.metrics import (
-    STEP_KEYS, MetricsConfig, MetricsLogger, PhaseTimer, read_metrics, rollout_metrics,
+    STEP_KEYS,
+    MetricsConfig,
+    MetricsLogger,
+    PhaseTimer,
+    read_metrics,
+    rollout_metrics,
 )
 from tests.rl.test_grpo import RELU
 

@@ -93,13 +93,13 @@ def _settings(args, **overrides):
     if resume is not None and output_dir is None:
         output_dir = Path(resume)
     preset = "quick-test" if getattr(args, "quick_test", False) else args.preset
-    kwargs = dict(
-        output_dir=output_dir or default_output_dir(), model=args.model, preset=preset,
-        num_gpus=args.num_gpus, train_problems=args.train_problems,
-        heldout_problems=args.heldout_problems, lora_rank=args.lora_rank,
-        full_finetune=args.full_finetune, seed=args.seed,
-        resume=Path(resume) if resume else None,
-    )
+    kwargs = {
+        "output_dir": output_dir or default_output_dir(), "model": args.model, "preset": preset,
+        "num_gpus": args.num_gpus, "train_problems": args.train_problems,
+        "heldout_problems": args.heldout_problems, "lora_rank": args.lora_rank,
+        "full_finetune": args.full_finetune, "seed": args.seed,
+        "resume": Path(resume) if resume else None,
+    }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
                  "wandb", "sft_steps"):

@@ -228,7 +228,7 @@ def _torch_load(path: Path) -> Any:
     try:
         # weights_only=False: RNG states hold numpy arrays and tuples; these files are our own.
         return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # torch raises several types for truncated/garbled files
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for garbled files
         raise CheckpointError(f"{path} is corrupt ({type(exc).__name__}: {exc}); delete "
                               f"{path.parent} and resume from another checkpoint or start afresh") from None
 

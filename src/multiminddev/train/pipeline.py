@@ -311,7 +311,7 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
 class _NullMetrics:
     """Evaluation-only runs log nothing per step."""
 
-    def log_step(self, record):  # noqa: D401 - protocol method
+    def log_step(self, record):
         pass
 
     def log_eval(self, step, metrics):

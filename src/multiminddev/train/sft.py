@@ -178,7 +178,7 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     ``policy`` may be passed to reuse an already loaded model (tests, the pipeline); otherwise it
     is loaded from ``policy_cfg``. The adapter is saved to ``cfg.checkpoint_root / role``.
     """
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     role = AgentRole(role)
     if not role.trainable:
