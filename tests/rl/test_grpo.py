@@ -88,7 +88,7 @@ def test_dapo_filter_drops_zero_variance_groups():
     assert [x.group for x in kept] == [1, 1]
 
 
-def _trainer(tmp_path, policy, **cfg):
+def _trainer(tmp_path, policy, compile_only=True, **cfg):
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, SamplingParams
@@ -102,7 +102,7 @@ def _trainer(tmp_path, policy, **cfg):
     return GRPOTrainer(config, policy=policy, backend=HFGenerationBackend(policy),
                        evaluator=Evaluator(EvalConfig(num_workers=1)),
                        curriculum=Curriculum.from_problems(problems()),
-                       episode_config=episode_cfg, output_dir=tmp_path, compile_only=True)
+                       episode_config=episode_cfg, output_dir=tmp_path, compile_only=compile_only)
 
 
 def test_update_changes_only_the_active_roles_adapter(tmp_path):
@@ -163,3 +163,18 @@ def test_resume_after_kill_reproduces_uninterrupted_training(tmp_path):
         assert all(torch.equal(sa["state"][k]["exp_avg"], sb["state"][k]["exp_avg"])
                    for k in sa["state"])
     assert straight.curriculum.state_dict() == resumed.curriculum.state_dict()
+
+
+@pytest.mark.gpu
+def test_one_step_on_gpu_moves_the_adapters_and_logs_real_rewards(tmp_path):
+    from multiminddev.train.metrics import read_metrics
+
+    policy = tiny_policy()
+    policy.peft_model.to("cuda")
+    before = _params(policy)
+    trainer = _trainer(tmp_path, policy, compile_only=False)
+    trainer.train()
+    after = _params(policy)
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(before, after))
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["compile_only"] is False
