@@ -42,18 +42,18 @@ class RunSize:
     sft_learning_rate: float = 2e-4
 
 
-# CPU sizes: SmolLM2-135M in float32 on 2 cores generates ~10 tokens/s (batch of 2) and trains on
-# ~40 tokens/s (measured here); prompts are ~800-1000 tokens and SFT examples up to ~2000, so the
-# CPU quickstart keeps every phase to a few sequences (measured: 12.9 min wall with batch-2 SFT,
-# peak RSS 14 GB; batch 1 halves the peak). 128 new tokens cannot hold a whole kernel (~360
-# tokens): on the CPU the quickstart shows the pipeline running, not learning. GPU sizes are
-# estimates for one H100 (not measured by the author).
+# CPU sizes, measured on the 2-core machine with nothing else running: SmolLM2-135M in float32
+# generates ~13 tokens/s (batch of 2), an SFT step takes ~6 s (Generator example, ~800 tokens) to
+# ~8 s (Optimizer, ~1800), a GRPO update ~30 s; prompts are ~800-1000 tokens. The CPU quickstart
+# keeps each phase to a few sequences (a kernel is ~360 tokens, so 384 new tokens can just hold
+# one). Other processes on the 2 cores slow every phase several-fold. GPU sizes are estimates for
+# one H100 (not measured by the author).
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
         train_problems=_TIER01[0], heldout_problems=_TIER01[1],
-        sft_max_steps=3, sft_batch_size=1, sft_loss_examples=1, sft_max_seq_length=2048,
-        rl_steps=2, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=128,
+        sft_max_steps=6, sft_batch_size=1, sft_loss_examples=1, sft_max_seq_length=2048,
+        rl_steps=2, problems_per_step=1, group_size=2, max_turns=2, max_new_tokens=384,
         mini_batch_size=4, eval_every=0, eval_problems=0, final_eval_problems=2),
     (Preset.QUICKSTART, True): RunSize(
         train_problems=_TIER01[0], heldout_problems=_TIER01[1],
