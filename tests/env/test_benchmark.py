@@ -35,3 +35,12 @@ def test_json_cache_round_trip_and_miss(tmp_path):
     cache.put(key, {"stats": {"median_ms": 1.5}})
     assert cache.get(key)["stats"] == {"median_ms": 1.5}
     assert cache.get(compile_baseline_key("abc", "NVIDIA H200", "2.11")) is None
+
+
+def test_hold_covers_the_host_enqueue_time_with_margin():
+    from multiminddev.env.benchmark import INITIAL_HOLD_CYCLES, MAX_HOLD_CYCLES, _cycles_to_cover
+
+    # 1 ms of host work -> at least 1 ms of spinning even on a 3 GHz clock
+    assert _cycles_to_cover(1e-3) >= 3e6
+    assert _cycles_to_cover(0.0) == INITIAL_HOLD_CYCLES // 4
+    assert _cycles_to_cover(10.0) == MAX_HOLD_CYCLES

@@ -69,6 +69,26 @@ def l2_flush_buffer(device: Any = None) -> Any:
     return torch.empty(2 * l2, dtype=torch.int8, device=device)
 
 
+# Host-side launch work (Python forward, argument conversion) can take longer than a short
+# kernel. Without care the GPU idles inside a timed interval waiting for the host, and the figure
+# measures Python, not the kernel (seen on an H200: 48.7 us for a kernel do_bench timed at
+# 35.9 us). So each batch starts behind a spin kernel long enough for the host to enqueue the
+# whole batch first; the spin itself lies outside every timed interval.
+INITIAL_HOLD_CYCLES = 4_000_000  # ~2 ms at 2 GHz, enough for 10 runs of a heavy forward
+MAX_HOLD_CYCLES = 400_000_000
+
+
+def _cycles_to_cover(host_seconds: float) -> int:
+    """Spin cycles that outlast ``host_seconds`` of enqueueing (assumes <= 3 GHz, 2x margin)."""
+    return int(min(MAX_HOLD_CYCLES, max(INITIAL_HOLD_CYCLES // 4, host_seconds * 3e9 * 2)))
+
+
+def _hold_gpu(torch: Any, cycles: int) -> None:
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None:
+        sleep(int(cycles))
+
+
 def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any) -> TimingStats:
     """Time ``fn`` on the current stream; ``flush`` is the L2 flush buffer (or None)."""
     import torch
@@ -78,16 +98,20 @@ def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any) -> TimingStat
     torch.cuda.synchronize()
     times: list[float] = []
     start_wall = time.perf_counter()
+    hold_cycles = INITIAL_HOLD_CYCLES
     while len(times) < plan.max_runs:
         n = min(BATCH, plan.max_runs - len(times))
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(n)]
+        enqueue_start = time.perf_counter()
+        _hold_gpu(torch, hold_cycles)
         for start, end in events:
             if flush is not None:
                 flush.zero_()
             start.record()
             fn()
             end.record()
+        hold_cycles = _cycles_to_cover(time.perf_counter() - enqueue_start)
         torch.cuda.synchronize()
         times.extend(start.elapsed_time(end) for start, end in events)
         if len(times) >= plan.min_runs:
