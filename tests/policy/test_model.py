@@ -156,3 +156,14 @@ def test_nested_use_restores_the_outer_role():
         with policy.use(O) as inner:
             assert not torch.allclose(_logits(inner), outer)
         assert torch.allclose(_logits(m), outer)
+
+
+def test_default_model_path_honours_the_environment_override(tmp_path, monkeypatch):
+    from multiminddev.policy.model import default_model_path
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("MULTIMINDDEV_DEFAULT_GGUF", str(gguf))
+    assert default_model_path() == gguf
+    monkeypatch.setenv("MULTIMINDDEV_DEFAULT_GGUF", str(tmp_path / "missing.gguf"))
+    assert default_model_path() is None

