@@ -101,3 +101,20 @@ def test_reference_solutions_measure_as_correct_on_gpu():
     m = rollout_metrics([episode], compile_only=False)
     assert result.status is EvalStatus.OK, result.message
     assert m["pass_rate"] == 1.0 and m["geomean_speedup"] > 0
+
+
+def test_rejections_are_counted_per_hack_class():
+    from multiminddev.env.results import RejectReason
+
+    def rejected(reason):
+        result = _result(EvalStatus.REJECTED)
+        result.reject_reason = reason
+        return result
+
+    episodes = [_episode(rejected(RejectReason.TORCH_COMPUTE), rejected(RejectReason.TORCH_COMPUTE)),
+                _episode(rejected(RejectReason.STALE_OUTPUT), _result(EvalStatus.OK, 1.5))]
+    m = rollout_metrics(episodes, compile_only=False)
+    assert m["hack_rate"] == pytest.approx(3 / 4)
+    assert m["hack_rate/torch_compute"] == pytest.approx(2 / 4)
+    assert m["hack_rate/stale_output"] == pytest.approx(1 / 4)
+    assert not any(k.startswith("hack_rate/") and k.endswith("pointer_cache") for k in m)

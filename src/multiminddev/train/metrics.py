@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -167,7 +168,11 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
     best = [_best_speedup(e) for e in episodes]
     correct = [s for s in best if s is not None and s > 0]
     geomean = math.exp(sum(math.log(s) for s in correct) / len(correct)) if correct else 0.0
-    return {
+    # One curve per hack class, so training shows which hack the policy is trying.
+    reasons = Counter(r.reject_reason.value for r in results
+                      if r.status is EvalStatus.REJECTED and r.reject_reason is not None)
+    per_reason = {f"hack_rate/{reason}": count / n for reason, count in sorted(reasons.items())}
+    return per_reason | {
         "compile_rate": sum(r.compiled for r in results) / n,
         "pass_rate": sum(r.correct for r in results) / n,
         "hack_rate": sum(r.status is EvalStatus.REJECTED for r in results) / n,
