@@ -320,7 +320,9 @@ def test_every_solution_clears_the_evaluator_up_to_the_gpu():
         problem = make_problem(family, next(s for s in family.shapes if s.dtype == dtype))
         pairs.append((problem, family.render_solution(variant, dtype)))
         labels.append(f"{family.name}-{variant.value}-{dtype}")
-    config = EvalConfig(num_workers=2, max_jobs_per_worker=64, compile_baseline=False)
+    # Generous limits: this checks statuses, not speed, and CI machines can be loaded.
+    config = EvalConfig(num_workers=2, max_jobs_per_worker=64, compile_baseline=False,
+                        timeout_s=600.0, compile_timeout_s=300.0, setup_timeout_s=300.0)
     with Evaluator(config) as evaluator:
         results = evaluator.evaluate_many(pairs)
     bad = {label: (r.status.value, r.message) for label, r in zip(labels, results, strict=True)
