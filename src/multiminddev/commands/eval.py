@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from multiminddev.report.metrics import geometric_mean
 
 
 def register(subparsers: Any) -> None:
@@ -133,7 +134,7 @@ def summarize(results: list[Any]) -> dict[str, Any]:
     counts = Counter(r.status.value for r in results)
     speedups = [r.benchmark.speedup_vs_eager for r in results
                 if r.correct and r.benchmark.speedup_vs_eager > 0]
-    geo = math.exp(sum(math.log(s) for s in speedups) / len(speedups)) if speedups else None
+    geo = geometric_mean(speedups) if speedups else None
     return {
         "candidates": n,
         "status_counts": dict(sorted(counts.items())),

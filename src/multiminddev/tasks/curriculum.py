@@ -14,13 +14,13 @@ JSON-serialisable dict so checkpoints restore it exactly.
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from multiminddev.report.metrics import geometric_mean
 from multiminddev.tasks.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def tier_stats(outcomes: Sequence[Outcome], episodes: int) -> TierStats:
         window=n,
         compile_rate=sum(o.compiled for o in outcomes) / n if n else 0.0,
         pass_rate=sum(o.correct for o in outcomes) / n if n else 0.0,
-        mean_speedup=math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else 0.0,
+        mean_speedup=geometric_mean(speedups) if speedups else 0.0,
     )
 
 

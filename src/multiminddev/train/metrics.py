@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiminddev.report.metrics import geometric_mean
+
 COMPILE_ONLY_NOTE = "compile-only rewards (no GPU)"
 
 PHASES = ("rollout", "reward", "advantage", "update", "log", "checkpoint")
@@ -167,7 +169,7 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
 
     best = [_best_speedup(e) for e in episodes]
     correct = [s for s in best if s is not None and s > 0]
-    geomean = math.exp(sum(math.log(s) for s in correct) / len(correct)) if correct else 0.0
+    geomean = geometric_mean(correct) if correct else 0.0
     # One curve per hack class, so training shows which hack the policy is trying.
     reasons = Counter(r.reject_reason.value for r in results
                       if r.status is EvalStatus.REJECTED and r.reject_reason is not None)
