@@ -24,32 +24,13 @@ from multiminddev.tasks.sft_data import (
     sakana_optimizer_examples,
     untimed_feedback,
 )
+from tests.episode.helpers import RELU_KERNEL
 from tests.tasks.kb_fixtures import KERNELBENCH_PROBLEMS, sakana_rows, write_sakana_parquet
 
 RELU = KERNELBENCH_PROBLEMS[1]["19_ReLU"]
 
-NAIVE_RELU = '''import torch
-import torch.nn as nn
-from multiminddev.cuda import compile_kernels
-
-kernels = compile_kernels(r"""
-extern "C" __global__ void relu(const float* __restrict__ x, float* __restrict__ y, long n) {
-    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
-    if (i < n) y[i] = fmaxf(x[i], 0.0f);
-}
-""")
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        x = x.contiguous()
-        y = torch.empty_like(x)
-        n = x.numel()
-        kernels.relu(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))
-        return y
-'''
+# The same honest relu candidate the episode tests use.
+NAIVE_RELU = RELU_KERNEL
 
 FAST_RELU = '''import torch
 import torch.nn as nn
