@@ -186,11 +186,11 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
 
 
 def best_result(episode: Any) -> Any:
-    """The episode's best EvalResult: correct and fastest, else compiled, else any (or None)."""
+    """The episode's best EvalResult by the episode runner's own ranking (or None)."""
+    from multiminddev.episode.runner import result_score  # one definition of "best"
+
     results = [t.eval_result for t in episode.turns if getattr(t, "eval_result", None) is not None]
-    if not results:
-        return None
-    return max(results, key=lambda r: (r.correct, r.speedup if r.correct else 0.0, r.compiled))
+    return max(results, key=result_score) if results else None
 
 
 def _best_speedup(episode: Any) -> float | None:
