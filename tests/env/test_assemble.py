@@ -75,3 +75,19 @@ def test_timeout_message_points_at_the_candidate_line():
                      timed_out_stage="run", hang_stack=stack)
     result = _assemble(out)
     assert result.status is EvalStatus.TIMEOUT and "candidate line 17 (forward)" in result.message
+
+
+def test_timings_join_parent_stages_worker_steps_and_verify():
+    out = JobOutcome(messages={"reference": _outputs([[1.0, 2.0]]), "compile": COMPILED,
+                               "outputs": _outputs([[1.0, 2.0]]), "done": {},
+                               "timings": {"run.forward": 0.25, "run.poison": 0.5,
+                                           "bogus": "not a number", 7: 1.0}},
+                     stages_seconds={"run": 1.5, "compile": 0.03})
+    result = _assemble(out)
+    assert result.timings["stage.run"] == 1.5 and result.timings["stage.compile"] == 0.03
+    assert result.timings["worker.run.forward"] == 0.25
+    assert result.timings["worker.run.poison"] == 0.5
+    assert "worker.bogus" not in result.timings and len(
+        [k for k in result.timings if k.startswith("worker.")]) == 2
+    assert result.timings["parent.verify"] >= 0.0
+    assert type(result).from_dict(result.to_dict()).timings == result.timings

@@ -96,3 +96,26 @@ def test_failed_trial_counts_and_error_magnitudes():
     assert result.mismatches[0].trial == 1
     abs_err, _ = error_magnitudes(good, bad)
     assert result.max_abs_error == pytest.approx(abs_err) == pytest.approx(1e-2, rel=1e-3)
+
+
+def test_chunked_fast_path_matches_the_whole_tensor_errors_and_finds_late_mismatches():
+    from multiminddev.env import verify
+
+    n = 3 * verify.CHUNK_ELEMENTS + 5
+    torch.manual_seed(0)
+    expected = torch.randn(n)
+    actual = expected + 1e-6 * torch.randn(n)
+    fast = verify._all_close_chunked(expected, actual, atol=1e-4, rtol=1e-4)
+    diff = (actual - expected).abs()
+    assert fast is not None
+    assert fast[0] == pytest.approx(float(diff.max()))
+    assert fast[1] == pytest.approx(float((diff / expected.abs()).max()), rel=1e-5)
+    late_bad = actual.clone()
+    late_bad[-1] += 1.0  # in the last, partial chunk
+    assert verify._all_close_chunked(expected, late_bad, atol=1e-4, rtol=1e-4) is None
+    mismatch = verify.compare_tensor(expected, late_bad, atol=1e-4, rtol=1e-4)
+    assert mismatch is not None and mismatch.first_bad_indices == [[n - 1]]
+    nan = actual.clone()
+    nan[verify.CHUNK_ELEMENTS] = float("nan")
+    assert verify._all_close_chunked(expected, nan, atol=1e-4, rtol=1e-4) is None
+    assert verify.compare_tensor(expected, nan, atol=1e-4, rtol=1e-4).reason == "nan_inf"

@@ -64,11 +64,25 @@ def assemble_result(problem: Problem, candidate: str, static: StaticCheckResult,
         result.status, result.message = EvalStatus.INFRA_ERROR, outcome.infra_error
         return result
     result.compile = _compile_result(outcome, inline_compile)
+    verify_start = time.perf_counter()
     result.verify = _verify(problem, outcome)
+    result.timings = timing_breakdown(outcome, time.perf_counter() - verify_start)
     result.benchmark = _benchmark(problem, outcome, cfg)
     status, message, reason = _overall(result, outcome, cfg)
     result.status, result.message, result.reject_reason = status, message, reason
     return result
+
+
+def timing_breakdown(outcome: JobOutcome, verify_seconds: float) -> dict[str, float]:
+    """Stage times seen by the parent, the worker's own sub-step times (a diagnostic the
+    candidate could in principle forge: never used for rewards), and the parent's comparison."""
+    timings = {f"stage.{name}": round(sec, 4) for name, sec in outcome.stages_seconds.items()}
+    worker = outcome.messages.get("timings")
+    if isinstance(worker, dict):
+        timings.update({f"worker.{name}": round(float(sec), 4) for name, sec in worker.items()
+                        if isinstance(name, str) and isinstance(sec, (int, float))})
+    timings["parent.verify"] = round(verify_seconds, 4)
+    return timings
 
 
 def _compile_result(outcome: JobOutcome, inline_compile: CompileResult | None) -> CompileResult:

@@ -42,7 +42,10 @@ class EvalConfig:
     # Concurrency: evaluation slots (one active candidate each); None -> one per GPU (1 without).
     num_workers: int | None = None
     max_jobs_per_worker: int = 1  # 1: a fresh process per candidate (no state leaks between them)
-    spare_workers: int = 1  # started ahead per slot so the next job does not wait for startup
+    # Started ahead per slot so the next job does not wait for a worker's startup (CUDA
+    # context, CUPTI: seconds on some machines, against ~1-2 s per evaluation). None: 3 per
+    # slot with a GPU, 1 without (compile-only workers start fast and CPUs are scarce there).
+    spare_workers: int | None = None
     start_method: StartMethod = StartMethod.FORKSERVER
     # Correctness
     num_trials: int = 5
@@ -81,7 +84,7 @@ class EvalConfig:
         _positive_int(self, "inline_build_workers")
         if self.num_workers is not None and self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 or None (one per GPU), got {self.num_workers}")
-        if self.spare_workers < 0 or self.warmup_runs < 0:
+        if (self.spare_workers is not None and self.spare_workers < 0) or self.warmup_runs < 0:
             raise ValueError("spare_workers and warmup_runs must be >= 0")
         for f in fields(self):
             if f.name.endswith("_timeout_s") or f.name in ("timeout_s", "bench_budget_s"):

@@ -130,7 +130,7 @@ class Slot:
         return worker
 
     def refill_locked(self) -> None:
-        while len(self.idle) < max(1, self.pool.config.spare_workers) and not self.pool.closed:
+        while len(self.idle) < max(1, self.pool.spare_workers) and not self.pool.closed:
             self.idle.append(self.pool.start_worker(self.device_index))
 
     def give_back(self, worker: WorkerHandle) -> None:
@@ -160,6 +160,8 @@ class WorkerPool:
             self._ctx.set_forkserver_preload(["torch", "multiminddev.env.worker"])
         devices = visible_gpu_count()
         self.gpu_count = devices
+        self.spare_workers = (config.spare_workers if config.spare_workers is not None
+                              else (3 if devices else 1))
         n = config.num_workers or max(1, devices)
         self.slots = [Slot(self, (i % devices) if devices else None) for i in range(n)]
         self._free: queue.Queue[Slot] = queue.Queue()

@@ -213,6 +213,9 @@ class EvalResult:
     worker_restarted: bool = False
     seconds: float = 0.0
     device: str = ""  # what it was measured on ("NVIDIA H100 80GB HBM3", "cpu (compile only)")
+    # Where the seconds went: "stage.<stage>" as the parent saw it, "worker.<step>" measured in
+    # the worker (reference setup, poisoning, forward, output copies, guards...), "parent.verify".
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def compiled(self) -> bool:

@@ -21,15 +21,18 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
     """Run, guards, benchmark. Returns True when the worker must exit (fatal CUDA error)."""
     import torch
 
-    from multiminddev.env.worker import _report_exception
+    from multiminddev.env.worker import _report_exception, timed
 
     stage = Stage.RUN
+    clock = state.timings
     try:
         conn.send(("begin", stage.value))
         torch.manual_seed(cfg.seed)
-        model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
+        with timed(clock, "run.model_init"):
+            model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
         outputs, findings = _correctness_trials(state, cfg, ref, model_new)
-        send_tensor_lists(conn, "outputs", outputs)
+        with timed(clock, "run.send_outputs"):
+            send_tensor_lists(conn, "outputs", outputs)
         if findings:
             return _reject(conn, stage, findings)
         if state.guards is not None:
@@ -43,10 +46,12 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         if cfg.benchmark:
             stage = Stage.BENCHMARK
             conn.send(("begin", stage.value))
-            bench, findings = _benchmark_candidate(state, cfg, problem, ref, model_new)
+            with timed(clock, "benchmark"):
+                bench, findings = _benchmark_candidate(state, cfg, problem, ref, model_new)
             conn.send(("benchmark", bench))
             if findings:
                 return _reject(conn, stage, findings)
+        conn.send(("timings", dict(clock)))
         conn.send(("done", {"notes": state.notes}))
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
@@ -65,21 +70,23 @@ def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                         ) -> tuple[list[list[Any]], list[Finding]]:
     import torch
 
-    from multiminddev.env.worker import clone_inputs
+    from multiminddev.env.worker import clone_inputs, timed, to_host
 
-    guards = state.guards
+    guards, clock = state.guards, state.timings
     packed: list[list[Any]] = []  # per trial, the outputs copied to the CPU
     findings: list[Finding] = []
     for trial_inputs in ref.trial_inputs:
         inputs = clone_inputs(trial_inputs)
         with torch.no_grad():
             if guards is None:
-                outs = as_output_list(model_new(*inputs))
-                torch.cuda.synchronize()
+                with timed(clock, "run.forward"):
+                    outs = as_output_list(model_new(*inputs))
+                    torch.cuda.synchronize()
             else:
-                outs, found = _guarded_forward(guards, ref, model_new, trial_inputs, inputs)
+                outs, found = _guarded_forward(guards, ref, model_new, trial_inputs, inputs, clock)
                 findings.extend(found)
-        packed.append([o.cpu() if isinstance(o, torch.Tensor) else o for o in outs])
+        with timed(clock, "run.copy_outputs"):
+            packed.append([to_host(o, state.pinned_copies) for o in outs])
         del outs
         if findings:
             break
@@ -87,29 +94,33 @@ def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
 
 
 def _guarded_forward(guards: Any, ref: Any, model_new: Any, pristine: list[Any],
-                     inputs: list[Any]) -> tuple[list[Any], list[Finding]]:
+                     inputs: list[Any], clock: dict[str, float]
+                     ) -> tuple[list[Any], list[Finding]]:
     import torch
 
-    from multiminddev.env.worker import clone_inputs
+    from multiminddev.env.worker import clone_inputs, timed
 
     # A reference output of the same shape is freed right before the candidate runs, then
     # free memory is poisoned: returning torch.empty(...) can no longer pass by luck.
-    freed = as_output_list(ref.model(*clone_inputs(pristine)))
-    del freed
-    guards.poison_free_cuda_memory()
-    snapshot = guards.snapshot_tensors(inputs)
+    with timed(clock, "run.poison"):
+        freed = as_output_list(ref.model(*clone_inputs(pristine)))
+        del freed
+        guards.poison_free_cuda_memory()
+        snapshot = guards.snapshot_tensors(inputs)
     threads = guards.thread_snapshot()
     compute_guard = guards.TorchComputeGuard()
-    with compute_guard:
-        outs = as_output_list(model_new(*inputs))
-    found: list[Finding] = list(compute_guard.findings)
-    found += guards.check_streams_synchronized()  # before any synchronize: pending side work
-    torch.cuda.synchronize()
-    found += guards.check_inputs_unchanged(snapshot, inputs)
-    found += guards.check_output_aliasing(inputs, outs)
-    found += guards.check_output_types(outs)
-    found += guards.check_threads(threads)
-    found += sandbox_findings()
+    with timed(clock, "run.forward"):
+        with compute_guard:
+            outs = as_output_list(model_new(*inputs))
+        found: list[Finding] = list(compute_guard.findings)
+        found += guards.check_streams_synchronized()  # before any synchronize: pending side work
+        torch.cuda.synchronize()
+    with timed(clock, "run.checks"):
+        found += guards.check_inputs_unchanged(snapshot, inputs)
+        found += guards.check_output_aliasing(inputs, outs)
+        found += guards.check_output_types(outs)
+        found += guards.check_threads(threads)
+        found += sandbox_findings()
     return outs, found
 
 
@@ -128,7 +139,7 @@ def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, modul
     data in the same input buffers), and the share of GPU time in the candidate's kernels."""
     import torch
 
-    from multiminddev.env.worker import clone_inputs
+    from multiminddev.env.worker import clone_inputs, timed
 
     guards = state.guards
     inputs = clone_inputs(ref.trial_inputs[0])
@@ -142,13 +153,17 @@ def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, modul
         with torch.no_grad():
             return as_output_list(ref.model(*args))
 
-    findings = guards.check_streams_synchronized(lambda: run_fn(*inputs))
+    with timed(state.timings, "guards.streams"):
+        findings = guards.check_streams_synchronized(lambda: run_fn(*inputs))
     if not findings:
         other = clone_inputs(ref.trial_inputs[1]) if len(ref.trial_inputs) > 1 else None
-        findings += guards.check_stale_output(run_fn, inputs, expected_fn, new_inputs=other)
+        with timed(state.timings, "guards.stale_output"):
+            findings += guards.check_stale_output(run_fn, inputs, expected_fn, new_inputs=other)
     coverage = None
     if not findings:
-        coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs), own_kernel_names(module))
+        with timed(state.timings, "guards.coverage"):
+            coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs),
+                                                   own_kernel_names(module))
         findings += guards.check_kernel_coverage(coverage, cfg.min_kernel_coverage)
         if coverage is None:
             notes.append("kernel coverage unavailable (no kernel names or no profiler data)")

@@ -67,6 +67,65 @@ class WorkerState:
     routed: bool = False
     guards: Any = None
     notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # this job's sub-steps, seconds
+    startup: dict[str, float] = field(default_factory=dict)  # worker start-up steps, seconds
+    pinned_copies: bool = False  # copy big outputs to the host through pinned memory
+
+
+PINNED_MIN_BYTES = 1 << 20
+
+
+def _pinned_copies_faster(nbytes: int = 16 << 20) -> bool:
+    """Whether device-to-host copies of big outputs are faster through freshly pinned memory
+    than into pageable memory on this machine (page-fault and pinning costs differ a lot
+    between bare metal and sandboxed kernels, so measure once instead of guessing)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+
+    def pageable() -> None:
+        src.cpu()
+
+    def pinned() -> None:
+        torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).copy_(src)
+
+    def best(fn: Any) -> float:
+        fn()  # first use pays one-time initialisation
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    try:
+        return best(pinned) < best(pageable)
+    except RuntimeError:  # pinning refused (e.g. locked-memory limits): stay pageable
+        return False
+
+
+def to_host(value: Any, pinned: bool) -> Any:
+    """A CPU copy of a tensor (others unchanged); big GPU tensors via pinned memory if faster."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    if pinned and value.is_cuda and value.numel() * value.element_size() >= PINNED_MIN_BYTES:
+        host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+        host.copy_(value)  # synchronous: the data is on the host when this returns
+        return host
+    return value.cpu()
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> Any:
+    """Add the block's wall time to ``timings[name]``: where an evaluation's seconds go."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
@@ -78,7 +137,8 @@ def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> 
             conn.send(("startup_failed", {"message": f"{type(exc).__name__}: {exc}"}))
         return
     conn.send(("ready", {"pid": os.getpid(), "gpu": state.gpu, "device": state.device_name,
-                         "stack_dump": str(state.stack_dump)}))
+                         "stack_dump": str(state.stack_dump), "startup": state.startup,
+                         "pinned_copies": state.pinned_copies}))
     while True:
         try:
             job = conn.recv()
@@ -92,7 +152,9 @@ def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> 
 
 
 def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
-    import torch
+    startup: dict[str, float] = {}
+    with timed(startup, "import_torch"):
+        import torch
 
     # TF32 off on both sides: the reference and the candidate compute in full fp32.
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -100,7 +162,8 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     torch.set_float32_matmul_precision("highest")
     workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
     stack_dump = _register_stack_dump()
-    _warm_toolchain(cfg)
+    with timed(startup, "toolchain"):
+        _warm_toolchain(cfg)
     gpu = device_index is not None and torch.cuda.is_available()
     if not gpu:
         from multiminddev.cuda import compiler
@@ -108,20 +171,46 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         # compile_kernels resolves arch = explicit or GPU's or DEFAULT_ARCH; honour config.arch.
         compiler.DEFAULT_ARCH = cfg.arch or compiler.DEFAULT_ARCH
         return WorkerState(gpu=False, device_index=None, workdir=workdir, stack_dump=stack_dump,
-                           device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})")
+                           device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})",
+                           startup=startup)
     from multiminddev.env.benchmark import l2_flush_buffer
 
-    torch.cuda.set_device(device_index)
-    torch.cuda.init()
+    with timed(startup, "cuda_init"):
+        torch.cuda.set_device(device_index)
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # creates the context
     state = WorkerState(gpu=True, device_index=device_index, workdir=workdir, stack_dump=stack_dump,
-                        device_name=torch.cuda.get_device_name(device_index))
-    state.flush = l2_flush_buffer(device_index)
+                        device_name=torch.cuda.get_device_name(device_index), startup=startup)
+    with timed(startup, "l2_flush_buffer"):
+        state.flush = l2_flush_buffer(device_index)
+    with timed(startup, "kernel_launch"):
+        _warm_kernel_launch()
+    with timed(startup, "host_copy_probe"):
+        state.pinned_copies = _pinned_copies_faster()
     if cfg.defenses:
         from multiminddev.env import guards
 
         state.guards = guards
-        _warm_profiler()
+        with timed(startup, "profiler"):
+            _warm_profiler()
     return state
+
+
+def _warm_kernel_launch() -> None:
+    """The first cuda.core module load and launch in a process set up its launch path; pay it
+    here, while this worker waits as a spare, not inside a candidate's compile stage. (Not
+    through compile_kernels: the candidate's compile log must hold only its own kernels.)"""
+    import torch
+
+    from multiminddev.cuda import compiler, kernels
+
+    source = ('extern "C" __global__ void mmd_warm_launch(float* p, int n) '
+              '{ int i = threadIdx.x; if (i < n) p[i] = 0.0f; }')
+    module = compiler.compile_cuda(source, compiler.CompileOptions(use_cache=False))
+    warm = kernels.CompiledKernels(module, kernels.parse_kernel_signatures(source))
+    buffer = torch.ones(32, device="cuda")
+    warm.mmd_warm_launch(grid=(1,), block=(32,), args=(buffer, 32))
+    torch.cuda.synchronize()
 
 
 def _warm_profiler() -> None:
@@ -176,6 +265,8 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     problem = Problem.from_dict(job["problem"])
     send = conn.send
     stage = Stage.SETUP
+    state.timings = {}
+    clock = state.timings
     if state.sandboxed:  # a reused worker: violations belong to the job that caused them
         from multiminddev.env import sandbox
 
@@ -184,17 +275,22 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
         reference = None
         if state.gpu:
             send(("begin", Stage.SETUP.value))
-            reference = _setup_reference(problem, cfg)
-            send_tensor_lists(conn, "reference", reference.outputs)
+            with timed(clock, "setup.reference"):
+                reference = _setup_reference(problem, cfg, state.pinned_copies)
+            with timed(clock, "setup.send_reference"):
+                send_tensor_lists(conn, "reference", reference.outputs)
             reference.outputs = []  # the parent has them; drop ours before the candidate loads
             if cfg.benchmark:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
-                send(("baseline", _baselines(state, problem, cfg, reference, job.get("peak_gbps"))))
+                with timed(clock, "baseline"):
+                    baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"))
+                send(("baseline", baseline))
         stage = Stage.COMPILE
         send(("begin", stage.value))
-        module = _import_candidate(conn, state, cfg, job["candidate"],
-                                   job_allows_build=job.get("allow_inline_build", False))
+        with timed(clock, "compile.import"):
+            module = _import_candidate(conn, state, cfg, job["candidate"],
+                                       job_allows_build=job.get("allow_inline_build", False))
         if module is None:
             return False
         if not state.gpu:
@@ -217,7 +313,7 @@ class Reference:
     problem_module: Any
 
 
-def _setup_reference(problem: Any, cfg: EvalConfig) -> Reference:
+def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Reference:
     import torch
 
     directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
@@ -234,7 +330,7 @@ def _setup_reference(problem: Any, cfg: EvalConfig) -> Reference:
         with torch.no_grad():
             outs = as_output_list(model(*inputs))
         trials.append(inputs)
-        outputs.append([o.cpu() if isinstance(o, torch.Tensor) else o for o in outs])
+        outputs.append([to_host(o, pinned) for o in outs])
         del outs
     return Reference(model=model, init_inputs=init_inputs, trial_inputs=trials,
                      outputs=outputs, problem_module=module)
