@@ -136,11 +136,19 @@ def bench_full_eval(quick: bool) -> dict[str, Any]:
     secs = [r.seconds for r in results]
     last = results[-1]
     return {"stage_seconds_last": {"compile": last.compile.seconds, "run+verify": last.verify.seconds,
-                                   "baseline+benchmark": last.benchmark.seconds},"problem": "1_relu (64 MiB in, 64 MiB out)", "first_eval_s": first.seconds,
+                                   "baseline+benchmark": last.benchmark.seconds},
+            "timings_median": median_timings(results),
+            "problem": "1_relu (64 MiB in, 64 MiB out)", "first_eval_s": first.seconds,
             "first_status": first.status.value, "statuses": [r.status.value for r in results],
             "median_s": statistics.median(secs), "all_s": secs,
             "median_kernel_ms": statistics.median(r.benchmark.candidate.median_ms for r in results),
             "fraction_of_peak": results[-1].benchmark.fraction_of_peak}
+
+
+def median_timings(results: list[Any]) -> dict[str, float]:
+    """Per-key median of EvalResult.timings (where an evaluation's seconds went)."""
+    keys = sorted({k for r in results for k in r.timings})
+    return {k: round(statistics.median(r.timings.get(k, 0.0) for r in results), 4) for k in keys}
 
 
 def _workload(count: int) -> list[tuple[Any, str]]:
@@ -254,16 +262,19 @@ def bench_restart(quick: bool) -> dict[str, Any]:
         after = ev.evaluate(problem, good)
         next_result_s = time.perf_counter() - start
         slot = ev.pool.slots[0]
-        cold = []
+        cold, steps = [], []
         for _ in range(2 if quick else 4):
             t0 = time.perf_counter()
             worker = ev.pool.start_worker(slot.device_index)
             ok = worker.wait_ready(120)
             cold.append(time.perf_counter() - t0 if ok else float("nan"))
+            steps.append({**(worker.info or {}).get("startup", {}),
+                          "pinned_copies": (worker.info or {}).get("pinned_copies")})
             worker.stop()
     return {"fault_status": faulted.status.value, "worker_restarted": faulted.worker_restarted,
             "next_status": after.status.value, "next_eval_after_fault_s": next_result_s,
-            "cold_worker_ready_s": cold, "cold_worker_ready_median_s": statistics.median(cold)}
+            "cold_worker_ready_s": cold, "cold_worker_ready_median_s": statistics.median(cold),
+            "cold_worker_startup_steps_s": steps}
 
 
 def bench_defenses(quick: bool) -> dict[str, Any]:
@@ -276,6 +287,7 @@ def bench_defenses(quick: bool) -> dict[str, Any]:
             results = ev.evaluate_many(work)
         out["on" if defenses else "off"] = {
             "mean_eval_s": statistics.fmean(r.seconds for r in results),
+            "timings_median": median_timings(results),
             "statuses": _counts(r.status.value for r in results)}
     out["overhead_fraction"] = out["on"]["mean_eval_s"] / out["off"]["mean_eval_s"] - 1
     return out

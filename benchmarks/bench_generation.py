@@ -16,6 +16,7 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -55,9 +56,10 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
             "prompts_per_s": batch * repeats / total, "seconds_per_call": total / repeats}
 
 
-def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int) -> dict:
+def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int,
+                   save: Path | None = None) -> dict:
     from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.episode import EpisodeConfig, run_episodes
+    from multiminddev.episode import EpisodeConfig, run_episodes, write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, SamplingParams
     from multiminddev.tasks.problem import load_problem_source
 
@@ -71,9 +73,17 @@ def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int) -> d
         result = run_episodes([problem], backend, evaluator, config, group_size=episodes)
         seconds = time.perf_counter() - start
     n_turns = sum(len(e.turns) for e in result)
+    if save is not None:
+        write_episodes_jsonl(result, save)
+    evals = [t.eval_result for e in result for t in e.turns if t.eval_result is not None]
+    eval_statuses: dict[str, int] = {}
+    for r in evals:
+        eval_statuses[r.status.value] = eval_statuses.get(r.status.value, 0) + 1
+    format_failures = sum(t.format_failed for e in result for t in e.turns)
     return {"episodes": episodes, "turns": n_turns, "seconds": seconds,
             "episodes_per_min": 60 * episodes / seconds, "turns_per_min": 60 * n_turns / seconds,
-            "statuses": sorted({e.status.value for e in result})}
+            "statuses": sorted({e.status.value for e in result}),
+            "eval_statuses": eval_statuses, "format_failures": format_failures}
 
 
 def _sync() -> None:
@@ -107,24 +117,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=0, help="also time N concurrent episodes")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--out", type=Path, help="also append each row as a JSON line to this file")
     args = p.parse_args(argv)
 
     from multiminddev.policy import LogprobSource, PolicyConfig, load_policy
 
+    def emit(row: dict) -> None:
+        # Each row as soon as it is measured: a run cut short still reports what it finished.
+        print(json.dumps(row) if args.json else _fmt(row), flush=True)
+        if args.out:
+            with args.out.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+
     start = time.perf_counter()
     policy = load_policy(PolicyConfig(model=args.model))
-    load_s = time.perf_counter() - start
     device = _device_name()
-    rows = [{"what": "load_policy", "seconds": load_s, "device": device}]
+    emit({"what": "load_policy", "seconds": time.perf_counter() - start, "device": device,
+          "dtype": str(next(policy.model_for(policy.roles[0]).parameters()).dtype).removeprefix(
+              "torch.")})
     for batch in args.batch:
         for source in LogprobSource:
             row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)
-            rows.append({"what": "generate", "device": device, **row})
+            emit({"what": "generate", "device": device, **row})
     if args.episodes:
-        row = bench_episodes(policy, args.episodes, args.turns, args.new_tokens)
-        rows.append({"what": "episodes", "device": device, **row})
-    for row in rows:
-        print(json.dumps(row) if args.json else _fmt(row))
+        save = args.out.with_name("episodes.jsonl") if args.out else None
+        row = bench_episodes(policy, args.episodes, args.turns, args.new_tokens, save)
+        emit({"what": "episodes", "device": device, **row})
     return 0
 
 

@@ -49,6 +49,7 @@ class BenchArgs:
     eval_temperature: float
     eval_workers: int
     output_dir: Path
+    aggregate_only: bool = False
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -70,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--output-dir", type=Path, default=Path("runs/bench_learning"))
     p.add_argument("--short", action="store_true",
                    help="the lead's short version: ~8 min on one H100")
+    p.add_argument("--aggregate-only", action="store_true",
+                   help="run nothing; aggregate the seeds already finished in --output-dir "
+                        "(e.g. seeds run in separate GPU sessions)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
     a = p.parse_args(argv)
@@ -95,10 +99,21 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
             "speedup": max(speeds) if speeds else 0.0, "reward": reward}
 
 
-def evaluate_stage(trainer: Any, problems: list[Any]) -> list[dict[str, Any]]:
+def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None
+                   ) -> list[dict[str, Any]]:
+    from multiminddev.episode import write_episodes_jsonl
+    from multiminddev.policy import HFGenerationBackend, LogprobSource
     from multiminddev.rl.grpo import score_episodes
 
-    episodes = trainer.run_episodes(problems, 1)
+    # Evaluation trains nothing: the sampler's own log-probs spare the recomputation pass.
+    training_backend = trainer.backend
+    trainer.backend = HFGenerationBackend(trainer.policy, logprob_source=LogprobSource.SAMPLER)
+    try:
+        episodes = trainer.run_episodes(problems, 1)
+    finally:
+        trainer.backend = training_backend
+    if save is not None:  # the full conversations, kernels and EvalResults, for inspection
+        write_episodes_jsonl(episodes, save)
     rows = []
     for episode in episodes:
         _, stats = score_episodes([episode], trainer.cfg)
@@ -124,7 +139,6 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.report.plots import plot_training_curves
     from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
     from multiminddev.tasks.curriculum import Curriculum
-    from multiminddev.tasks.sft_data import build_sft_dataset
     from multiminddev.train.metrics import read_metrics
     from multiminddev.train.sft import SFTConfig, run_sft
 
@@ -144,27 +158,68 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                           compile_only=compile_only)
     rows: dict[str, Any] = {}
     seconds: dict[str, float] = {}
+
+    def evaluate(stage: str) -> None:
+        t0 = time.perf_counter()
+        rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl")
+        seconds[f"eval_{stage}"] = time.perf_counter() - t0
+        # A run cut short (time limit, crash) keeps every stage it finished.
+        (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
+                                                      "seconds": seconds}, default=str))
+
+    out.mkdir(parents=True, exist_ok=True)
+    evaluate("base")
     t = time.perf_counter()
-    rows["base"] = evaluate_stage(trainer, heldout)
     for role in cfg.train_roles:
-        run_sft(role, policy.config, build_sft_dataset(role, train, seed=seed),
+        run_sft(role, policy.config, sft_data(role, train, seed),
                 SFTConfig(output_dir=out, max_steps=args.sft_steps, batch_size=args.sft_batch_size,
                           loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
                           report_to=()), policy=policy)
     seconds["sft"] = time.perf_counter() - t
-    rows["sft"] = evaluate_stage(trainer, heldout)
+    evaluate("sft")
     t = time.perf_counter()
     trainer.episode_config = train_episodes
     trainer.train()
     trainer.finish()
     seconds["grpo"] = time.perf_counter() - t
     trainer.episode_config = eval_episodes
-    rows["grpo"] = evaluate_stage(trainer, heldout)
+    evaluate("grpo")
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
     metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES}
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
-    return {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds}
+    result = {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds,
+              "episodes_per_min_eval": 60 * len(heldout) * len(STAGES)
+              / max(1e-9, sum(seconds[f"eval_{s}"] for s in STAGES))}
+    (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+def sft_data(role: Any, train: list[Any], seed: int) -> Any:
+    """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
+    column dict, since run_sft reads only the ``messages`` column."""
+    import random
+
+    from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
+
+    try:
+        return build_sft_dataset(role, train, seed=seed)
+    except ImportError as exc:
+        print(f"note: {exc}; using a plain column dict", flush=True)
+        examples = sft_examples(role, train)
+        random.Random(seed).shuffle(examples)
+        return {"messages": [e.messages for e in examples]}
+
+
+def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
+    """A seed's saved result (resume: a finished seed is not run again)."""
+    path = output_dir / f"seed{seed}" / "seed_result.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a torn write: run the seed again
 
 
 # --------------------------------------------------------------------------- aggregate
@@ -244,18 +299,38 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    compile_only = not torch.cuda.is_available()
-    device = torch.cuda.get_device_name(0) if not compile_only else "cpu"
-    note = f"{device}; model {args.model}; seeds {args.seeds}" + (
-        "; COMPILE-ONLY REWARDS (no GPU): correctness and speed were not measured" if compile_only else "")
-    print(note, flush=True)
-    train = load_problems(args.train_problems)
-    heldout = load_problems(args.heldout_problems)[: args.eval_problems]
-    start = time.perf_counter()
-    eval_cfg = EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
-                          bench_budget_s=0.5)
-    with Evaluator(eval_cfg) as evaluator:
-        per_seed = [run_seed(args, s, train, heldout, evaluator, compile_only) for s in args.seeds]
+    done = {s: r for s in args.seeds if (r := finished_seed(args.output_dir, s)) is not None}
+    if args.aggregate_only:
+        missing = [s for s in args.seeds if s not in done]
+        if missing or not done:
+            print(f"seeds {missing or args.seeds} have no seed_result.json in {args.output_dir}",
+                  file=sys.stderr)
+            return 2
+        note_path = args.output_dir / "note.txt"
+        note = note_path.read_text().strip() if note_path.is_file() else f"seeds {args.seeds}"
+        compile_only = "COMPILE-ONLY" in note
+        per_seed, start = [done[s] for s in args.seeds], time.perf_counter()
+    else:
+        compile_only = not torch.cuda.is_available()
+        device = torch.cuda.get_device_name(0) if not compile_only else "cpu"
+        note = f"{device}; model {args.model}; seeds {args.seeds}" + (
+            "; COMPILE-ONLY REWARDS (no GPU): correctness and speed were not measured"
+            if compile_only else "")
+        print(note, flush=True)
+        (args.output_dir / "note.txt").write_text(note + "\n")
+        train = load_problems(args.train_problems)
+        heldout = load_problems(args.heldout_problems)[: args.eval_problems]
+        start = time.perf_counter()
+        eval_cfg = EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
+                              bench_budget_s=0.5)
+        with Evaluator(eval_cfg) as evaluator:
+            per_seed = []
+            for s in args.seeds:
+                if s in done:
+                    print(f"seed {s}: finished earlier, reusing {args.output_dir}/seed{s}", flush=True)
+                    per_seed.append(done[s])
+                else:
+                    per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only))
     summary = aggregate(per_seed, compile_only)
     checks = targets(summary)
     result = {"note": note, "args": {k: str(v) for k, v in vars(args).items()},

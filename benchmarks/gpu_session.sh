@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# All GPU work of a session in two device calls (the embedded model travels in two halves).
+# All GPU work of a session in a few device calls (the embedded model travels in two halves).
 #
 # Here, once:   bash ../shared/tools/split-smollm2.sh
-# Device call 1 (carry .stage/a):              bash benchmarks/gpu_session.sh stage-a
-# Device call 2, within 30 s (carry .stage/b, .stage/whl):
-#                                              bash benchmarks/gpu_session.sh run [PARTS...]
-# PARTS (default: all): tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation
-#                       bench-learning. Each part writes its log/results under $OUT and has its own
-#                       time limit, so one slow part cannot eat the others' results.
+# Parts that need no model run in any call:  bash benchmarks/gpu_session.sh run bench-eval ...
+# Parts that need the embedded model (tests-rest, bench-generation, learning-*):
+#   device call 1 (carry .stage/a):                       bash benchmarks/gpu_session.sh stage-a
+#   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
+# PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation evaldir
+#        learning-seed0 learning-seed1 learning-seed2 quickstart
+# Each part has its own time limit, so one slow part cannot eat the others' results. Every log
+# and result lands in one folder that is packed into $OUT/results.tgz after each part (the
+# device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
+RES=${RES:-/tmp/gpu-results}
+mkdir -p "$OUT" "$RES"
 GGUF=/root/stage/SmolLM2-135M-Instruct.Q4_1.gguf
 
 case "${1:-}" in
@@ -18,39 +22,63 @@ stage-a)
   mkdir -p /root/stage && cp .stage/a/part_aa /root/stage/ && echo "staged part a"
   exit 0 ;;
 run) shift ;;
-*) echo "usage: $0 stage-a | run [PARTS...]"; exit 2 ;;
+*) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-if [ ! -f "$GGUF" ]; then
+needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" learning-"*|*" quickstart "*) return 0;; esac; return 1; }
+if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_aa .stage/b/part_ab > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .stage/whl/*.whl || exit 1
+if [ -d .stage/whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .stage/whl/*.whl || exit 1
+fi
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 MULTIMINDDEV_DEFAULT_GGUF=$GGUF
-PARTS=${*:-tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation bench-learning}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/machine.txt"
-date -u | tee -a "$OUT/machine.txt"
+MMD="python3 -c 'import sys; from multiminddev.cli import main; sys.exit(main())'"
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; } \
+  | tee "$RES/machine.txt"
 
-for part in $PARTS; do
-  echo "== $part"
+# Weights and optimizer states stay behind (16 MiB per returned file); metrics, logs, plots travel.
+pack() { tar -czf "$OUT/results.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+           --exclude='*.pth' -C "$RES" . ; cp "$RES/summary.txt" "$OUT/" 2>/dev/null; }
+
+for part in "$@"; do
+  echo "== $part $(date -u +%T)"
+  start=$(date +%s)
   case $part in
   tests-env)   timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/env tests/cuda \
-                 -k "not test_gpu_hacks" > "$OUT/$part.log" 2>&1 ;;
+                 -k "not test_gpu_hacks" > "$RES/$part.log" 2>&1 ;;
   tests-hacks) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
-                 tests/env/test_gpu_hacks.py > "$OUT/$part.log" 2>&1 ;;
-  tests-corpus) MULTIMINDDEV_CORPUS_REPORT=$OUT/corpus_gpu.json timeout 400 python3 -m pytest \
-                 -m gpu -q -p no:cacheprovider tests/tasks/test_gpu_solutions.py > "$OUT/$part.log" 2>&1 ;;
-  tests-rest)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout 300 python3 -m pytest -m gpu -q \
-                 -p no:cacheprovider tests/policy tests/rl tests/train tests/report tests/agents \
-                 tests/episode > "$OUT/$part.log" 2>&1 ;;
-  bench-eval)  timeout 400 python3 benchmarks/bench_eval.py --out "$OUT" --quick > "$OUT/$part.log" 2>&1 ;;
-  bench-generation) timeout 400 python3 benchmarks/bench_generation.py --model "$GGUF" \
+                 tests/env/test_gpu_hacks.py > "$RES/$part.log" 2>&1 ;;
+  tests-corpus) MULTIMINDDEV_CORPUS_REPORT=$RES/corpus_gpu.json timeout 400 python3 -m pytest \
+                 -m gpu -q -p no:cacheprovider tests/tasks/test_gpu_solutions.py > "$RES/$part.log" 2>&1 ;;
+  tests-rest)  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/policy tests/rl \
+                 tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
+                 > "$RES/$part.log" 2>&1 ;;
+  bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" --quick > "$RES/$part.log" 2>&1 ;;
+  bench-generation) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" \
                  --batch 1 8 32 --new-tokens 256 --repeats 1 --episodes 8 --turns 2 \
-                 > "$OUT/$part.log" 2>&1 ;;
-  bench-learning) timeout 580 python3 benchmarks/bench_learning.py --model "$GGUF" --short \
-                 --output-dir "$OUT/learning" > "$OUT/$part.log" 2>&1 ;;
+                 --out "$RES/generation.jsonl" > "$RES/$part.log" 2>&1 ;;
+  evaldir)     # the corpus's fast reference kernels (tiers 0-1), evaluated as a user's harness would
+               rm -rf /tmp/corpus && eval "$MMD problems export /tmp/corpus --with-solutions \
+                 --shapes-per-family 1 --tier 0 --tier 1" > "$RES/$part.log" 2>&1 &&
+               for level in level0 level1; do
+                 timeout 150 bash -c "$MMD eval-dir /tmp/corpus/$level /tmp/corpus/solutions/fast/$level \
+                   --out $RES/evaldir_fast_$level.jsonl" >> "$RES/$part.log" 2>&1
+               done ;;
+  learning-seed*) seed=${part#learning-seed}
+               # sized to finish inside one 10-minute device call (see docs/BENCHMARKS.md)
+               timeout 560 python3 benchmarks/bench_learning.py --model "$GGUF" --seeds "$seed" \
+                 --sft-steps 40 --eval-problems 8 --rl-steps 3 --problems-per-step 2 --group-size 4 \
+                 --max-new-tokens 384 --max-turns 2 --output-dir "$RES/learning" > "$RES/$part.log" 2>&1 ;;
+  check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
+                 > "$RES/$part.log" 2>&1 ;;
+  quickstart)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout 580 bash -c "$MMD train --preset quickstart \
+                 --output-dir $RES/quickstart" > "$RES/$part.log" 2>&1 ;;
   *) echo "unknown part $part" ;;
   esac
-  echo "$part rc=$?" | tee -a "$OUT/summary.txt"
-  tail -3 "$OUT/$part.log" 2>/dev/null
+  rc=$?
+  echo "$part rc=$rc $(( $(date +%s) - start ))s" | tee -a "$RES/summary.txt"
+  tail -n 3 "$RES/$part.log" 2>/dev/null
+  pack
 done
