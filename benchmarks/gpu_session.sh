@@ -55,7 +55,8 @@ for part in "$@"; do
   tests-rest)  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;
-  bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" --quick > "$RES/$part.log" 2>&1 ;;
+  bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" --quick ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
+                 > "$RES/$part.log" 2>&1 ;;
   bench-generation) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" \
                  --batch 1 8 32 --new-tokens 256 --repeats 1 --episodes 8 --turns 2 \
                  --out "$RES/generation.jsonl" > "$RES/$part.log" 2>&1 ;;
@@ -63,8 +64,8 @@ for part in "$@"; do
                rm -rf /tmp/corpus && eval "$MMD problems export /tmp/corpus --with-solutions \
                  --shapes-per-family 1 --tier 0 --tier 1" > "$RES/$part.log" 2>&1 &&
                for level in level0 level1; do
-                 timeout 150 bash -c "$MMD eval-dir /tmp/corpus/$level /tmp/corpus/solutions/fast/$level \
-                   --out $RES/evaldir_fast_$level.jsonl" >> "$RES/$part.log" 2>&1
+                 timeout 240 bash -c "$MMD eval-dir /tmp/corpus/$level /tmp/corpus/solutions/fast/$level \
+                   --out $RES/evaldir_fast_$level.jsonl --resume" >> "$RES/$part.log" 2>&1
                done ;;
   learning-seed*) seed=${part#learning-seed}
                # sized to finish inside one 10-minute device call (see docs/BENCHMARKS.md)

@@ -66,3 +66,26 @@ def test_eval_dir_writes_jsonl(tmp_path, capsys):
     assert {r["candidate_file"]: r["status"] for r in rows} == {
         "1_relu.py": "no_gpu", "1_relu_v2.py": "compile_error"}
     assert "2 candidates" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(gpu_available(), reason="CPU-machine expectation (no_gpu)")
+def test_eval_dir_resume_keeps_written_results_and_evaluates_the_rest(tmp_path, capsys):
+    cands = tmp_path / "cands"
+    cands.mkdir()
+    shutil.copy(FIXTURES / "honest" / "relu_basic.py", cands / "1_relu.py")
+    shutil.copy(FIXTURES / "wrong" / "relu_compile_error.py", cands / "1_relu_v2.py")
+    out = tmp_path / "results.jsonl"
+    # An earlier run that was cut off: one result written, then a torn line.
+    kept = EvalResult(status=EvalStatus.INCORRECT, problem="relu", message="from the first run")
+    out.write_text(json.dumps({"candidate_file": "1_relu.py", **kept.to_dict()}) + "\n{\"cand")
+    code = main(["eval-dir", str(FIXTURES / "problems"), str(cands), "--out", str(out), "--resume"])
+    assert code == 0
+    assert "resuming: 1 of 2" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["candidate_file"]: r["status"] for r in rows} == {
+        "1_relu.py": "incorrect", "1_relu_v2.py": "compile_error"}
+
+
+def test_eval_dir_resume_without_out_is_a_usage_error(tmp_path, capsys):
+    code = main(["eval-dir", str(FIXTURES / "problems"), str(FIXTURES / "honest"), "--resume"])
+    assert code == 2 and "--resume needs --out" in capsys.readouterr().err

@@ -28,7 +28,10 @@ def register(subparsers: Any) -> None:
     many = subparsers.add_parser("eval-dir", help="evaluate a folder of candidates (KernelBench layout)")
     many.add_argument("problems_dir", type=Path)
     many.add_argument("candidates_dir", type=Path)
-    many.add_argument("--out", type=Path, default=None, help="write EvalResults as JSONL here")
+    many.add_argument("--out", type=Path, default=None,
+                      help="write EvalResults as JSONL here, each as soon as it is known")
+    many.add_argument("--resume", action="store_true",
+                      help="keep the results already in --out and evaluate only the other candidates")
     many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
     _common_options(many)
     many.set_defaults(handler=run_eval_dir)
@@ -149,6 +152,9 @@ def run_eval_dir(args: argparse.Namespace) -> int:
     from multiminddev.env import Evaluator
     from multiminddev.tasks.problem import ProblemError, load_problem
 
+    if args.resume and not args.out:
+        print("error: --resume needs --out (the JSONL to resume)", file=sys.stderr)
+        return 2
     for path in (args.problems_dir, args.candidates_dir):
         if not path.is_dir():
             print(f"error: {path} is not a directory", file=sys.stderr)
@@ -164,15 +170,64 @@ def run_eval_dir(args: argparse.Namespace) -> int:
     except ProblemError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with Evaluator(_config(args, workers=args.workers)) as evaluator:
-        results = evaluator.evaluate_many([(problems[p], c.read_text()) for p, c in pairs])
+    done = read_results(args.out) if args.resume else {}
+    todo = [(p, c) for p, c in pairs if c.name not in done]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w") as fh:
-            for (_, cand), result in zip(pairs, results, strict=True):
-                fh.write(json.dumps({"candidate_file": cand.name, **result.to_dict()}) + "\n")
+        # Rewritten with the kept results only, so a line torn by a crash cannot glue onto
+        # the next one appended.
+        args.out.write_text("".join(json.dumps({"candidate_file": name, **r.to_dict()}) + "\n"
+                                    for name, r in done.items()))
+    if done:
+        print(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} candidates already in {args.out}")
+    fresh = _evaluate_with_progress(todo, problems, _config(args, workers=args.workers), args.out)
+    results = [done.get(c.name) or fresh[c.name] for _, c in pairs]
     _print_summary(pairs, results, summarize(results))
     return 0
+
+
+def read_results(path: Path | None) -> dict[str, Any]:
+    """candidate file name -> EvalResult from an eval-dir JSONL (torn last lines skipped)."""
+    from multiminddev.env import EvalResult
+
+    out: dict[str, Any] = {}
+    if path is None or not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+            out[row["candidate_file"]] = EvalResult.from_dict(row)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            continue  # a line cut by a crash: that candidate is evaluated again
+    return out
+
+
+def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, Any], config: Any,
+                            out: Path | None) -> dict[str, Any]:
+    """Evaluate concurrently; append each result to ``out`` as it completes (a crash or a
+    time limit loses only the candidates still running)."""
+    import concurrent.futures as cf
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from multiminddev.env import Evaluator
+
+    results: dict[str, Any] = {}
+    if not todo:
+        return results
+    with Evaluator(config) as evaluator, Progress(
+            "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            TimeElapsedColumn(), transient=True) as progress:
+        task = progress.add_task("evaluating", total=len(todo))
+        futures = {evaluator.submit(problems[p], c.read_text()): c for p, c in todo}
+        for future in cf.as_completed(futures):
+            cand, result = futures[future], future.result()
+            results[cand.name] = result
+            if out is not None:
+                with out.open("a") as fh:
+                    fh.write(json.dumps({"candidate_file": cand.name, **result.to_dict()}) + "\n")
+            progress.advance(task)
+    return results
 
 
 def _print_summary(pairs: list[tuple[Path, Path]], results: list[Any], summary: dict[str, Any]) -> None:
