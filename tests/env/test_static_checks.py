@@ -233,6 +233,16 @@ def test_inheriting_model_is_reference_use():
     assert RejectReason.REFERENCE_USE in reasons(src)
 
 
+def test_base_class_from_a_name_never_imported_is_not_called_a_hack():
+    # Seen from a fine-tuned SmolLM2 on the H200: `class ModelNew(nn.Module)` with no
+    # `import torch.nn as nn`. The import fails with a NameError (a runtime error, reported as
+    # such); counting it as a reference-use hack would inflate the hack metrics.
+    src = candidate(bases="nn.Module").replace("import torch.nn as nn\n", "")
+    assert "import torch.nn as nn" not in src
+    assert RejectReason.REFERENCE_USE not in reasons(src)
+    assert RejectReason.REFERENCE_USE in reasons(src.replace("(nn.Module)", "(object)"))
+
+
 def test_instantiating_model_is_reference_use():
     src = candidate(extra="from problem import Model\n", init="self.ref = Model()")
     assert RejectReason.REFERENCE_USE in reasons(src)

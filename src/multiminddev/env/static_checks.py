@@ -766,13 +766,37 @@ def check_reference_use(tree: ast.Module, source: str) -> list[Finding]:
             findings.append(_finding("reference_import", RejectReason.REFERENCE_USE,
                                      f"imports the reference Model from {node.module!r}", node))
     if info.model_new is not None:
+        bound = _names_bound_anywhere(tree)
         for base in info.model_new.bases:
             name = resolve(base, info.aliases)
+            root = (_dotted(base) or "").split(".")[0]
+            if root and root not in bound and root not in dir(builtins):
+                # e.g. `nn.Module` without importing nn: the import fails with a NameError,
+                # reported as the error it is rather than counted as a reward hack.
+                continue
             if name not in {"torch.nn.Module", "torch.nn.modules.module.Module"} and (
                     name not in info.classes):
                 findings.append(_finding("reference_inheritance", RejectReason.REFERENCE_USE,
                                          f"ModelNew must subclass nn.Module, not {name}", base))
     return _dedup(findings)
+
+
+def _names_bound_anywhere(tree: ast.Module) -> set[str]:
+    """Every name the module binds in any scope (imports, assignments, defs, classes, loop and
+    with targets): deliberately generous, so only a name bound nowhere counts as unbound."""
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound
 
 
 def check_try_except_fallback(tree: ast.Module, source: str) -> list[Finding]:
