@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -523,12 +524,17 @@ def kernel_time_coverage(run_fn: Callable[[], Any], own_kernel_names: Iterable[s
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run_fn()
-        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        # "Profiler clears events at the end of each cycle": true and harmless for one cycle,
+        # but printed once per worker, i.e. once per evaluated candidate.
+        warnings.filterwarnings("ignore", message="Profiler clears events")
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run_fn()
+            torch.cuda.synchronize()
+        events = prof.events()
     # Device-side events (kernels, memsets, copies) carry the GPU time; CPU ops are skipped so
     # nothing is counted twice.
-    times = [(e.name, float(e.device_time_total)) for e in prof.events()
+    times = [(e.name, float(e.device_time_total)) for e in events
              if getattr(e, "device_type", None) == DeviceType.CUDA]
     return coverage_from_kernel_times(times, names)
 

@@ -61,8 +61,12 @@ def plot_speedup_distribution(speedups: Mapping[str, Sequence[float]], path: Pat
             if v:
                 ax.hist(v, bins=bins, alpha=0.55, label=f"{label} (n={len(v)})")
         ax.set_xscale("log")
-        from matplotlib.ticker import FuncFormatter, NullFormatter
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
+        # Powers of two label the axis: a decade-only log axis shows just "1x" for the usual
+        # 0.25x-8x range of kernel speedups.
+        span = range(math.floor(math.log2(lo)), math.ceil(math.log2(hi)) + 1)
+        ax.xaxis.set_major_locator(FixedLocator([2.0 ** k for k in span]))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
