@@ -192,6 +192,30 @@ def test_kernel_time_coverage_separates_own_kernels_from_torch(kernels):
     assert guards.check_kernel_coverage(mixed) != []
 
 
+def test_event_coverage_agrees_with_the_profiler(kernels):
+    """The CUDA-event coverage (no CUPTI) separates own kernels from torch work like the profiler."""
+    import torch
+
+    from multiminddev.env import guards
+
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+    own = guards.kernel_time_coverage_events(lambda: _relu(kernels, x, y), ["relu"])
+    mixed = guards.kernel_time_coverage_events(
+        lambda: (_relu(kernels, x, y), torch.exp(x), torch.sin(x), torch.cos(x)), ["relu"])
+    profiled = guards.kernel_time_coverage(
+        lambda: (_relu(kernels, x, y), torch.exp(x), torch.sin(x), torch.cos(x)), ["relu"])
+    assert own is not None and own > 0.9
+    assert mixed is not None and mixed < 0.5
+    assert abs(mixed - profiled) < 0.1
+    side = torch.cuda.Stream()
+    on_side = guards.kernel_time_coverage_events(
+        lambda: kernels.relu(grid=(4096,), block=(256,), args=(x, y, x.numel()), stream=side),
+        ["relu"])
+    assert on_side is not None  # timed on its own stream; the stream guard judges the rest
+    torch.cuda.synchronize()
+
+
 def test_inputs_mutated_by_kernel_are_detected(kernels):
     import torch
 

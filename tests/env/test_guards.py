@@ -202,6 +202,25 @@ def test_coverage_unknown_without_names_or_time():
     assert guards.coverage_from_kernel_times([], ["relu"]) is None
 
 
+def test_event_coverage_is_own_launch_time_over_the_run_and_capped_at_one():
+    assert guards.coverage_from_event_times([30.0, 15.0], 90.0) == pytest.approx(0.5)
+    assert guards.coverage_from_event_times([], 90.0) == 0.0
+    assert guards.coverage_from_event_times([120.0], 100.0) == 1.0  # side-stream overlap
+    assert guards.coverage_from_event_times([1.0], 0.0) is None
+    assert guards.coverage_from_event_times([1.0], float("nan")) is None
+
+
+def test_launch_timer_puts_the_kernel_call_back_even_after_an_error():
+    from multiminddev.cuda.kernels import Kernel
+
+    original = Kernel.__call__
+    with pytest.raises(RuntimeError, match="forward failed"):
+        with guards._OwnLaunchTimer({"relu"}):
+            assert Kernel.__call__ is not original
+            raise RuntimeError("forward failed")
+    assert Kernel.__call__ is original
+
+
 def test_low_coverage_threshold():
     assert guards.check_kernel_coverage(0.49) != [] and guards.check_kernel_coverage(0.5) == []
     assert guards.check_kernel_coverage(None) == []
@@ -214,3 +233,4 @@ def test_gpu_only_guards_are_no_ops_without_gpu():
     guards.poison_free_cuda_memory()
     assert guards.check_streams_synchronized() == []
     assert guards.kernel_time_coverage(lambda: None, ["relu"]) is None
+    assert guards.kernel_time_coverage_events(lambda: None, ["relu"]) is None

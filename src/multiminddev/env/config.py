@@ -30,7 +30,7 @@ class Stage(str, enum.Enum):
     BASELINE = "baseline"  # time eager and torch.compile reference (trusted code)
     COMPILE = "compile"  # import the candidate (NVRTC compiles happen here)
     RUN = "run"  # correctness trials
-    GUARDS = "guards"  # one-off runtime anti-hack checks (profiler, stale output)
+    GUARDS = "guards"  # one-off runtime anti-hack checks (streams, stale output, coverage)
     BENCHMARK = "benchmark"  # candidate timing
 
 
@@ -42,9 +42,10 @@ class EvalConfig:
     # Concurrency: evaluation slots (one active candidate each); None -> one per GPU (1 without).
     num_workers: int | None = None
     max_jobs_per_worker: int = 1  # 1: a fresh process per candidate (no state leaks between them)
-    # Started ahead per slot so the next job does not wait for a worker's startup (CUDA
-    # context, CUPTI: seconds on some machines, against ~1-2 s per evaluation). None: 3 per
-    # slot with a GPU, 1 without (compile-only workers start fast and CPUs are scarce there).
+    # Started ahead per slot so the next job does not wait for a worker's startup (toolchain
+    # and CUDA context, ~0.5 s on an H200 machine; a first CUPTI use, seconds, happens only for
+    # candidates that need the profiler). None: 3 per slot with a GPU, 1 without
+    # (compile-only workers start fast and CPUs are scarce there).
     spare_workers: int | None = None
     start_method: StartMethod = StartMethod.FORKSERVER
     # Correctness

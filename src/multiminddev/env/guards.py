@@ -5,7 +5,8 @@ finding into status ``rejected``. Per correctness trial (cheap): ``poison_free_c
 before the candidate runs, ``TorchComputeGuard`` around its forward, then
 ``check_streams_synchronized()``, ``check_inputs_unchanged``, ``check_output_aliasing``,
 ``check_threads`` and ``check_output_types``. Once per evaluation: ``check_stale_output``,
-``kernel_time_coverage`` / ``check_kernel_coverage`` (profiler) and ``check_impossible_speed``.
+``kernel_time_coverage_events`` (CUDA events around our own launches) or ``kernel_time_coverage``
+(profiler) with ``check_kernel_coverage``, and ``check_impossible_speed``.
 
 What they catch (each was a real reward hack; see docs/SECURITY.md):
 
@@ -29,6 +30,7 @@ finished); see the sandbox module for what same-process checks cannot guarantee.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -537,6 +539,95 @@ def kernel_time_coverage(run_fn: Callable[[], Any], own_kernel_names: Iterable[s
     times = [(e.name, float(e.device_time_total)) for e in events
              if getattr(e, "device_type", None) == DeviceType.CUDA]
     return coverage_from_kernel_times(times, names)
+
+
+def coverage_from_event_times(own_ms: Iterable[float], total_ms: float) -> float | None:
+    """Share of a run's GPU time (``total_ms``) spent in the candidate's own launches; None when
+    nothing was timed. Clamped to 1: launches on another stream can overlap the interval (the
+    stream guard deals with those)."""
+    if not total_ms or total_ms <= 0 or not math.isfinite(total_ms):
+        return None
+    return min(1.0, max(0.0, sum(own_ms)) / total_ms)
+
+
+class _OwnLaunchTimer:
+    """Brackets each launch of the named multiminddev kernels with CUDA events on its stream."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+        self.launches: list[tuple[str, Any, Any]] = []
+        self._original: Any = None
+
+    def __enter__(self) -> _OwnLaunchTimer:
+        from multiminddev.cuda.kernels import Kernel
+
+        torch = _torch()
+        original, timer = Kernel.__call__, self
+
+        def timed_launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+            if kernel.name not in timer.names:
+                return original(kernel, *args, **kwargs)
+            stream = kwargs.get("stream", args[4] if len(args) > 4 else None)
+            on = None
+            if stream is not None:
+                on = stream if isinstance(stream, torch.cuda.Stream) else torch.cuda.ExternalStream(
+                    stream.cuda_stream)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(on)
+            result = original(kernel, *args, **kwargs)
+            end.record(on)
+            timer.launches.append((kernel.name, start, end))
+            return result
+
+        self._original = original
+        Kernel.__call__ = timed_launch
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from multiminddev.cuda.kernels import Kernel
+
+        Kernel.__call__ = self._original
+
+    def own_ms(self) -> list[float]:
+        return [start.elapsed_time(end) for _, start, end in self.launches]
+
+
+COVERAGE_HOLD_CYCLES = 16_000_000  # ~8 ms of GPU spin while the host enqueues one forward
+
+
+def kernel_time_coverage_events(run_fn: Callable[[], Any], own_kernel_names: Iterable[str]
+                                ) -> float | None:
+    """Like ``kernel_time_coverage`` for NVRTC kernels, from CUDA events instead of the profiler
+    (CUPTI's first use costs seconds per process, and every candidate gets a fresh process).
+
+    The run starts behind a GPU spin kernel, as in ``benchmark.time_cuda``, so the interval
+    between the begin and end events holds GPU work only, not gaps while Python enqueues; if the
+    host took longer than the spin, the run is repeated behind a longer one. Each launch of the
+    candidate's own kernels is bracketed by its own events. None without names or a GPU.
+    """
+    from multiminddev.env.benchmark import _cycles_to_cover, _hold_gpu
+
+    torch = _torch()
+    names = set(own_kernel_names)
+    if not names or not torch.cuda.is_available():
+        return None
+    hold = COVERAGE_HOLD_CYCLES
+    for _ in range(2):
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with _OwnLaunchTimer(names) as timer:
+            enqueue_start = time.perf_counter()
+            _hold_gpu(torch, hold)
+            begin.record()
+            run_fn()
+            end.record()
+            host_seconds = time.perf_counter() - enqueue_start
+        torch.cuda.synchronize()
+        needed = _cycles_to_cover(host_seconds)
+        if needed <= hold:
+            break
+        hold = needed
+    return coverage_from_event_times(timer.own_ms(), begin.elapsed_time(end))
 
 
 def check_kernel_coverage(fraction: float | None, threshold: float = 0.5) -> list[Finding]:

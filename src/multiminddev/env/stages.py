@@ -3,7 +3,7 @@
 Runs inside the worker process (see ``worker.py``). With defenses on, each trial frees a
 same-shaped reference output and poisons free GPU memory right before the candidate runs (so
 an uninitialised ``torch.empty`` cannot inherit the reference's answer), and the runtime guards
-of ``env/guards.py`` watch the forward. The profiler and stale-output checks run once, not per
+of ``env/guards.py`` watch the forward. The coverage and stale-output checks run once, not per
 timed run, to keep the defended path cheap.
 """
 
@@ -38,7 +38,7 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         if state.guards is not None:
             stage = Stage.GUARDS
             conn.send(("begin", stage.value))
-            guard_out = _one_off_guards(state, cfg, ref, model_new, module)
+            guard_out = _one_off_guards(state, cfg, ref, model_new)
             conn.send(("guards", {"coverage": guard_out["coverage"],
                                   "notes": guard_out["notes"]}))
             if guard_out["findings"]:
@@ -133,7 +133,7 @@ def sandbox_findings() -> list[Finding]:
     return sandbox.violations() if sandbox.is_installed() else []
 
 
-def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, module: Any
+def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                     ) -> dict[str, Any]:
     """Once per evaluation: side-stream probe with output re-read, stale-output check (new
     data in the same input buffers), and the share of GPU time in the candidate's kernels."""
@@ -162,22 +162,44 @@ def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any, modul
     coverage = None
     if not findings:
         with timed(state.timings, "guards.coverage"):
-            coverage = guards.kernel_time_coverage(lambda: run_fn(*inputs),
-                                                   own_kernel_names(module))
+            coverage = _kernel_coverage(guards, cfg, lambda: run_fn(*inputs), notes)
         findings += guards.check_kernel_coverage(coverage, cfg.min_kernel_coverage)
         if coverage is None:
-            notes.append("kernel coverage unavailable (no kernel names or no profiler data)")
+            notes.append("kernel coverage unavailable (no kernel names or no timing data)")
     findings += sandbox_findings()
     return {"findings": findings, "coverage": coverage, "notes": notes}
 
 
-def own_kernel_names(module: Any) -> list[str]:
-    """Names of the kernels this process compiled (NVRTC, and load_inline's __global__ names)."""
+def _kernel_coverage(guards: Any, cfg: EvalConfig, run: Any, notes: list[str]
+                     ) -> float | None:
+    """Share of the forward's GPU time in the candidate's own kernels.
+
+    NVRTC kernels launch through our ``Kernel`` class, so CUDA events around their launches
+    measure it cheaply. The profiler (CUPTI: seconds on its first use in a process) is used for
+    ``load_inline`` kernels, which we cannot see launch, and to confirm a low event-based figure
+    before anything is rejected on it (events also count launch gaps, so many tiny launches
+    look worse than they are)."""
+    nvrtc, inline = own_kernel_names_by_backend()
+    from_events = None if inline else guards.kernel_time_coverage_events(run, nvrtc)
+    if from_events is not None and from_events >= cfg.min_kernel_coverage:
+        return from_events
+    try:
+        profiled = guards.kernel_time_coverage(run, sorted({*nvrtc, *inline}))
+    except Exception as exc:  # noqa: BLE001 - the profiler is a second opinion, not a must
+        notes.append(f"profiler unavailable ({type(exc).__name__}: {exc}"[:200] + ")")
+        return from_events
+    return profiled if profiled is not None else from_events
+
+
+def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
+    """Names of the kernels this process compiled: (NVRTC, load_inline's __global__ names)."""
     from multiminddev.cuda import kernels as kernels_mod
     from multiminddev.env import inline_build
 
-    results = [*kernels_mod.compile_log, *inline_build.inline_log]
-    return sorted({k.name for r in results for k in r.kernels})
+    def names(results: list[Any]) -> list[str]:
+        return sorted({k.name for r in results for k in r.kernels})
+
+    return names(kernels_mod.compile_log), names(inline_build.inline_log)
 
 
 def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, model_new: Any

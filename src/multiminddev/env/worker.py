@@ -191,8 +191,6 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         from multiminddev.env import guards
 
         state.guards = guards
-        with timed(startup, "profiler"):
-            _warm_profiler()
     return state
 
 
@@ -211,20 +209,6 @@ def _warm_kernel_launch() -> None:
     buffer = torch.ones(32, device="cuda")
     warm.mmd_warm_launch(grid=(1,), block=(32,), args=(buffer, 32))
     torch.cuda.synchronize()
-
-
-def _warm_profiler() -> None:
-    """The first torch.profiler session in a process initialises CUPTI (~1 s); pay it here,
-    while this worker waits as a spare, not inside a candidate's evaluation."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    try:
-        with profile(activities=[ProfilerActivity.CUDA]):
-            torch.zeros(1, device="cuda").add_(1)
-            torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001, S110 - only a warm-up; coverage reports its own errors
-        pass
 
 
 def _warm_toolchain(cfg: EvalConfig) -> None:
