@@ -43,6 +43,7 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
     # warm-up at the measured batch shape (first calls allocate and pick kernels)
     backend.generate_sync([prompt] * batch, SamplingParams(max_new_tokens=4), AgentRole.GENERATOR)
     times, tokens = [], 0
+    backend.seconds = {k: 0.0 for k in backend.seconds}  # the warm-up does not count
     for _ in range(repeats):
         _sync()
         start = time.perf_counter()
@@ -53,7 +54,10 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
     total = sum(times)
     return {"batch": batch, "logprobs": source.value, "prompt_tokens": len(prompt),
             "new_tokens_per_sample": tokens / (batch * repeats), "tokens_per_s": tokens / total,
-            "prompts_per_s": batch * repeats / total, "seconds_per_call": total / repeats}
+            "prompts_per_s": batch * repeats / total, "seconds_per_call": total / repeats,
+            "all_call_seconds": times,
+            "generate_s_per_call": backend.seconds["generate"] / repeats,
+            "logprobs_s_per_call": backend.seconds["logprobs"] / repeats}
 
 
 def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int,

@@ -57,8 +57,8 @@ for part in "$@"; do
                  > "$RES/$part.log" 2>&1 ;;
   bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" --quick ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
                  > "$RES/$part.log" 2>&1 ;;
-  bench-generation) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" \
-                 --batch 1 8 32 --new-tokens 256 --repeats 1 --episodes 8 --turns 2 \
+  bench-generation) timeout 420 python3 benchmarks/bench_generation.py --model "$GGUF" \
+                 --batch 1 32 --new-tokens 256 --repeats 2 --episodes 8 --turns 2 \
                  --out "$RES/generation.jsonl" > "$RES/$part.log" 2>&1 ;;
   evaldir)     # the corpus's fast reference kernels (tiers 0-1), evaluated as a user's harness would
                rm -rf /tmp/corpus && eval "$MMD problems export /tmp/corpus --with-solutions \

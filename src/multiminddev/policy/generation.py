@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -102,6 +103,8 @@ class HFGenerationBackend:
         self.logprob_source = LogprobSource(logprob_source)
         self._lock = threading.Lock()  # one generate at a time on the shared model
         self.tokens_generated = 0
+        # Cumulative seconds in model.generate and in the log-prob pass: where sampling time goes.
+        self.seconds = {"generate": 0.0, "logprobs": 0.0}
 
     async def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
@@ -152,14 +155,18 @@ class HFGenerationBackend:
             kwargs.update(do_sample=False)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        new_tokens = out.sequences[:, input_ids.shape[1] :].tolist()
+        new_tokens = out.sequences[:, input_ids.shape[1] :].tolist()  # .tolist() synchronises
+        middle = time.perf_counter()
         kept = [self._cut(tokens, sampling) for tokens in new_tokens]
         if self.logprob_source is LogprobSource.SAMPLER:
             logprobs = _sampler_logprobs(out.logits, new_tokens, kept, sampling.logprob_temperature)
         else:
             logprobs = self._recompute_logprobs(model, chunk, kept, sampling.logprob_temperature)
+        self.seconds["generate"] += middle - start
+        self.seconds["logprobs"] += time.perf_counter() - middle
         return [
             GenerationOutput(
                 token_ids=tokens,
