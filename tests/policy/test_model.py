@@ -58,6 +58,25 @@ def test_config_rejects_tester_and_unknown_adapter_roles(tmp_path):
         PolicyConfig(adapter_paths={"generator": str(tmp_path / "missing")})
 
 
+def test_qlora_needs_adapters_a_gpu_and_bitsandbytes():
+    import importlib.util
+
+    import torch
+
+    from multiminddev.policy.model import four_bit_kwargs
+
+    with pytest.raises(ValueError, match="cannot be fine-tuned in full"):
+        PolicyConfig(load_in_4bit=True, separate_models=True)
+    with pytest.raises(PolicyError, match="needs a CUDA GPU"):
+        four_bit_kwargs("cpu", torch.float32)
+    if importlib.util.find_spec("bitsandbytes") is None:
+        with pytest.raises(PolicyError, match="pip install bitsandbytes"):
+            four_bit_kwargs("cuda", torch.bfloat16)
+    else:
+        kwargs = four_bit_kwargs("cuda", torch.bfloat16)
+        assert kwargs["quantization_config"].load_in_4bit and kwargs["device_map"] == {"": "cuda"}
+
+
 def test_missing_gguf_file_is_a_clear_error(tmp_path):
     from multiminddev.policy.model import resolve_model_source
 

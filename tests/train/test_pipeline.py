@@ -61,6 +61,22 @@ def test_settings_reject_group_of_one_and_tester_role():
         TrainSettings(roles=(AgentRole.TESTER,))
 
 
+def test_qlora_flag_reaches_the_policy_config_and_excludes_full_finetune(capsys):
+    from multiminddev.train.pipeline import policy_config
+
+    def config_for(settings, device):
+        ctx = Context.__new__(Context)
+        ctx.settings = settings
+        return policy_config(ctx, device)
+
+    s = _settings(["train", "--qlora", "--output-dir", "/tmp/x"])
+    assert s.qlora and config_for(s, "cuda").load_in_4bit
+    assert not config_for(_settings(["train"]), "cpu").load_in_4bit
+    with pytest.raises(SystemExit) as exit_info:
+        _settings(["train", "--qlora", "--full-finetune"])
+    assert exit_info.value.code == 2 and "excludes --full-finetune" in capsys.readouterr().err
+
+
 def test_checkpoint_resolves_to_adapter_dirs_or_a_model(tmp_path):
     sft = tmp_path / "sft_checkpoints" / "generator"
     sft.mkdir(parents=True)

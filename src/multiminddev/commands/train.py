@@ -8,6 +8,7 @@ The flags follow the seeds (``run_multiturn_rl_training.py``): ``--num-episodes`
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -30,6 +31,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--full-finetune", action="store_true",
                    help="train a full copy of the model per agent instead of LoRA adapters")
+    p.add_argument("--qlora", action="store_true",
+                   help="QLoRA: a 4-bit NF4 base under the LoRA adapters (CUDA GPU + bitsandbytes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", choices=["quickstart", "quick-test", "full"], default="full",
                    help="run size (quickstart: the README's few-minute run)")
@@ -97,7 +100,7 @@ def _settings(args, **overrides):
         "output_dir": output_dir or default_output_dir(), "model": args.model, "preset": preset,
         "num_gpus": args.num_gpus, "train_problems": args.train_problems,
         "heldout_problems": args.heldout_problems, "lora_rank": args.lora_rank,
-        "full_finetune": args.full_finetune, "seed": args.seed,
+        "full_finetune": args.full_finetune, "qlora": args.qlora, "seed": args.seed,
         "resume": Path(resume) if resume else None,
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
@@ -106,16 +109,21 @@ def _settings(args, **overrides):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
     kwargs.update(overrides)
-    return TrainSettings(**kwargs)
+    try:
+        return TrainSettings(**kwargs)
+    except ValueError as exc:  # conflicting or out-of-range flags: a usage error, not a crash
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
 
 
 def _run(settings) -> int:
+    from multiminddev.policy import PolicyError
     from multiminddev.train.checkpoints import CheckpointError
     from multiminddev.train.pipeline import run_pipeline
 
     try:
         run_pipeline(settings)
-    except (CheckpointError, ValueError) as exc:
+    except (CheckpointError, PolicyError, ValueError) as exc:
         print(f"error: {exc}")
         return 2
     return 0

@@ -77,8 +77,13 @@ class PolicyConfig:
     separate_models: bool = False  # one full trainable model per agent instead of adapters
     adapter_paths: dict[str, str] = field(default_factory=dict)  # role -> adapter/checkpoint dir
     gradient_checkpointing: bool = False
+    # QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, CUDA only), adapters in full precision.
+    load_in_4bit: bool = False
 
     def __post_init__(self) -> None:
+        if self.load_in_4bit and self.separate_models:
+            raise ValueError("PolicyConfig: load_in_4bit (QLoRA) trains adapters on a 4-bit base; "
+                             "a 4-bit model cannot be fine-tuned in full (separate_models)")
         self.agents = tuple(AgentRole(a) for a in self.agents)
         self.target_modules = tuple(self.target_modules)
         if not self.agents:
@@ -175,6 +180,8 @@ def load_base_model(cfg: PolicyConfig, *, source: str | None = None) -> Any:
     kwargs: dict[str, Any] = {"dtype": dtype}
     if gguf:
         kwargs["gguf_file"] = gguf
+    if cfg.load_in_4bit:
+        kwargs.update(four_bit_kwargs(device, dtype))
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except OSError as exc:
@@ -182,11 +189,35 @@ def load_base_model(cfg: PolicyConfig, *, source: str | None = None) -> Any:
             f"could not load model {source!r}: {exc}. Pass a local directory or .gguf file "
             "(this machine may have no hub access)"
         ) from exc
+    except (ValueError, ImportError, RuntimeError) as exc:
+        if not cfg.load_in_4bit:
+            raise
+        raise PolicyError(f"could not load {source!r} in 4 bits (QLoRA): {exc}") from exc
+    if cfg.load_in_4bit:
+        return model.eval()  # placed by device_map; .to() is refused for 4-bit weights
     if getattr(model.config, "quantization_config", None) is not None and gguf:
         # The GGUF weights are dequantized on load; the leftover config entry would make
         # save_pretrained / peft treat the model as quantized.
         del model.config.quantization_config
     return model.to(device).eval()
+
+
+def four_bit_kwargs(device: str, dtype: Any) -> dict[str, Any]:
+    """from_pretrained arguments for a 4-bit NF4 base (QLoRA), or a PolicyError saying what is
+    missing: bitsandbytes runs on CUDA GPUs only."""
+    import importlib.util
+
+    if not device.startswith("cuda"):
+        raise PolicyError("QLoRA (load_in_4bit / --qlora) needs a CUDA GPU; this run's device is "
+                          f"{device!r}. Drop --qlora to train plain LoRA adapters")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise PolicyError("QLoRA (load_in_4bit / --qlora) needs bitsandbytes: "
+                          "pip install bitsandbytes, or drop --qlora to train plain LoRA")
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
+    return {"quantization_config": config, "device_map": {"": device}}
 
 
 def load_policy(cfg: PolicyConfig) -> Policy:
@@ -221,6 +252,12 @@ def build_policy(base: Any, tokenizer: Any, cfg: PolicyConfig) -> Policy:
 
     for p in base.parameters():
         p.requires_grad_(False)
+    if cfg.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        # Norms and head in float32, input grads on: peft's recipe for training over 4 bits.
+        base = prepare_model_for_kbit_training(
+            base, use_gradient_checkpointing=cfg.gradient_checkpointing)
     first, *rest = cfg.agents
     first_path = cfg.adapter_paths.get(first.value)
     if first_path:

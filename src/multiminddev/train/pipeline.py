@@ -61,6 +61,7 @@ class TrainSettings:
     sft_steps: int | None = None
     sft_learning_rate: float | None = None
     full_finetune: bool = False
+    qlora: bool = False  # 4-bit base + LoRA adapters (needs a CUDA GPU and bitsandbytes)
     lora_rank: int = 16
     wandb: bool = False
     seed: int = 0
@@ -79,6 +80,8 @@ class TrainSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.qlora and self.full_finetune:
+            raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes), got {self.group_size}")
 
@@ -150,7 +153,7 @@ def policy_config(ctx: Context, device: str) -> Any:
                              f"or the same model")
     return PolicyConfig(model=model, device=device, agents=s.roles, adapter_paths=adapters,
                         lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
-                        separate_models=s.full_finetune)
+                        separate_models=s.full_finetune, load_in_4bit=s.qlora)
 
 
 def resolve_checkpoint(ckpt: str, role: AgentRole) -> tuple[str, str]:
