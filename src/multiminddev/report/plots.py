@@ -165,7 +165,11 @@ def _plot_panels(records: Sequence[Mapping[str, Any]], panels: Sequence[tuple], 
             drawn = True
         if drawn:
             ax.set_xlabel("step")
-            ax.legend(fontsize=8)
+            # One legend for the panel, the twin axis's line included.
+            lines = [line for a in (ax, *ax.get_shared_x_axes().get_siblings(ax)) if a is not ax
+                     for line in a.get_lines()]
+            handles = ax.get_lines() + [line for line in lines if line not in ax.get_lines()]
+            ax.legend(handles, [h.get_label() for h in handles], fontsize=8)
         else:
             _empty_note(ax, "not logged")
         ax.set_title(title)
