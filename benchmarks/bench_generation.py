@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", type=Path, help="also append each row as a JSON line to this file")
+    p.add_argument("--merged-sampling", choices=["auto", "on", "off"], default="auto",
+                   help="sample from a merged copy of base + adapter (PolicyConfig.merged_sampling)")
     args = p.parse_args(argv)
 
     from multiminddev.policy import LogprobSource, PolicyConfig, load_policy
@@ -134,15 +136,18 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(json.dumps(row) + "\n")
 
     start = time.perf_counter()
-    policy = load_policy(PolicyConfig(model=args.model))
+    merged = {"auto": None, "on": True, "off": False}[args.merged_sampling]
+    policy = load_policy(PolicyConfig(model=args.model, merged_sampling=merged))
     device = _device_name()
     emit({"what": "load_policy", "seconds": time.perf_counter() - start, "device": device,
+          "merged_sampling": policy.sampler is not None,
           "dtype": str(next(policy.model_for(policy.roles[0]).parameters()).dtype).removeprefix(
               "torch.")})
     for batch in args.batch:
         for source in LogprobSource:
             row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)
-            emit({"what": "generate", "device": device, **row})
+            emit({"what": "generate", "device": device, "merged_sampling": policy.sampler is not None,
+                  **row})
     if args.episodes:
         save = args.out.with_name("episodes.jsonl") if args.out else None
         row = bench_episodes(policy, args.episodes, args.turns, args.new_tokens, save)

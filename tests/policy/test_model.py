@@ -186,3 +186,44 @@ def test_default_model_path_honours_the_environment_override(tmp_path, monkeypat
     assert default_model_path() == gguf
     monkeypatch.setenv("MULTIMINDDEV_DEFAULT_GGUF", str(tmp_path / "missing.gguf"))
     assert default_model_path() is None
+
+
+def _logits_for(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def test_merged_sampling_model_computes_what_the_adapter_model_computes():
+    policy = tiny_policy()
+    assert policy.sampler is not None  # on by default for small float bases
+    ids = torch.tensor([gguf_tokenizer().encode("Write a kernel for relu")])
+    for role in (G, O):
+        merged = _logits_for(policy.sampling_model(role), ids)
+        with policy.use(role) as model:
+            wrapped = _logits_for(model, ids)
+        assert torch.allclose(merged, wrapped, atol=1e-5)
+    # A training step changes the adapter: the next sampling call sees the new weights.
+    with torch.no_grad():
+        for p in policy.trainable_parameters(G):
+            p.add_(0.05 * torch.randn_like(p))
+    with policy.use(G) as model:
+        updated = _logits_for(model, ids)
+    assert not torch.allclose(updated, _logits_for(policy.sampler, ids))  # before re-merging
+    assert torch.allclose(_logits_for(policy.sampling_model(G), ids), updated, atol=1e-5)
+
+
+def test_merged_sampling_leaves_the_base_and_reference_alone():
+    policy = tiny_policy()
+    ids = torch.tensor([gguf_tokenizer().encode("def forward(self, x):")])
+    with policy.reference() as ref:
+        before = _logits_for(ref, ids)
+    policy.sampling_model(G)
+    policy.sampling_model(O)
+    with policy.reference() as ref:
+        assert torch.equal(_logits_for(ref, ids), before)
+
+
+def test_merged_sampling_off_samples_from_the_adapter_model():
+    policy = tiny_policy(merged_sampling=False)
+    assert policy.sampler is None
+    assert policy.sampling_model(G) is policy.model_for(G)

@@ -124,19 +124,23 @@ class HFGenerationBackend:
         with self._lock, self.policy.use(role) as model:
             was_training = model.training
             model.eval()
+            # Sampling may run on a merged copy (same weights, fewer ops); log-probs are always
+            # recomputed with the training model itself.
+            sampler = self.policy.sampling_model(role)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             try:
                 for start in range(0, len(expanded), self.max_batch_size):
                     chunk = expanded[start : start + self.max_batch_size]
-                    outputs.extend(self._generate_batch(model, chunk, sampling))
+                    outputs.extend(self._generate_batch(model, chunk, sampling, sampler))
             finally:
                 model.train(was_training)
         self.tokens_generated += sum(len(o.token_ids) for o in outputs)
         return outputs
 
     def _generate_batch(
-        self, model: Any, chunk: list[tuple[int, list[int]]], sampling: SamplingParams
+        self, model: Any, chunk: list[tuple[int, list[int]]], sampling: SamplingParams,
+        sampler: Any = None,
     ) -> list[GenerationOutput]:
         import torch
 
@@ -157,7 +161,8 @@ class HFGenerationBackend:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            out = (sampler or model).generate(input_ids=input_ids, attention_mask=attention_mask,
+                                              **kwargs)
         new_tokens = out.sequences[:, input_ids.shape[1] :].tolist()  # .tolist() synchronises
         middle = time.perf_counter()
         kept = [self._cut(tokens, sampling) for tokens in new_tokens]
