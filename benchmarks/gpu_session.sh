@@ -8,6 +8,9 @@
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation evaldir
 #        learning-seed0 learning-seed1 learning-seed2 quickstart
+# Budget (2026-11-22, one H200, device time counted at 67% of held time): bench-eval ~200 s,
+# tests-env ~180 s, tests-hacks ~190 s, tests-rest ~125 s, evaldir ~250 s, one learning seed
+# ~560 s (40 SFT steps took 30 s of it; generation most of the rest).
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
@@ -70,7 +73,7 @@ for part in "$@"; do
   learning-seed*) seed=${part#learning-seed}
                # sized to finish inside one 10-minute device call (see docs/BENCHMARKS.md)
                timeout 560 python3 benchmarks/bench_learning.py --model "$GGUF" --seeds "$seed" \
-                 --sft-steps 40 --eval-problems 8 --rl-steps 3 --problems-per-step 2 --group-size 4 \
+                 --sft-steps ${SFT_STEPS:-200} --eval-problems 8 --rl-steps 3 --problems-per-step 2 --group-size 4 \
                  --max-new-tokens 384 --max-turns 2 --output-dir "$RES/learning" > "$RES/$part.log" 2>&1 ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
                  > "$RES/$part.log" 2>&1 ;;
