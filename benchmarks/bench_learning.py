@@ -156,33 +156,49 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                           evaluator=evaluator, curriculum=Curriculum.from_problems(train),
                           episode_config=eval_episodes, output_dir=out,
                           compile_only=compile_only)
-    rows: dict[str, Any] = {}
-    seconds: dict[str, float] = {}
+    # Stage-level resume: a seed cut short (a device call's time limit, a crash) continues from
+    # the stages it finished: evaluations from partial.json, SFT from its saved adapters, GRPO
+    # from rl_checkpoints/latest.
+    partial = _read_json(out / "partial.json") or {}
+    rows: dict[str, Any] = dict(partial.get("rows", {}))
+    seconds: dict[str, float] = dict(partial.get("seconds", {}))
 
     def evaluate(stage: str) -> None:
+        if stage in rows:
+            print(f"seed {seed}: {stage} evaluation finished earlier, reusing it", flush=True)
+            return
         t0 = time.perf_counter()
         rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl")
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
-        # A run cut short (time limit, crash) keeps every stage it finished.
         (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
                                                       "seconds": seconds}, default=str))
 
     out.mkdir(parents=True, exist_ok=True)
     evaluate("base")
-    t = time.perf_counter()
-    for role in cfg.train_roles:
-        run_sft(role, policy.config, sft_data(role, train, seed),
-                SFTConfig(output_dir=out, max_steps=args.sft_steps, batch_size=args.sft_batch_size,
-                          loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
-                          report_to=()), policy=policy)
-    seconds["sft"] = time.perf_counter() - t
+    sft_dir = out / "sft_checkpoints"
+    if all((sft_dir / role.value / "adapter_config.json").is_file() for role in cfg.train_roles):
+        print(f"seed {seed}: SFT finished earlier, loading {sft_dir}", flush=True)
+        policy.load_adapters({role.value: str(sft_dir / role.value) for role in cfg.train_roles})
+    else:
+        t = time.perf_counter()
+        for role in cfg.train_roles:
+            run_sft(role, policy.config, sft_data(role, train, seed),
+                    SFTConfig(output_dir=out, max_steps=args.sft_steps,
+                              batch_size=args.sft_batch_size,
+                              loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
+                              report_to=()), policy=policy)
+        seconds["sft"] = time.perf_counter() - t
     evaluate("sft")
-    t = time.perf_counter()
-    trainer.episode_config = train_episodes
-    trainer.train()
-    trainer.finish()
-    seconds["grpo"] = time.perf_counter() - t
-    trainer.episode_config = eval_episodes
+    if "grpo" not in rows:
+        t = time.perf_counter()
+        if (out / "rl_checkpoints" / "latest").is_dir():
+            trainer.resume(out)
+            print(f"seed {seed}: GRPO resumed at step {trainer.step}", flush=True)
+        trainer.episode_config = train_episodes
+        trainer.train()
+        trainer.finish()
+        seconds["grpo"] = seconds.get("grpo", 0.0) + time.perf_counter() - t
+        trainer.episode_config = eval_episodes
     evaluate("grpo")
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
     metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES}
@@ -209,6 +225,13 @@ def sft_data(role: Any, train: list[Any], seed: int) -> Any:
         examples = sft_examples(role, train)
         random.Random(seed).shuffle(examples)
         return {"messages": [e.messages for e in examples]}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:

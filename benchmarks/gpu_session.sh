@@ -74,7 +74,11 @@ for part in "$@"; do
                # sized to finish inside one 10-minute device call (see docs/BENCHMARKS.md)
                timeout 560 python3 benchmarks/bench_learning.py --model "$GGUF" --seeds "$seed" \
                  --sft-steps ${SFT_STEPS:-200} --eval-problems 8 --rl-steps 3 --problems-per-step 2 --group-size 4 \
-                 --max-new-tokens 384 --max-turns 2 --output-dir "$RES/learning" > "$RES/$part.log" 2>&1 ;;
+                 --max-new-tokens 384 --max-turns 2 --output-dir /root/learning > "$RES/$part.log" 2>&1
+               # /root outlives the call on a warm machine: the same part again resumes the seed
+               # (finished evaluations, SFT adapters, GRPO's latest checkpoint).
+               rc_learning=$?; mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
+               (exit $rc_learning) ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
                  > "$RES/$part.log" 2>&1 ;;
   quickstart)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout 580 bash -c "$MMD train --preset quickstart \
