@@ -17,6 +17,8 @@ import ast
 import enum
 from dataclasses import dataclass
 
+from multiminddev import pyast
+
 MAX_REPLY_CHARS = 200_000  # beyond this a reply is not a kernel module; refuse cheaply
 _PYTHON_LANGS = {"python", "py", "python3", "", "pytorch"}
 _CUDA_LANGS = {"cuda", "cpp", "c++", "c", "cu", "cxx", "h", "hpp"}
@@ -102,7 +104,7 @@ def _validate(code: str, note: str) -> ParsedCandidate:
     if not code.strip():
         return ParsedCandidate(source=None, failure=ParseFailure.EMPTY, detail="empty code block")
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError as exc:
         line = (exc.text or "").strip()[:120]
         return ParsedCandidate(

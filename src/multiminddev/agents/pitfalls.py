@@ -14,6 +14,8 @@ import enum
 import re
 from dataclasses import dataclass
 
+from multiminddev import pyast
+
 
 class PitfallKind(str, enum.Enum):
     UNCOALESCED = "uncoalesced_access"
@@ -63,7 +65,7 @@ def extract_cuda_sources(candidate_source: str | None) -> list[str]:
     if not candidate_source:
         return []
     try:
-        tree = ast.parse(candidate_source)
+        tree = pyast.parse(candidate_source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return [m.group(2) for m in re.finditer(r"('''|\"\"\")(.*?)\1", candidate_source, re.DOTALL)
                 if "__global__" in m.group(2)]

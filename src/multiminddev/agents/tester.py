@@ -116,7 +116,7 @@ def threads_per_block_in(source: str | None) -> int | None:
     if not source:
         return None
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     constants = {
@@ -353,6 +353,7 @@ def fit_sections(sections: list[str], max_chars: int) -> str:
 _HARNESS = r'''
 import sys, torch
 from multiminddev.tasks.problem import load_problem
+from multiminddev import pyast
 ns_p, ns_c = {}, {}
 problem = load_problem(sys.argv[1])
 exec(compile(problem.source, "problem.py", "exec"), ns_p)

@@ -19,6 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from multiminddev import pyast
+
 
 class CandidateKind(str, enum.Enum):
     NVRTC = "nvrtc"  # multiminddev.cuda.compile_kernels
@@ -33,7 +35,7 @@ def candidate_hash(source: str) -> str:
 def detect_kind(source: str) -> CandidateKind:
     """Which build path the candidate uses, from the names it references (no execution)."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return CandidateKind.UNKNOWN
     names = set()

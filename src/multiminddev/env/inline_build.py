@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiminddev import pyast
 from multiminddev.env.results import CompileResult, Diagnostic, KernelResources, StageStatus
 
 SPEC_ARGS = (
@@ -122,7 +123,7 @@ def _arch_list(arch: str) -> str:
 def extract_inline_specs(source: str) -> list[InlineSpec] | None:
     """Specs of every ``load_inline(...)`` call whose arguments are static; None if any is not."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError:
         return None
     consts = _module_constants(tree)

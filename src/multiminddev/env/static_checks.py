@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from multiminddev import pyast
 from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
 
 # ---------------------------------------------------------------------------------------------
@@ -347,7 +348,7 @@ def _classify_self_attrs(info: ModuleInfo) -> None:
 
 @functools.lru_cache(maxsize=64)
 def _analyse_cached(source: str) -> ModuleInfo:
-    return analyse(ast.parse(source))
+    return analyse(pyast.parse(source))
 
 
 def analyse(tree: ast.Module) -> ModuleInfo:
@@ -1287,7 +1288,7 @@ def run_static_checks(source: str, *, problem_dtype: str = "float32") -> StaticC
     Findings are ordered by ``REASON_PRIORITY`` (most specific hack class first), then line.
     """
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError as exc:
         finding = Finding(rule="syntax", reason=RejectReason.SYNTAX, line=exc.lineno,
                           message=f"not valid Python: {exc.msg}")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from multiminddev import pyast
 from multiminddev.tasks.problem import Problem, ProblemError, load_problem, load_problem_source
 
 if TYPE_CHECKING:
@@ -392,7 +393,7 @@ def sakana_candidate_source(cuda_code: str, functional_code: str, *, name: str) 
     if function is None:
         raise ProblemError(f"{name}: CUDA_Code has no PYBIND11_MODULE m.def(...) to call")
     try:
-        tree = ast.parse(functional_code)
+        tree = pyast.parse(functional_code)
     except SyntaxError as exc:
         raise ProblemError(
             f"{name}: PyTorch_Code_Functional is not valid Python: {exc.msg}"

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev import pyast
+
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 1e-2}
 METADATA_VARIABLE = "MULTIMINDDEV"
 
@@ -73,7 +75,7 @@ class Problem:
 def validate_problem_source(source: str, name: str = "<problem>") -> dict[str, Any]:
     """Check the KernelBench structure without running it; return the metadata literal if any."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except SyntaxError as exc:
         raise ProblemError(f"problem {name!r} is not valid Python: line {exc.lineno}: {exc.msg}")
     classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
