@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiminddev import pyast
 from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
 from multiminddev.env.results import EvalResult, EvalStatus, KernelResources, StageStatus
 
@@ -353,7 +354,6 @@ def fit_sections(sections: list[str], max_chars: int) -> str:
 _HARNESS = r'''
 import sys, torch
 from multiminddev.tasks.problem import load_problem
-from multiminddev import pyast
 ns_p, ns_c = {}, {}
 problem = load_problem(sys.argv[1])
 exec(compile(problem.source, "problem.py", "exec"), ns_p)
