@@ -165,7 +165,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     def evaluate(stage: str) -> None:
         if stage in rows:
-            print(f"seed {seed}: {stage} evaluation finished earlier, reusing it", flush=True)
+            print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
             return
         t0 = time.perf_counter()
         rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl")
@@ -174,6 +174,13 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                                       "seconds": seconds}, default=str))
 
     out.mkdir(parents=True, exist_ok=True)
+    if "base" not in rows and args.eval_temperature == 0:
+        shared = base_rows_from_other_seeds(args.output_dir, seed)
+        if shared is not None:
+            # Greedy decoding of the untouched base model does not depend on the seed: the
+            # base stage is the same measurement for every seed, so it is run once.
+            print(f"seed {seed}: base evaluation shared with seed {shared[0]} (greedy)", flush=True)
+            rows["base"], seconds["eval_base"] = shared[1], shared[2]
     evaluate("base")
     sft_dir = out / "sft_checkpoints"
     if all((sft_dir / role.value / "adapter_config.json").is_file() for role in cfg.train_roles):
@@ -232,6 +239,16 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, float] | None:
+    """(seed, base rows, seconds) from another seed's results in ``output_dir``, if any."""
+    for path in sorted(output_dir.glob("seed*/partial.json")):
+        data = _read_json(path) or {}
+        other = data.get("seed")
+        if other is not None and other != seed and "base" in data.get("rows", {}):
+            return other, data["rows"]["base"], float(data.get("seconds", {}).get("eval_base", 0.0))
+    return None
 
 
 def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
