@@ -214,10 +214,9 @@ def test_launch_timer_puts_the_kernel_call_back_even_after_an_error():
     from multiminddev.cuda.kernels import Kernel
 
     original = Kernel.__call__
-    with pytest.raises(RuntimeError, match="forward failed"):
-        with guards._OwnLaunchTimer({"relu"}):
-            assert Kernel.__call__ is not original
-            raise RuntimeError("forward failed")
+    with pytest.raises(RuntimeError, match="forward failed"), guards._OwnLaunchTimer({"relu"}):
+        assert Kernel.__call__ is not original
+        raise RuntimeError("forward failed")
     assert Kernel.__call__ is original
 
 

@@ -149,7 +149,6 @@ def summarize(results: list[Any]) -> dict[str, Any]:
 
 
 def run_eval_dir(args: argparse.Namespace) -> int:
-    from multiminddev.env import Evaluator
     from multiminddev.tasks.problem import ProblemError, load_problem
 
     if args.resume and not args.out:

@@ -36,7 +36,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from multiminddev.env.results import Finding, RejectReason
 
@@ -558,7 +558,7 @@ class _OwnLaunchTimer:
         self.launches: list[tuple[str, Any, Any]] = []
         self._original: Any = None
 
-    def __enter__(self) -> _OwnLaunchTimer:
+    def __enter__(self) -> Self:
         from multiminddev.cuda.kernels import Kernel
 
         torch = _torch()
