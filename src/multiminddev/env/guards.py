@@ -30,11 +30,12 @@ finished); see the sandbox module for what same-process checks cannot guarantee.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -330,35 +331,47 @@ def _pending_ms_after_current_stream() -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+@contextlib.contextmanager
+def _patched_launches(on_launch: Callable[[Any, Any, Callable[[], Any]], Any]) -> Iterator[None]:
+    """Route every multiminddev kernel launch through ``on_launch(kernel, stream, launch)`` for
+    the block (``launch()`` performs the real one); ``Kernel.__call__`` is restored after."""
+    from multiminddev.cuda.kernels import Kernel
+
+    original = Kernel.__call__
+
+    def patched(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+        stream = kwargs.get("stream", args[4] if len(args) > 4 else None)
+        return on_launch(kernel, stream, lambda: original(kernel, *args, **kwargs))
+
+    Kernel.__call__ = patched
+    try:
+        yield
+    finally:
+        Kernel.__call__ = original
+
+
 class _LaunchStreamMonitor:
     """Records multiminddev kernel launches on a stream other than torch's current stream."""
 
     def __init__(self) -> None:
         self.off_stream: list[str] = []
-        self._original: Any = None
+        self._patch: Any = None
 
-    def __enter__(self) -> _LaunchStreamMonitor:
-        from multiminddev.cuda.kernels import Kernel
-
+    def __enter__(self) -> Self:
         torch = _torch()
-        original = Kernel.__call__
-        monitor = self
 
-        def monitored(kernel: Any, *args: Any, **kwargs: Any) -> Any:
-            stream = kwargs.get("stream", args[4] if len(args) > 4 else None)
+        def on_launch(kernel: Any, stream: Any, launch: Callable[[], Any]) -> Any:
             if stream is not None and getattr(stream, "cuda_stream", None) != (
                     torch.cuda.current_stream().cuda_stream):
-                monitor.off_stream.append(kernel.name)
-            return original(kernel, *args, **kwargs)
+                self.off_stream.append(kernel.name)
+            return launch()
 
-        self._original = original
-        Kernel.__call__ = monitored
+        self._patch = _patched_launches(on_launch)
+        self._patch.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from multiminddev.cuda.kernels import Kernel
-
-        Kernel.__call__ = self._original
+        self._patch.__exit__(*exc)
 
 
 def check_streams_synchronized(run_fn: Callable[[], Any] | None = None, *,
@@ -556,37 +569,31 @@ class _OwnLaunchTimer:
     def __init__(self, names: set[str]):
         self.names = names
         self.launches: list[tuple[str, Any, Any]] = []
-        self._original: Any = None
+        self._patch: Any = None
 
     def __enter__(self) -> Self:
-        from multiminddev.cuda.kernels import Kernel
-
         torch = _torch()
-        original, timer = Kernel.__call__, self
 
-        def timed_launch(kernel: Any, *args: Any, **kwargs: Any) -> Any:
-            if kernel.name not in timer.names:
-                return original(kernel, *args, **kwargs)
-            stream = kwargs.get("stream", args[4] if len(args) > 4 else None)
+        def on_launch(kernel: Any, stream: Any, launch: Callable[[], Any]) -> Any:
+            if kernel.name not in self.names:
+                return launch()
             on = None
             if stream is not None:
                 on = stream if isinstance(stream, torch.cuda.Stream) else torch.cuda.ExternalStream(
                     stream.cuda_stream)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record(on)
-            result = original(kernel, *args, **kwargs)
+            result = launch()
             end.record(on)
-            timer.launches.append((kernel.name, start, end))
+            self.launches.append((kernel.name, start, end))
             return result
 
-        self._original = original
-        Kernel.__call__ = timed_launch
+        self._patch = _patched_launches(on_launch)
+        self._patch.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from multiminddev.cuda.kernels import Kernel
-
-        Kernel.__call__ = self._original
+        self._patch.__exit__(*exc)
 
     def own_ms(self) -> list[float]:
         return [start.elapsed_time(end) for _, start, end in self.launches]
