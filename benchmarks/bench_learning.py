@@ -252,14 +252,9 @@ def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, f
 
 
 def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
-    """A seed's saved result (resume: a finished seed is not run again)."""
-    path = output_dir / f"seed{seed}" / "seed_result.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None  # a torn write: run the seed again
+    """A seed's saved result (resume: a finished seed is not run again; a missing or torn file
+    means the seed runs again)."""
+    return _read_json(output_dir / f"seed{seed}" / "seed_result.json")
 
 
 # --------------------------------------------------------------------------- aggregate
