@@ -163,7 +163,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
     stack_dump = _register_stack_dump()
     with timed(startup, "toolchain"):
-        _warm_toolchain(cfg)
+        warm_module = _warm_toolchain(cfg)
     gpu = device_index is not None and torch.cuda.is_available()
     if not gpu:
         from multiminddev.cuda import compiler
@@ -184,7 +184,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     with timed(startup, "l2_flush_buffer"):
         state.flush = l2_flush_buffer(device_index)
     with timed(startup, "kernel_launch"):
-        _warm_kernel_launch()
+        _warm_kernel_launch(warm_module)
     with timed(startup, "host_copy_probe"):
         state.pinned_copies = _pinned_copies_faster()
     if cfg.defenses:
@@ -194,7 +194,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     return state
 
 
-def _warm_kernel_launch() -> None:
+def _warm_kernel_launch(module: Any) -> None:
     """The first cuda.core module load and launch in a process set up its launch path; pay it
     here, while this worker waits as a spare, not inside a candidate's compile stage. (Not
     through compile_kernels: the candidate's compile log must hold only its own kernels.)"""
@@ -202,24 +202,25 @@ def _warm_kernel_launch() -> None:
 
     from multiminddev.cuda import compiler, kernels
 
-    source = ('extern "C" __global__ void mmd_warm_launch(float* p, int n) '
-              '{ int i = threadIdx.x; if (i < n) p[i] = 0.0f; }')
-    module = compiler.compile_cuda(source, compiler.CompileOptions(use_cache=False))
-    warm = kernels.CompiledKernels(module, kernels.parse_kernel_signatures(source))
-    buffer = torch.ones(32, device="cuda")
-    warm.mmd_warm_launch(grid=(1,), block=(32,), args=(buffer, 32))
+    if module.result.arch != compiler.current_device_arch():
+        return  # built for another target (EvalConfig.arch): nothing to launch here
+    warm = kernels.CompiledKernels(module, kernels.parse_kernel_signatures(WARM_SOURCE))
+    warm.mmd_warm(grid=(1,), block=(1,), args=(torch.ones(1, dtype=torch.int32, device="cuda"),))
     torch.cuda.synchronize()
 
 
-def _warm_toolchain(cfg: EvalConfig) -> None:
+WARM_SOURCE = 'extern "C" __global__ void mmd_warm(int* p) { if (p) *p = 0; }'
+
+
+def _warm_toolchain(cfg: EvalConfig) -> Any:
     """Locate headers and load NVRTC now, in trusted code: the first lookup runs helper
-    processes (ldconfig, a cuda.pathfinder probe) that the sandbox refuses later."""
+    processes (ldconfig, a cuda.pathfinder probe) that the sandbox refuses later. Returns the
+    compiled warm-up module (launched once on a GPU by ``_warm_kernel_launch``)."""
     from multiminddev.cuda import compiler
 
     compiler.cuda_include_paths()
     compiler.current_device_arch()
-    compiler.compile_cuda('extern "C" __global__ void mmd_warm(int* p) { if (p) *p = 0; }',
-                          compiler.CompileOptions(arch=cfg.arch, use_cache=False))
+    return compiler.compile_cuda(WARM_SOURCE, compiler.CompileOptions(arch=cfg.arch, use_cache=False))
 
 
 def _register_stack_dump() -> Path | None:
