@@ -307,12 +307,14 @@ def merge_adapter_into(peft_model: Any, adapter: str, plain: Any) -> None:
     prefix = "base_model.model."
     with torch.no_grad():
         for name, module in peft_model.named_modules():
-            if not isinstance(module, LoraLayer) or adapter not in module.lora_A:
+            if not isinstance(module, LoraLayer):
                 continue
             target = targets[name.removeprefix(prefix)]
             base_weight = module.get_base_layer().weight
-            delta = module.get_delta_weight(adapter)
-            target.weight.copy_(base_weight + delta.to(base_weight.dtype))
+            if adapter in module.lora_A:
+                target.weight.copy_(base_weight + module.get_delta_weight(adapter).to(base_weight.dtype))
+            else:  # a layer this adapter does not touch: undo another role's earlier merge
+                target.weight.copy_(base_weight)
 
 
 def build_separate_policy(
