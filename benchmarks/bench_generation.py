@@ -90,6 +90,60 @@ def bench_episodes(policy: Any, episodes: int, turns: int, new_tokens: int,
             "eval_statuses": eval_statuses, "format_failures": format_failures}
 
 
+def profile_generation(policy: Any, batch: int, new_tokens: int) -> dict:
+    """Where a decoding step and a log-prob recomputation spend their time (torch.profiler).
+
+    Prints the top operators by self CPU time and by self device time; returns per-variant
+    milliseconds per decoding step (adapter model vs merged copy, with and without stop strings)
+    and the recomputation's seconds, so a slow path shows up as numbers, not guesses.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from multiminddev.agents.prompts import generator_messages
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.policy import HFGenerationBackend, LogprobSource, SamplingParams, encode_chat
+    from multiminddev.tasks.problem import load_problem_source
+
+    problem = load_problem_source(_RELU, name="relu")
+    prompt = encode_chat(policy.tokenizer, generator_messages(problem))
+    role = AgentRole.GENERATOR
+    row: dict[str, Any] = {"batch": batch, "new_tokens": new_tokens}
+    sampler = policy.sampler
+    variants = [("adapter", None, ()), ("adapter_stop", None, ("```\n",))]
+    if sampler is not None:
+        variants += [("merged", sampler, ()), ("merged_stop", sampler, ("```\n",))]
+    for name, sampler_obj, stop in variants:
+        policy.sampler = sampler_obj
+        backend = HFGenerationBackend(policy, max_batch_size=batch,
+                                      logprob_source=LogprobSource.SAMPLER)
+        backend.generate_sync([prompt] * batch, SamplingParams(max_new_tokens=4), role)
+        backend.seconds = {k: 0.0 for k in backend.seconds}
+        outs = backend.generate_sync([prompt] * batch, SamplingParams(
+            temperature=1.0, max_new_tokens=new_tokens, stop=stop, seed=0), role)
+        steps = max(len(o.token_ids) for o in outs)
+        row[f"ms_per_step/{name}"] = 1000 * backend.seconds["generate"] / max(steps, 1)
+        row[f"sampler_logprobs_s/{name}"] = backend.seconds["logprobs"]
+    policy.sampler = sampler
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available()
+                                           else [])
+    backend = HFGenerationBackend(policy, max_batch_size=batch,
+                                  logprob_source=LogprobSource.RECOMPUTE)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
+    backend.generate_sync([prompt] * batch, sampling, role)  # warm-up of both passes
+    backend.seconds = {k: 0.0 for k in backend.seconds}
+    with profile(activities=activities) as prof:
+        backend.generate_sync([prompt] * batch, sampling, role)
+    row["recompute_generate_s"] = backend.seconds["generate"]
+    row["recompute_logprobs_s"] = backend.seconds["logprobs"]
+    sort_device = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    for key in ("self_cpu_time_total", sort_device):
+        table = prof.key_averages().table(sort_by=key, row_limit=25)
+        print(f"--- top operators by {key} (batch {batch}, {new_tokens} new tokens, one "
+              f"generate + recompute call)\n{table}", flush=True)
+    return row
+
+
 def _sync() -> None:
     import torch
 
@@ -122,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", type=Path, help="also append each row as a JSON line to this file")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one decode + recompute per --batch (top ops) instead of timing")
     p.add_argument("--merged-sampling", choices=["auto", "on", "off"], default="auto",
                    help="sample from a merged copy of base + adapter (PolicyConfig.merged_sampling)")
     args = p.parse_args(argv)
@@ -143,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
           "merged_sampling": policy.sampler is not None,
           "dtype": str(next(policy.model_for(policy.roles[0]).parameters()).dtype).removeprefix(
               "torch.")})
+    if args.profile:
+        for batch in args.batch:
+            row = profile_generation(policy, batch, args.new_tokens)
+            emit({"what": "profile", "device": device, **row})
+        return 0
     for batch in args.batch:
         for source in LogprobSource:
             row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)

@@ -243,9 +243,17 @@ def _sampler_logprobs(
 ) -> list[list[float]]:
     import torch
 
-    logits = torch.stack(step_logits, dim=1).float() / temperature  # [B, steps, V]
-    targets = torch.tensor([row[: logits.shape[1]] for row in new_tokens], device=logits.device)
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    if not step_logits:
+        return [[] for _ in kept]
+    steps = len(step_logits)
+    targets = torch.tensor([row[:steps] for row in new_tokens], device=step_logits[0].device)
+    # Step by step: stacking [B, steps, V] float32 logits first would hold several GB for a
+    # batch of 32 x 800 steps on top of generate's own copy.
+    picked = torch.empty(targets.shape, dtype=torch.float32, device=targets.device)
+    for t, step in enumerate(step_logits):
+        scaled = step.float() / temperature
+        picked[:, t] = (scaled.gather(-1, targets[:, t : t + 1]).squeeze(-1)
+                        - torch.logsumexp(scaled, -1))
     rows = picked.tolist()
     return [row[: len(tokens)] for row, (tokens, _) in zip(rows, kept)]
 
