@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("base", "sft", "grpo")
+BASE_STAGE = "base_stage.json"  # written by --base-only
 METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
 
 
@@ -49,6 +50,12 @@ class BenchArgs:
     eval_temperature: float
     eval_workers: int
     output_dir: Path
+    generator_variants: list[str]
+    max_batch_size: int = 64
+    generator_max_new_tokens: int = 0  # 0: --max-new-tokens
+    rl_learning_rate: float = 2e-5
+    skip_base: bool = False
+    base_only: bool = False
     aggregate_only: bool = False
 
 
@@ -62,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--sft-batch-size", type=int, default=8)
     p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--rl-learning-rate", type=float, default=2e-5,
+                   help="GRPO's learning rate for the adapters (GRPOConfig.learning_rate)")
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
@@ -69,6 +78,23 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--eval-workers", type=int, default=2)
     p.add_argument("--output-dir", type=Path, default=Path("runs/bench_learning"))
+    p.add_argument("--generator-variants", nargs="+", choices=["naive", "fast"], default=["naive"],
+                   help="which corpus solutions the Generator learns; naive only by default: "
+                        "'correct first', one target per prompt and half the reply length "
+                        "(the fast variants are the Optimizer's targets)")
+    p.add_argument("--max-batch-size", type=int, default=64,
+                   help="sequences decoded together; decoding a small model costs about the "
+                        "same per step at any batch size, so whole stages go in one batch")
+    p.add_argument("--generator-max-new-tokens", type=int, default=0,
+                   help="the Generator's own cap (its first kernel is short; a batch decodes "
+                        "until its longest reply ends); 0: --max-new-tokens")
+    p.add_argument("--base-only", action="store_true",
+                   help="evaluate the base model only (into <out>/base_stage.json), for seeds "
+                        "run in parallel with --skip-base")
+    p.add_argument("--skip-base", action="store_true",
+                   help="do not evaluate the base model in this process; with greedy evaluation "
+                        "the base stage is seed-independent and is borrowed from a seed that "
+                        "measured it (seeds run in parallel processes)")
     p.add_argument("--short", action="store_true",
                    help="the lead's short version: ~8 min on one H100")
     p.add_argument("--aggregate-only", action="store_true",
@@ -99,15 +125,16 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
             "speedup": max(speeds) if speeds else 0.0, "reward": reward}
 
 
-def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None
-                   ) -> list[dict[str, Any]]:
+def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
+                   max_batch_size: int = 64) -> list[dict[str, Any]]:
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, LogprobSource
     from multiminddev.rl.grpo import score_episodes
 
     # Evaluation trains nothing: the sampler's own log-probs spare the recomputation pass.
     training_backend = trainer.backend
-    trainer.backend = HFGenerationBackend(trainer.policy, logprob_source=LogprobSource.SAMPLER)
+    trainer.backend = HFGenerationBackend(trainer.policy, max_batch_size=max_batch_size,
+                                          logprob_source=LogprobSource.SAMPLER)
     try:
         episodes = trainer.run_episodes(problems, 1)
     finally:
@@ -142,17 +169,23 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.train.metrics import read_metrics
     from multiminddev.train.sft import SFTConfig, run_sft
 
-    out = args.output_dir / f"seed{seed}"
+    out = args.output_dir / ("base" if args.base_only else f"seed{seed}")
     torch.manual_seed(seed)
     policy = load_policy(PolicyConfig(model=args.model))
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
-                     max_new_tokens=args.max_new_tokens, eval_every=0, seed=seed)
-    train_episodes = EpisodeConfig(max_turns=args.max_turns, sampling=SamplingParams(
-        temperature=cfg.temperature, max_new_tokens=args.max_new_tokens))
-    eval_episodes = EpisodeConfig(max_turns=args.max_turns, sampling=SamplingParams(
-        temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens))
-    trainer = GRPOTrainer(cfg, policy=policy, backend=HFGenerationBackend(policy),
+                     max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
+                     eval_every=0, seed=seed)
+    caps = ({"generator": args.generator_max_new_tokens} if args.generator_max_new_tokens
+            else {})
+    train_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
+                                   sampling=SamplingParams(temperature=cfg.temperature,
+                                                           max_new_tokens=args.max_new_tokens))
+    eval_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
+                                  sampling=SamplingParams(temperature=args.eval_temperature,
+                                                          max_new_tokens=args.max_new_tokens))
+    trainer = GRPOTrainer(cfg, policy=policy,
+                          backend=HFGenerationBackend(policy, max_batch_size=args.max_batch_size),
                           evaluator=evaluator, curriculum=Curriculum.from_problems(train),
                           episode_config=eval_episodes, output_dir=out,
                           compile_only=compile_only)
@@ -168,7 +201,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
             return
         t0 = time.perf_counter()
-        rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl")
+        rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl",
+                                     args.max_batch_size)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
         (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
                                                       "seconds": seconds}, default=str))
@@ -181,7 +215,15 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             # base stage is the same measurement for every seed, so it is run once.
             print(f"seed {seed}: base evaluation shared with seed {shared[0]} (greedy)", flush=True)
             rows["base"], seconds["eval_base"] = shared[1], shared[2]
-    evaluate("base")
+    if not args.skip_base:
+        evaluate("base")
+    if args.base_only:
+        base = {"seed": seed, "rows": rows["base"], "seconds": seconds["eval_base"],
+                "metrics": {"base": stage_metrics(rows["base"], compile_only)}}
+        (args.output_dir / BASE_STAGE).write_text(json.dumps(base, indent=2, default=str))
+        print(f"base: " + ", ".join(f"{k} {v:.3f}" for k, v in base["metrics"]["base"].items()),
+              flush=True)
+        return base
     sft_dir = out / "sft_checkpoints"
     if all((sft_dir / role.value / "adapter_config.json").is_file() for role in cfg.train_roles):
         print(f"seed {seed}: SFT finished earlier, loading {sft_dir}", flush=True)
@@ -189,7 +231,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     else:
         t = time.perf_counter()
         for role in cfg.train_roles:
-            run_sft(role, policy.config, sft_data(role, train, seed),
+            run_sft(role, policy.config, sft_data(role, train, seed, args.generator_variants),
                     SFTConfig(output_dir=out, max_steps=args.sft_steps,
                               batch_size=args.sft_batch_size,
                               loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
@@ -208,28 +250,31 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         trainer.episode_config = eval_episodes
     evaluate("grpo")
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
-    metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES}
+    metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES if s in rows}
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
+    evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
     result = {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds,
-              "episodes_per_min_eval": 60 * len(heldout) * len(STAGES)
-              / max(1e-9, sum(seconds[f"eval_{s}"] for s in STAGES))}
+              "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
+              / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
     return result
 
 
-def sft_data(role: Any, train: list[Any], seed: int) -> Any:
+def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str]) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column."""
     import random
 
+    from multiminddev.agents.roles import AgentRole
     from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
 
+    kwargs = {"variants": tuple(generator_variants)} if role is AgentRole.GENERATOR else {}
     try:
-        return build_sft_dataset(role, train, seed=seed)
+        return build_sft_dataset(role, train, seed=seed, **kwargs)
     except ImportError as exc:
         print(f"note: {exc}; using a plain column dict", flush=True)
-        examples = sft_examples(role, train)
+        examples = sft_examples(role, train, **kwargs)
         random.Random(seed).shuffle(examples)
         return {"messages": [e.messages for e in examples]}
 
@@ -259,9 +304,30 @@ def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- aggregate
 
-def aggregate(per_seed: list[dict[str, Any]], compile_only: bool) -> dict[str, Any]:
+def share_base_stage(per_seed: list[dict[str, Any]], base: dict[str, Any] | None = None
+                     ) -> int | None:
+    """Seeds run with --skip-base borrow the base rows of a seed that measured them, or of a
+    --base-only run (``base``): greedy decoding of the untouched base does not depend on the
+    seed. Returns the lender's seed."""
+    lender = next((s for s in per_seed if "base" in s["rows"]), None)
+    if lender is None and base is not None:
+        lender = {"seed": base["seed"], "rows": {"base": base["rows"]},
+                  "metrics": {"base": base["metrics"]["base"]}}
+    if lender is None:
+        raise ValueError("no seed evaluated the base model: run one seed without --skip-base")
+    for s in per_seed:
+        if "base" not in s["rows"]:
+            s["rows"]["base"] = lender["rows"]["base"]
+            s["metrics"]["base"] = lender["metrics"]["base"]
+            s["base_from_seed"] = lender["seed"]
+    return lender["seed"]
+
+
+def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
+              base: dict[str, Any] | None = None) -> dict[str, Any]:
     from multiminddev.report.metrics import bootstrap_ci
 
+    share_base_stage(per_seed, base)
     out: dict[str, Any] = {}
     for stage in STAGES:
         pooled = [r for s in per_seed for r in s["rows"][stage]]
@@ -335,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     done = {s: r for s in args.seeds if (r := finished_seed(args.output_dir, s)) is not None}
+    if args.base_only:
+        done = {}  # one evaluation of the base; nothing else is run
     if args.aggregate_only:
         missing = [s for s in args.seeds if s not in done]
         if missing or not done:
@@ -342,16 +410,18 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         note_path = args.output_dir / "note.txt"
-        note = note_path.read_text().strip() if note_path.is_file() else f"seeds {args.seeds}"
+        note = note_path.read_text().strip() if note_path.is_file() else ""
         compile_only = "COMPILE-ONLY" in note
         per_seed, start = [done[s] for s in args.seeds], time.perf_counter()
     else:
         compile_only = not torch.cuda.is_available()
         device = torch.cuda.get_device_name(0) if not compile_only else "cpu"
-        note = f"{device}; model {args.model}; seeds {args.seeds}" + (
+        # Seeds may run in parallel processes sharing the output directory: the note names the
+        # device and model; the seeds are added when results are aggregated.
+        note = f"{device}; model {args.model}" + (
             "; COMPILE-ONLY REWARDS (no GPU): correctness and speed were not measured"
             if compile_only else "")
-        print(note, flush=True)
+        print(f"{note}; seeds {args.seeds}", flush=True)
         (args.output_dir / "note.txt").write_text(note + "\n")
         train = load_problems(args.train_problems)
         heldout = load_problems(args.heldout_problems)[: args.eval_problems]
@@ -366,7 +436,17 @@ def main(argv: list[str] | None = None) -> int:
                     per_seed.append(done[s])
                 else:
                     per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only))
-    summary = aggregate(per_seed, compile_only)
+                if args.base_only:
+                    return 0
+    base_stage = _read_json(args.output_dir / BASE_STAGE)
+    if not any("base" in s["rows"] for s in per_seed) and base_stage is None:
+        print(f"seeds {args.seeds} finished without a base stage (--skip-base); aggregate with "
+              f"the seed that measured it: --aggregate-only --seeds ...", flush=True)
+        return 0
+    summary = aggregate(per_seed, compile_only, base_stage)
+    lender = {s.get("base_from_seed") for s in per_seed} - {None}
+    note = "; ".join(x for x in (note, f"seeds {args.seeds}") if x) + (
+        f"; base stage measured once, by seed {lender.pop()} (greedy decoding)" if lender else "")
     checks = targets(summary)
     result = {"note": note, "args": {k: str(v) for k, v in vars(args).items()},
               "summary": summary, "targets": checks, "seconds": time.perf_counter() - start,

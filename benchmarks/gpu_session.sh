@@ -6,8 +6,8 @@
 # Parts that need the embedded model (tests-rest, bench-generation, learning-*):
 #   device call 1 (carry .stage/a):                       bash benchmarks/gpu_session.sh stage-a
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
-# PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation evaldir
-#        learning-seed0 learning-seed1 learning-seed2 quickstart
+# PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
+#        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 # Budget (2026-11-22, one H200, device time counted at 67% of held time): bench-eval ~200 s,
 # tests-env ~180 s, tests-hacks ~190 s, tests-rest ~125 s, evaldir ~250 s, one learning seed
 # ~560 s (40 SFT steps took 30 s of it; generation most of the rest).
@@ -28,7 +28,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" learning-"*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-profile "*|*" learning-"*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_aa .stage/b/part_ab > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -79,6 +79,29 @@ for part in "$@"; do
                # (finished evaluations, SFT adapters, GRPO's latest checkpoint).
                rc_learning=$?; mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
                (exit $rc_learning) ;;
+  learning-parallel)
+               # Seeds 0-2 in parallel processes on the one GPU (decoding this model is bound by
+               # per-step CPU overhead, so the GPU has room), plus one process for the base stage
+               # (greedy, seed-independent). Resumable: the same part again on a warm machine
+               # continues every seed from its finished stages. Aggregated once all seeds end.
+               LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
+                 --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
+                 --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
+                 --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
+               limit=${LEARN_TIMEOUT:-540}
+               mkdir -p /root/learning
+               [ -f /root/learning/base_stage.json ] || \
+                 timeout "$limit" $LEARN --seeds 0 --base-only > "$RES/learning-base.log" 2>&1 &
+               for seed in 0 1 2; do
+                 timeout "$limit" $LEARN --seeds "$seed" --skip-base \
+                   > "$RES/learning-seed$seed.log" 2>&1 &
+               done
+               wait
+               $LEARN --seeds 0 1 2 --aggregate-only > "$RES/$part.log" 2>&1
+               rc_learning=$?; mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
+               (exit $rc_learning) ;;
+  gen-profile) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" --profile \
+                 --batch 8 32 --new-tokens 64 --out "$RES/gen_profile.jsonl" > "$RES/$part.log" 2>&1 ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
                  > "$RES/$part.log" 2>&1 ;;
   quickstart)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout 580 bash -c "$MMD train --preset quickstart \

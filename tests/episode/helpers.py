@@ -68,10 +68,12 @@ class ReplayBackend:
         self.tokenizer = tokenizer
         self.reply = reply
         self.calls: list[tuple[AgentRole, int]] = []  # (role, number of prompts) per call
+        self.samplings: list[SamplingParams] = []  # the sampling parameters of each call
 
     async def generate(self, prompts, sampling: SamplingParams, role: AgentRole):
         call = len(self.calls)
         self.calls.append((role, len(prompts)))
+        self.samplings.append(sampling)
         outs = []
         for i, _ in enumerate(prompts):
             text = self.reply(role, call, i)

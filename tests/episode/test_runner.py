@@ -191,6 +191,21 @@ def test_format_failures_end_the_episode(evaluator):
     assert "format failure (no_code_block)" in episode.turns[1].messages[-1]["content"]
 
 
+def test_each_role_decodes_up_to_its_own_token_cap(evaluator):
+    with pytest.raises(ValueError, match=">= 1"):
+        EpisodeConfig(max_new_tokens_by_role={"optimizer": 0})
+    with pytest.raises(ValueError):
+        EpisodeConfig(max_new_tokens_by_role={"critic": 10})
+    backend = ReplayBackend(gguf_tokenizer(), lambda role, call, i: "no code here")
+    config = EpisodeConfig(max_turns=3, max_format_failures=3, patience=0,
+                           sampling=SamplingParams(max_new_tokens=300),
+                           max_new_tokens_by_role={"generator": 100})
+    run_episodes([relu_problem()], backend, evaluator, config)
+    assert [(role, s.max_new_tokens) for (role, _), s in zip(backend.calls, backend.samplings)] \
+        == [(G, 100), (O, 300), (O, 300)]
+    assert config.sampling.max_new_tokens == 300  # the shared parameters are not mutated
+
+
 def test_tiny_model_episode_end_to_end(evaluator):
     """The real generation path: tiny policy -> HF backend -> parse -> evaluator -> feedback."""
     backend = HFGenerationBackend(tiny_policy())

@@ -59,6 +59,10 @@ class EpisodeConfig:
     patience: int = 2  # stop after this many turns in a row without a better kernel (0: never)
     min_improvement: float = 0.01  # relative speedup gain that counts as an improvement
     max_format_failures: int = 2  # stop after this many replies in a row without a candidate
+    # Per-role cap on new tokens (role value -> tokens), over sampling.max_new_tokens: a batch
+    # decodes until its longest reply ends, so a role whose replies are short (the Generator's
+    # first kernel) should not pay for the longest role's budget.
+    max_new_tokens_by_role: dict[str, int] = field(default_factory=dict)
     max_prompt_tokens: int = 6144
     feedback_chars: int = 1500
     reward: Any = None  # rewards.functions.RewardConfig; None: no per-turn reward
@@ -76,6 +80,17 @@ class EpisodeConfig:
             raise ValueError("EpisodeConfig.max_prompt_tokens must be >= 256")
         if self.sampling.n != 1:
             raise ValueError("EpisodeConfig.sampling.n must be 1; use group_size for groups")
+        self.max_new_tokens_by_role = {AgentRole(k).value: int(v)
+                                       for k, v in self.max_new_tokens_by_role.items()}
+        if any(v < 1 for v in self.max_new_tokens_by_role.values()):
+            raise ValueError("EpisodeConfig.max_new_tokens_by_role: every cap must be >= 1")
+
+    def sampling_for(self, role: AgentRole) -> SamplingParams:
+        """The sampling parameters of ``role``'s turns (its own max_new_tokens, if set)."""
+        cap = self.max_new_tokens_by_role.get(AgentRole(role).value)
+        if cap is None:
+            return self.sampling
+        return dataclasses.replace(self.sampling, max_new_tokens=cap)
 
     def role_for_turn(self, index: int) -> AgentRole:
         if self.schedule:
@@ -318,7 +333,7 @@ async def _step(
     if not ready:
         return
     start = time.perf_counter()
-    outputs = await backend.generate([p[1] for _, p in ready], config.sampling, role)
+    outputs = await backend.generate([p[1] for _, p in ready], config.sampling_for(role), role)
     seconds = (time.perf_counter() - start) / len(ready)
     turns = []
     for (episode, (messages, ids, omitted)), out in zip(ready, outputs):
@@ -361,10 +376,11 @@ async def arun_episodes(
         for i, p in enumerate(problems) for g in range(group_size)
     ]
     window = getattr(backend, "context_window", None)
-    if window and config.max_prompt_tokens + config.sampling.max_new_tokens > window:
+    longest = max([config.sampling.max_new_tokens, *config.max_new_tokens_by_role.values()])
+    if window and config.max_prompt_tokens + longest > window:
         log.warning("max_prompt_tokens (%d) + max_new_tokens (%d) exceed the model's window "
                     "(%d): long prompts will be cut short by the model", config.max_prompt_tokens,
-                    config.sampling.max_new_tokens, window)
+                    longest, window)
     cache = _EvalCache(evaluator)
     for index in range(config.max_turns):
         active = [e for e in episodes if not e.done]

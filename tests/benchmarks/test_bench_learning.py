@@ -1,0 +1,77 @@
+"""The learning benchmark's pure parts: per-stage metrics, base sharing, aggregation."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_learning.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_learning", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_learning"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(compiled, correct, speedup, reward):
+    return {"problem": "p", "tier": 0, "compiled": compiled, "correct": correct,
+            "speedup": speedup, "reward": reward}
+
+
+def _seed(bench, seed, stages):
+    rows = {stage: [_row(*r) for r in rs] for stage, rs in stages.items()}
+    return {"seed": seed, "rows": rows,
+            "metrics": {s: bench.stage_metrics(r, False) for s, r in rows.items()}}
+
+
+def test_stage_metrics_count_episodes(bench):
+    rows = [_row(True, True, 2.0, 1.0), _row(True, False, 0.0, 0.0),
+            _row(False, False, 0.0, -0.1), _row(True, True, 0.5, 0.3)]
+    m = bench.stage_metrics(rows, compile_only=False)
+    assert m == {"compile_rate": 0.75, "correct_rate": 0.5, "reward_mean": pytest.approx(0.3),
+                 "fast_1": 0.25}
+    assert bench.stage_metrics(rows, compile_only=True)["fast_1"] == 0.0
+
+
+def test_seeds_without_a_base_stage_borrow_it(bench):
+    base = [(False, False, 0.0, -0.1), (True, False, 0.0, 0.0)]
+    later = {"sft": [(True, True, 1.5, 0.5)] * 2, "grpo": [(True, True, 2.0, 0.8)] * 2}
+    seeds = [_seed(bench, 0, {"base": base, **later}), _seed(bench, 1, later)]
+    assert bench.share_base_stage(seeds) == 0
+    assert seeds[1]["rows"]["base"] == seeds[0]["rows"]["base"]
+    assert seeds[1]["metrics"]["base"]["compile_rate"] == 0.5
+    assert seeds[1]["base_from_seed"] == 0 and "base_from_seed" not in seeds[0]
+
+
+def test_seeds_borrow_a_base_only_run(bench):
+    later = {"sft": [(True, True, 1.5, 0.5)], "grpo": [(True, True, 2.0, 0.8)]}
+    rows = [_row(False, False, 0.0, -0.1)]
+    base = {"seed": 7, "rows": rows, "metrics": {"base": bench.stage_metrics(rows, False)}}
+    seeds = [_seed(bench, 0, later), _seed(bench, 1, later)]
+    assert bench.share_base_stage(seeds, base) == 7
+    assert all(s["rows"]["base"] == rows and s["base_from_seed"] == 7 for s in seeds)
+    summary = bench.aggregate([_seed(bench, 0, later), _seed(bench, 1, later)], False, base)
+    assert summary["base/reward_mean"]["mean"] == pytest.approx(-0.1)
+
+
+def test_sharing_needs_one_seed_with_a_base_stage(bench):
+    later = {"sft": [(True, True, 1.5, 0.5)], "grpo": [(True, True, 2.0, 0.8)]}
+    with pytest.raises(ValueError, match="without --skip-base"):
+        bench.share_base_stage([_seed(bench, 0, later), _seed(bench, 1, later)])
+
+
+def test_gain_exceeds_spread_only_when_it_does(bench):
+    base = [(False, False, 0.0, -0.1)]
+    clear = [_seed(bench, s, {"base": base, "sft": [(True, False, 0.0, 0.0)],
+                              "grpo": [(True, True, 2.0, r)]}) for s, r in enumerate((0.9, 1.0, 1.1))]
+    summary = bench.aggregate(clear, compile_only=False)
+    assert summary["gain/reward_mean"]["mean"] == pytest.approx(1.0)
+    assert summary["gain/reward_mean"]["exceeds_spread"]
+    noisy = [_seed(bench, s, {"base": base, "sft": [(True, False, 0.0, 0.0)],
+                              "grpo": [(True, True, 2.0, r)]}) for s, r in enumerate((-1.0, 0.1, 1.0))]
+    assert not bench.aggregate(noisy, compile_only=False)["gain/reward_mean"]["exceeds_spread"]
