@@ -196,6 +196,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     rows: dict[str, Any] = dict(partial.get("rows", {}))
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
 
+    def save_partial() -> None:
+        (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
+                                                      "seconds": seconds}, default=str))
+
     def evaluate(stage: str) -> None:
         if stage in rows:
             print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
@@ -204,8 +208,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl",
                                      args.max_batch_size)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
-        (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
-                                                      "seconds": seconds}, default=str))
+        save_partial()
 
     out.mkdir(parents=True, exist_ok=True)
     if "base" not in rows and args.eval_temperature == 0:
@@ -237,6 +240,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                               loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
                               report_to=()), policy=policy)
         seconds["sft"] = time.perf_counter() - t
+        save_partial()  # SFT's time survives a cut during the evaluation that follows
     evaluate("sft")
     if "grpo" not in rows:
         t = time.perf_counter()

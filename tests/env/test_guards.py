@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,6 +19,20 @@ def _reasons(findings):
 
 
 # --- TorchComputeGuard ----------------------------------------------------------------------
+
+
+def test_warm_up_pays_the_dispatch_modes_lazy_import_in_advance():
+    # A fresh interpreter: this test process may have imported torch._dynamo already.
+    code = ("import sys, torch\n"
+            "from multiminddev.env import guards\n"
+            "assert 'torch._dynamo' not in sys.modules\n"
+            "guards.warm_up('cpu')\n"
+            "assert 'torch._dynamo' in sys.modules\n"
+            "with guards.TorchComputeGuard() as g:\n"
+            "    torch.empty(4).view(2, 2)\n"
+            "assert not g.findings\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_compute_guard_catches_matmul():

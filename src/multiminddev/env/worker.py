@@ -191,6 +191,8 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         from multiminddev.env import guards
 
         state.guards = guards
+        with timed(startup, "guards"):
+            guards.warm_up()
     return state
 
 
