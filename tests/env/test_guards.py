@@ -21,18 +21,29 @@ def _reasons(findings):
 # --- TorchComputeGuard ----------------------------------------------------------------------
 
 
-def test_warm_up_pays_the_dispatch_modes_lazy_import_in_advance():
-    # A fresh interpreter: this test process may have imported torch._dynamo already.
+def test_compute_guard_does_not_import_dynamo():
+    # The dispatch mode's first use used to import torch._dynamo (seconds per fresh worker).
+    # A fresh interpreter: this test process may have imported it already.
     code = ("import sys, torch\n"
             "from multiminddev.env import guards\n"
-            "assert 'torch._dynamo' not in sys.modules\n"
             "guards.warm_up('cpu')\n"
-            "assert 'torch._dynamo' in sys.modules\n"
             "with guards.TorchComputeGuard() as g:\n"
+            "    x = torch.ones(2, 2)\n"
             "    torch.empty(4).view(2, 2)\n"
-            "assert not g.findings\n")
+            "    x @ x\n"
+            "assert g.ops == {'mm': 1}, g.ops\n"
+            "assert 'torch._dynamo' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_nested_compute_guards_record_separately():
+    x = torch.ones(2, 2)
+    with guards.TorchComputeGuard() as outer:
+        x @ x
+        with guards.TorchComputeGuard() as inner:
+            x + x
+    assert "mm" in outer.ops and inner.ops == {"add": 1}
 
 
 def test_compute_guard_catches_matmul():

@@ -31,6 +31,7 @@ finished); see the sandbox module for what same-process checks cannot guarantee.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -83,6 +84,28 @@ def _dispatch_mode_base() -> type:
     return TorchDispatchMode
 
 
+@functools.cache
+def _compute_guard_mode() -> type:
+    """The dispatch mode class behind ``TorchComputeGuard`` (built once per process)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: N807
+        name = _op_name(func)
+        guard = self.guard
+        if name not in guard.allowed:
+            guard.ops[name] = guard.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+    # TorchDispatchMode wraps __torch_dispatch__ in torch._disable_dynamo, whose first call
+    # imports torch._dynamo (~800 modules: 1 s on the CPU machine, 3.3 s on the H200) to build
+    # a dynamo-disabled copy, cached on the function as ``__dynamo_disable``. Dynamo never
+    # traces this mode (candidates run eagerly in the worker), so the function is its own
+    # disabled copy and the import never happens. If torch stops reading that attribute, the
+    # import comes back (slower, still correct).
+    setattr(__torch_dispatch__, "__dynamo_disable", __torch_dispatch__)
+    return type("ComputeGuardMode", (_dispatch_mode_base(),),
+                {"__torch_dispatch__": __torch_dispatch__})
+
+
 class TorchComputeGuard:
     """Context manager recording aten ops outside ``allowed`` that run inside it.
 
@@ -97,16 +120,8 @@ class TorchComputeGuard:
         self._mode: Any = None
 
     def __enter__(self) -> TorchComputeGuard:
-        guard = self
-
-        class _Mode(_dispatch_mode_base()):  # type: ignore[misc]
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = _op_name(func)
-                if name not in guard.allowed:
-                    guard.ops[name] = guard.ops.get(name, 0) + 1
-                return func(*args, **(kwargs or {}))
-
-        self._mode = _Mode()
+        self._mode = _compute_guard_mode()()
+        self._mode.guard = self
         self._mode.__enter__()
         return self
 
@@ -125,10 +140,8 @@ class TorchComputeGuard:
 
 
 def warm_up(device: str = "cuda") -> None:
-    """Pay the guards' one-time costs now, in a worker waiting as a spare: the first op under a
-    ``TorchDispatchMode`` imports ``torch._dynamo`` (~800 modules; 1 s on the CPU machine, 3.3 s
-    inside candidates' forward calls on the H200), which every fresh worker would otherwise
-    charge to its first candidate."""
+    """Pay the guards' one-time costs in a worker waiting as a spare, not in its first
+    candidate's forward: building the dispatch mode class and the first dispatch through it."""
     torch = _torch()
     with TorchComputeGuard():
         torch.empty(1, device=device)
