@@ -418,6 +418,11 @@ class Policy:
         model = self.model_for(role)
         if self.sampler is None:
             return model
+        device = self.device
+        if next(self.sampler.parameters()).device != device:
+            # The policy was moved after it was built (e.g. ``policy.peft_model.to("cuda")``):
+            # the copy follows, or generate() would run on the old device.
+            self.sampler.to(device)
         merge_adapter_into(self.peft_model, self._check_role(role).value, self.sampler)
         return self.sampler
 
