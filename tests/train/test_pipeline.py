@@ -91,3 +91,41 @@ def test_quickstart_is_small_on_cpu():
     size = run_size(Preset.QUICKSTART, gpu=False)
     episodes = size.rl_steps * size.problems_per_step * size.group_size
     assert episodes <= 8 and size.max_new_tokens <= 512
+
+
+@pytest.mark.parametrize("preset", [Preset.QUICKSTART, Preset.FULL])
+def test_gpu_sizes_leave_room_for_every_sft_reply(preset):
+    """A reply cut at max_new_tokens has no closing fence and cannot parse: the GPU sizes must
+    hold the longest reply each agent is taught (Optimizer: a fast kernel, up to ~750 tokens)."""
+    from multiminddev.tasks.loaders import load_problems
+    from multiminddev.tasks.sft_data import sft_examples
+    from tests.policy.helpers import gguf_tokenizer
+
+    tokenizer = gguf_tokenizer()
+    size = run_size(preset, gpu=True)
+    problems = load_problems(size.train_problems)
+
+    def longest(role, **kwargs):
+        return max(len(tokenizer.encode(e.messages[-1]["content"]))
+                   for e in sft_examples(role, problems, **kwargs))
+
+    generator_cap = size.generator_max_new_tokens or size.max_new_tokens
+    assert longest(AgentRole.GENERATOR, variants=size.generator_variants) < generator_cap
+    assert longest(AgentRole.OPTIMIZER) < size.max_new_tokens
+
+
+def test_episode_config_caps_the_generator_unless_tokens_are_set():
+    from types import SimpleNamespace
+
+    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.pipeline import episode_config
+
+    size = run_size(Preset.QUICKSTART, gpu=True)
+    grpo = GRPOConfig(max_new_tokens=size.max_new_tokens)
+    preset_ctx = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=None), size=size)
+    config = episode_config(preset_ctx, grpo)
+    assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == size.generator_max_new_tokens
+    assert config.sampling_for(AgentRole.OPTIMIZER).max_new_tokens == size.max_new_tokens
+    explicit = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=300), size=size)
+    config = episode_config(explicit, GRPOConfig(max_new_tokens=300))
+    assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == 300

@@ -209,7 +209,9 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
         if role in s.roles_sft_done:
             ctx.console.print(f"SFT {role.value}: already done (resumed), skipping")
             continue
-        dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed)
+        variants = ({"variants": ctx.size.generator_variants}
+                    if role is AgentRole.GENERATOR else {})
+        dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed, **variants)
         ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
         result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
         ctx.console.print(f"SFT {role.value}: loss {result.loss_before:.3f} -> "
@@ -234,7 +236,10 @@ def episode_config(ctx: Context, grpo: Any) -> Any:
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import SamplingParams
 
+    # An explicit --max-new-tokens applies to every role; otherwise the preset's Generator cap.
+    cap = None if ctx.settings.max_new_tokens else ctx.size.generator_max_new_tokens
     return EpisodeConfig(max_turns=grpo.max_turns, reward=None,
+                         max_new_tokens_by_role={"generator": cap} if cap else {},
                          sampling=SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p,
                                                  max_new_tokens=grpo.max_new_tokens))
 

@@ -40,14 +40,25 @@ class RunSize:
     eval_workers: int | None = None  # None: one evaluation worker per GPU
     learning_rate: float = 2e-5
     sft_learning_rate: float = 2e-4
+    # The Generator learns the corpus's naive solutions only: one target per prompt ("correct
+    # first"; the fast variants are the Optimizer's targets) and replies of 310-440 tokens
+    # instead of up to 750. On the GPU this took SmolLM2-135M to 94% compiling / 56% correct
+    # held-out kernels (docs/BENCHMARKS.md, learning benchmark), where both variants at 40
+    # steps gave 1 compiling kernel in 8.
+    generator_variants: tuple[str, ...] = ("naive",)
+    generator_max_new_tokens: int | None = None  # None: max_new_tokens
 
 
 # CPU sizes, measured on the 2-core machine with nothing else running: SmolLM2-135M in float32
 # generates ~13 tokens/s (batch of 2), an SFT step takes ~6 s (Generator example, ~800 tokens) to
 # ~8 s (Optimizer, ~1800), a GRPO update ~30 s; prompts are ~800-1000 tokens. The CPU quickstart
 # keeps each phase to a few sequences (a kernel is ~360 tokens, so 384 new tokens can just hold
-# one). Other processes on the 2 cores slow every phase several-fold. GPU sizes are estimates for
-# one H100 (not measured by the author).
+# one). Other processes on the 2 cores slow every phase several-fold. Optimizer replies (a fast
+# kernel) run to 750 tokens on tiers 0-1 and 2490 over all tiers (Generator, naive: 440 and
+# 1297), so the sizes give each agent room for its longest taught reply: a reply cut short has
+# no closing fence and cannot parse (tests/train/test_pipeline.py checks this). The GPU quickstart's size follows the learning benchmark's recipe (more SFT steps); its
+# wall time on a GPU with these sizes has not been measured yet (the previous GPU size, 40 SFT
+# steps and 448 tokens, took 7.1 min on an H200).
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
@@ -57,10 +68,10 @@ _SIZES: dict[tuple[Preset, bool], RunSize] = {
         mini_batch_size=4, eval_every=0, eval_problems=0, final_eval_problems=2),
     (Preset.QUICKSTART, True): RunSize(
         train_problems=_TIER01[0], heldout_problems=_TIER01[1],
-        sft_max_steps=40, sft_batch_size=8, sft_loss_examples=16, sft_max_seq_length=2048,
-        rl_steps=5, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=448,
-        mini_batch_size=8, eval_every=0, eval_problems=0, final_eval_problems=8,
-        eval_workers=4),
+        sft_max_steps=150, sft_batch_size=8, sft_loss_examples=16, sft_max_seq_length=2048,
+        rl_steps=3, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=800,
+        generator_max_new_tokens=512, mini_batch_size=8, eval_every=0, eval_problems=0,
+        final_eval_problems=8, eval_workers=4),
     (Preset.QUICK_TEST, False): RunSize(
         train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
         sft_max_steps=1, sft_batch_size=1, sft_loss_examples=1, sft_max_seq_length=2048,
@@ -74,13 +85,14 @@ _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.FULL, False): RunSize(
         train_problems="builtin:train", heldout_problems="builtin:heldout",
         sft_max_steps=200, sft_batch_size=4, sft_loss_examples=16, sft_max_seq_length=2048,
-        rl_steps=50, problems_per_step=4, group_size=4, max_turns=3, max_new_tokens=512,
-        mini_batch_size=8, eval_every=10, eval_problems=8, final_eval_problems=16),
+        rl_steps=50, problems_per_step=4, group_size=4, max_turns=3, max_new_tokens=2560,
+        generator_max_new_tokens=1344, mini_batch_size=8, eval_every=10, eval_problems=8,
+        final_eval_problems=16),
     (Preset.FULL, True): RunSize(
         train_problems="builtin:train", heldout_problems="builtin:heldout",
         sft_max_steps=500, sft_batch_size=8, sft_loss_examples=32, sft_max_seq_length=2048,
-        rl_steps=200, problems_per_step=8, group_size=8, max_turns=3, max_new_tokens=1024,
-        mini_batch_size=16, eval_every=20, eval_problems=32, final_eval_problems=64,
+        rl_steps=200, problems_per_step=8, group_size=8, max_turns=3, max_new_tokens=2560,
+        generator_max_new_tokens=1344, mini_batch_size=16, eval_every=20, eval_problems=32, final_eval_problems=64,
         eval_workers=2),
 }
 
