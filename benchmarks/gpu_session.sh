@@ -8,9 +8,16 @@
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
-# Budget (2026-11-22, one H200, device time counted at 67% of held time): bench-eval ~200 s,
-# tests-env ~180 s, tests-hacks ~190 s, tests-rest ~125 s, evaldir ~250 s, one learning seed
-# ~560 s (40 SFT steps took 30 s of it; generation most of the rest).
+# Budget (2026-11-22, one H200, device time counted at 50-67% of held time; a machine goes back
+# after 30 minutes held, taking /root with it): bench-eval ~180-220 s, tests-env ~180 s,
+# tests-hacks ~195 s, tests-rest ~155 s, evaldir ~250 s, quickstart ~430 s (old GPU size).
+# learning-parallel (base + 3 seeds at once, 250 SFT steps, 39 held-out problems) needs about
+# two to three 540 s calls on one machine: in the third session two calls reached SFT's
+# evaluation (94% compile) and one GRPO step before the machine's 30 minutes ran out, with
+# evaluations then costing ~3.4 s each (since cut by the guard fix). Plan a session as:
+#   call 1 (.stage/a .stage/whl): stage-a + bench-eval tests-hacks        (~420 s)
+#   calls 2-3 (.stage/b .stage/whl, then .stage/whl): learning-parallel    (2 x ~540 s)
+# and nothing else on that machine.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
