@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 STAGES = ("base", "sft", "grpo")
-BASE_STAGE = "base_stage.json"  # written by --base-only
+BASE_DIR = "base"  # where --base-only keeps its partial.json
 METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
 
 
@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="the Generator's own cap (its first kernel is short; a batch decodes "
                         "until its longest reply ends); 0: --max-new-tokens")
     p.add_argument("--base-only", action="store_true",
-                   help="evaluate the base model only (into <out>/base_stage.json), for seeds "
+                   help="evaluate the base model only (into <out>/base/), for seeds "
                         "run in parallel with --skip-base")
     p.add_argument("--skip-base", action="store_true",
                    help="do not evaluate the base model in this process; with greedy evaluation "
@@ -169,7 +169,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.train.metrics import read_metrics
     from multiminddev.train.sft import SFTConfig, run_sft
 
-    out = args.output_dir / ("base" if args.base_only else f"seed{seed}")
+    out = args.output_dir / (BASE_DIR if args.base_only else f"seed{seed}")
     torch.manual_seed(seed)
     policy = load_policy(PolicyConfig(model=args.model))
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
@@ -195,10 +195,11 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     partial = _read_json(out / "partial.json") or {}
     rows: dict[str, Any] = dict(partial.get("rows", {}))
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
+    shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
 
     def save_partial() -> None:
-        (out / "partial.json").write_text(json.dumps({"seed": seed, "rows": rows,
-                                                      "seconds": seconds}, default=str))
+        (out / "partial.json").write_text(json.dumps(
+            {"seed": seed, "rows": rows, "seconds": seconds, **shared_base}, default=str))
 
     def evaluate(stage: str) -> None:
         if stage in rows:
@@ -218,15 +219,13 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             # base stage is the same measurement for every seed, so it is run once.
             print(f"seed {seed}: base evaluation shared with seed {shared[0]} (greedy)", flush=True)
             rows["base"], seconds["eval_base"] = shared[1], shared[2]
+            shared_base["base_from_seed"] = shared[0]
     if not args.skip_base:
         evaluate("base")
-    if args.base_only:
-        base = {"seed": seed, "rows": rows["base"], "seconds": seconds["eval_base"],
-                "metrics": {"base": stage_metrics(rows["base"], compile_only)}}
-        (args.output_dir / BASE_STAGE).write_text(json.dumps(base, indent=2, default=str))
-        print(f"base: " + ", ".join(f"{k} {v:.3f}" for k, v in base["metrics"]["base"].items()),
-              flush=True)
-        return base
+    if args.base_only:  # its partial.json is the record the seeds borrow
+        print("base: " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                   stage_metrics(rows["base"], compile_only).items()), flush=True)
+        return {"seed": seed, "rows": rows, "seconds": seconds}
     sft_dir = out / "sft_checkpoints"
     if all((sft_dir / role.value / "adapter_config.json").is_file() for role in cfg.train_roles):
         print(f"seed {seed}: SFT finished earlier, loading {sft_dir}", flush=True)
@@ -258,7 +257,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
     evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
-    result = {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds,
+    result = {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds, **shared_base,
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -291,11 +290,13 @@ def _read_json(path: Path) -> Any:
 
 
 def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, float] | None:
-    """(seed, base rows, seconds) from another seed's results in ``output_dir``, if any."""
-    for path in sorted(output_dir.glob("seed*/partial.json")):
+    """(seed, base rows, seconds) from another seed's or a --base-only run's results in
+    ``output_dir``, if any."""
+    for path in sorted(output_dir.glob("*/partial.json")):
         data = _read_json(path) or {}
         other = data.get("seed")
-        if other is not None and other != seed and "base" in data.get("rows", {}):
+        if (other is not None and path.parent.name != f"seed{seed}"
+                and "base" in data.get("rows", {})):
             return other, data["rows"]["base"], float(data.get("seconds", {}).get("eval_base", 0.0))
     return None
 
@@ -308,30 +309,30 @@ def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------- aggregate
 
-def share_base_stage(per_seed: list[dict[str, Any]], base: dict[str, Any] | None = None
-                     ) -> int | None:
+def share_base_stage(per_seed: list[dict[str, Any]], compile_only: bool,
+                     base_run: dict[str, Any] | None = None) -> int:
     """Seeds run with --skip-base borrow the base rows of a seed that measured them, or of a
-    --base-only run (``base``): greedy decoding of the untouched base does not depend on the
-    seed. Returns the lender's seed."""
-    lender = next((s for s in per_seed if "base" in s["rows"]), None)
-    if lender is None and base is not None:
-        lender = {"seed": base["seed"], "rows": {"base": base["rows"]},
-                  "metrics": {"base": base["metrics"]["base"]}}
-    if lender is None:
+    --base-only run (``base_run``, its partial.json): greedy decoding of the untouched base does
+    not depend on the seed. Returns the lender's seed."""
+    lenders = [s for s in per_seed if "base" in s["rows"]]
+    if base_run is not None and "base" in base_run.get("rows", {}):
+        lenders.append(base_run)
+    if not lenders:
         raise ValueError("no seed evaluated the base model: run one seed without --skip-base")
+    lender = lenders[0]
     for s in per_seed:
         if "base" not in s["rows"]:
             s["rows"]["base"] = lender["rows"]["base"]
-            s["metrics"]["base"] = lender["metrics"]["base"]
+            s["metrics"]["base"] = stage_metrics(lender["rows"]["base"], compile_only)
             s["base_from_seed"] = lender["seed"]
     return lender["seed"]
 
 
 def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
-              base: dict[str, Any] | None = None) -> dict[str, Any]:
+              base_run: dict[str, Any] | None = None) -> dict[str, Any]:
     from multiminddev.report.metrics import bootstrap_ci
 
-    share_base_stage(per_seed, base)
+    share_base_stage(per_seed, compile_only, base_run)
     out: dict[str, Any] = {}
     for stage in STAGES:
         pooled = [r for s in per_seed for r in s["rows"][stage]]
@@ -442,12 +443,12 @@ def main(argv: list[str] | None = None) -> int:
                     per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only))
                 if args.base_only:
                     return 0
-    base_stage = _read_json(args.output_dir / BASE_STAGE)
-    if not any("base" in s["rows"] for s in per_seed) and base_stage is None:
+    base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
+    if not any("base" in s["rows"] for s in per_seed) and not (base_run or {}).get("rows"):
         print(f"seeds {args.seeds} finished without a base stage (--skip-base); aggregate with "
               f"the seed that measured it: --aggregate-only --seeds ...", flush=True)
         return 0
-    summary = aggregate(per_seed, compile_only, base_stage)
+    summary = aggregate(per_seed, compile_only, base_run)
     lender = {s.get("base_from_seed") for s in per_seed} - {None}
     note = "; ".join(x for x in (note, f"seeds {args.seeds}") if x) + (
         f"; base stage measured once, by seed {lender.pop()} (greedy decoding)" if lender else "")

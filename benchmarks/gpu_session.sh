@@ -97,7 +97,7 @@ for part in "$@"; do
                  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
                limit=${LEARN_TIMEOUT:-540}
                mkdir -p /root/learning
-               [ -f /root/learning/base_stage.json ] || \
+               [ -f /root/learning/base/partial.json ] || \
                  timeout "$limit" $LEARN --seeds 0 --base-only > "$RES/learning-base.log" 2>&1 &
                for seed in 0 1 2; do
                  timeout "$limit" $LEARN --seeds "$seed" --skip-base \

@@ -42,7 +42,7 @@ def test_seeds_without_a_base_stage_borrow_it(bench):
     base = [(False, False, 0.0, -0.1), (True, False, 0.0, 0.0)]
     later = {"sft": [(True, True, 1.5, 0.5)] * 2, "grpo": [(True, True, 2.0, 0.8)] * 2}
     seeds = [_seed(bench, 0, {"base": base, **later}), _seed(bench, 1, later)]
-    assert bench.share_base_stage(seeds) == 0
+    assert bench.share_base_stage(seeds, False) == 0
     assert seeds[1]["rows"]["base"] == seeds[0]["rows"]["base"]
     assert seeds[1]["metrics"]["base"]["compile_rate"] == 0.5
     assert seeds[1]["base_from_seed"] == 0 and "base_from_seed" not in seeds[0]
@@ -51,9 +51,9 @@ def test_seeds_without_a_base_stage_borrow_it(bench):
 def test_seeds_borrow_a_base_only_run(bench):
     later = {"sft": [(True, True, 1.5, 0.5)], "grpo": [(True, True, 2.0, 0.8)]}
     rows = [_row(False, False, 0.0, -0.1)]
-    base = {"seed": 7, "rows": rows, "metrics": {"base": bench.stage_metrics(rows, False)}}
+    base = {"seed": 7, "rows": {"base": rows}, "seconds": {"eval_base": 1.0}}  # partial.json
     seeds = [_seed(bench, 0, later), _seed(bench, 1, later)]
-    assert bench.share_base_stage(seeds, base) == 7
+    assert bench.share_base_stage(seeds, False, base) == 7
     assert all(s["rows"]["base"] == rows and s["base_from_seed"] == 7 for s in seeds)
     summary = bench.aggregate([_seed(bench, 0, later), _seed(bench, 1, later)], False, base)
     assert summary["base/reward_mean"]["mean"] == pytest.approx(-0.1)
@@ -62,7 +62,7 @@ def test_seeds_borrow_a_base_only_run(bench):
 def test_sharing_needs_one_seed_with_a_base_stage(bench):
     later = {"sft": [(True, True, 1.5, 0.5)], "grpo": [(True, True, 2.0, 0.8)]}
     with pytest.raises(ValueError, match="without --skip-base"):
-        bench.share_base_stage([_seed(bench, 0, later), _seed(bench, 1, later)])
+        bench.share_base_stage([_seed(bench, 0, later), _seed(bench, 1, later)], False)
 
 
 def test_gain_exceeds_spread_only_when_it_does(bench):
@@ -75,3 +75,19 @@ def test_gain_exceeds_spread_only_when_it_does(bench):
     noisy = [_seed(bench, s, {"base": base, "sft": [(True, False, 0.0, 0.0)],
                               "grpo": [(True, True, 2.0, r)]}) for s, r in enumerate((-1.0, 0.1, 1.0))]
     assert not bench.aggregate(noisy, compile_only=False)["gain/reward_mean"]["exceeds_spread"]
+
+
+def test_a_seed_reuses_the_base_only_runs_rows_but_not_its_own(bench, tmp_path):
+    import json
+
+    rows = [_row(False, False, 0.0, -0.1)]
+    (tmp_path / bench.BASE_DIR).mkdir()
+    (tmp_path / bench.BASE_DIR / "partial.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"base": rows}, "seconds": {"eval_base": 12.5}}))
+    assert bench.base_rows_from_other_seeds(tmp_path, 0) == (0, rows, 12.5)
+    (tmp_path / bench.BASE_DIR / "partial.json").unlink()
+    (tmp_path / "seed0").mkdir()
+    (tmp_path / "seed0" / "partial.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"base": rows}, "seconds": {"eval_base": 3.0}}))
+    assert bench.base_rows_from_other_seeds(tmp_path, 0) is None
+    assert bench.base_rows_from_other_seeds(tmp_path, 1) == (0, rows, 3.0)
