@@ -177,16 +177,22 @@ def test_pointer_cache_on_gpu_is_stale(kernels):
     assert [f.reason for f in findings] == [RejectReason.STALE_OUTPUT]
 
 
-def test_kernel_time_coverage_separates_own_kernels_from_torch(kernels):
+def _own_and_mixed_coverage(kernels, measure):
+    """``measure(run, names)`` on our relu alone, then on relu plus three torch kernels."""
     import torch
-
-    from multiminddev.env import guards
 
     x = torch.randn(1 << 24, device="cuda")
     y = torch.empty_like(x)
-    own = guards.kernel_time_coverage(lambda: _relu(kernels, x, y), ["relu"])
-    mixed = guards.kernel_time_coverage(
+    own = measure(lambda: _relu(kernels, x, y), ["relu"])
+    mixed = measure(
         lambda: (_relu(kernels, x, y), torch.exp(x), torch.sin(x), torch.cos(x)), ["relu"])
+    return own, mixed
+
+
+def test_kernel_time_coverage_separates_own_kernels_from_torch(kernels):
+    from multiminddev.env import guards
+
+    own, mixed = _own_and_mixed_coverage(kernels, guards.kernel_time_coverage)
     assert own is not None and own > 0.9
     assert mixed is not None and mixed < 0.5
     assert guards.check_kernel_coverage(mixed) != []
@@ -194,17 +200,10 @@ def test_kernel_time_coverage_separates_own_kernels_from_torch(kernels):
 
 def test_event_coverage_agrees_with_the_profiler(kernels):
     """The CUDA-event coverage (no CUPTI) separates own kernels from torch work like the profiler."""
-    import torch
-
     from multiminddev.env import guards
 
-    x = torch.randn(1 << 24, device="cuda")
-    y = torch.empty_like(x)
-    own = guards.kernel_time_coverage_events(lambda: _relu(kernels, x, y), ["relu"])
-    mixed = guards.kernel_time_coverage_events(
-        lambda: (_relu(kernels, x, y), torch.exp(x), torch.sin(x), torch.cos(x)), ["relu"])
-    profiled = guards.kernel_time_coverage(
-        lambda: (_relu(kernels, x, y), torch.exp(x), torch.sin(x), torch.cos(x)), ["relu"])
+    own, mixed = _own_and_mixed_coverage(kernels, guards.kernel_time_coverage_events)
+    _, profiled = _own_and_mixed_coverage(kernels, guards.kernel_time_coverage)
     assert own is not None and own > 0.9
     assert mixed is not None and mixed < 0.5
     assert abs(mixed - profiled) < 0.1
