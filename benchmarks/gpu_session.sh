@@ -8,6 +8,7 @@
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
+#        learning-start learning-wait (the learning run detached, then waited on call by call)
 # Budget (2026-11-22, one H200, device time counted at 50-67% of held time; a machine goes back
 # after 30 minutes held, taking /root with it): bench-eval ~180-220 s, tests-env ~180 s,
 # tests-hacks ~195 s, tests-rest ~155 s, evaldir ~250 s, quickstart ~430 s (old GPU size).
@@ -35,7 +36,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-profile "*|*" learning-"*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_aa .stage/b/part_ab > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -65,7 +66,7 @@ for part in "$@"; do
   tests-rest)  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;
-  bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" --quick ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
+  bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" ${BENCH_EVAL_MODE---quick} ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
                  > "$RES/$part.log" 2>&1 ;;
   bench-generation) timeout 420 python3 benchmarks/bench_generation.py --model "$GGUF" \
                  --batch 1 32 --new-tokens 256 --repeats 2 --episodes 8 --turns 2 \
@@ -107,6 +108,40 @@ for part in "$@"; do
                $LEARN --seeds 0 1 2 --aggregate-only > "$RES/$part.log" 2>&1
                rc_learning=$?; mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
                (exit $rc_learning) ;;
+  learning-start)
+               # The same run as learning-parallel, detached (setsid) so that it outlives the call:
+               # no seed is cut and restarted between calls. learning-wait calls keep the machine
+               # busy (it goes back after 30 s idle) and bring back what has finished so far.
+               # A base record measured earlier in the session (.scratch/base/partial.json, the
+               # greedy base is seed-independent) spares the GPU the base process.
+               mkdir -p /root/learning/base
+               [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
+               LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
+                 --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
+                 --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
+                 --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
+               cat > /root/learning/driver.sh <<DRIVER
+[ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
+for seed in 0 1 2; do $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
+wait
+$LEARN --seeds 0 1 2 --aggregate-only > /root/learning/aggregate.log 2>&1
+echo \$? > /root/learning/DONE
+DRIVER
+               rm -f /root/learning/DONE
+               setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
+               echo "learning started (driver pid $!)" > "$RES/$part.log" ;;
+  learning-wait)
+               # a fresh machine (the last one went back) has no run to wait for: say so at once
+               if [ ! -f /root/learning/driver.sh ]; then
+                 echo "no learning run on this machine (a fresh one?)" | tee "$RES/$part.log"
+                 echo "$part rc=9 0s" >> "$RES/summary.txt"; pack; continue
+               fi
+               limit=${WAIT_LIMIT:-570}; t0=$(date +%s)
+               while [ ! -f /root/learning/DONE ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
+               mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
+               tail -n 2 /root/learning/seed*.log > "$RES/$part.log" 2>&1
+               [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
+                                              exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;
   gen-profile) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" --profile \
                  --batch 8 32 --new-tokens 64 --out "$RES/gen_profile.jsonl" > "$RES/$part.log" 2>&1 ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \

@@ -200,6 +200,8 @@ def test_kernel_time_coverage_separates_own_kernels_from_torch(kernels):
 
 def test_event_coverage_agrees_with_the_profiler(kernels):
     """The CUDA-event coverage (no CUPTI) separates own kernels from torch work like the profiler."""
+    import torch
+
     from multiminddev.env import guards
 
     own, mixed = _own_and_mixed_coverage(kernels, guards.kernel_time_coverage_events)
@@ -207,6 +209,8 @@ def test_event_coverage_agrees_with_the_profiler(kernels):
     assert own is not None and own > 0.9
     assert mixed is not None and mixed < 0.5
     assert abs(mixed - profiled) < 0.1
+    x = torch.randn(1 << 20, device="cuda")
+    y = torch.empty_like(x)
     side = torch.cuda.Stream()
     on_side = guards.kernel_time_coverage_events(
         lambda: kernels.relu(grid=(4096,), block=(256,), args=(x, y, x.numel()), stream=side),

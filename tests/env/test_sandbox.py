@@ -196,6 +196,34 @@ def test_allowed_executables_are_the_only_spawnable_ones(tmp_path):
     assert "RESULT allowlisted-only" in out.stdout, out.stderr[-2000:]
 
 
+PREPARED_PROBE = textwrap.dedent(
+    r'''
+    import pathlib, socket, sys
+    from multiminddev.env import sandbox
+    sandbox.prepare_sandbox()  # the worker does this at start-up, before any job
+    namespace = sandbox._STATE.network_namespace
+    assert not sandbox.is_installed()
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()  # nothing refused yet
+    sandbox.install_sandbox(pathlib.Path(sys.argv[1]))
+    assert sandbox._STATE.network_namespace == namespace  # not unshared a second time
+    try:
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    except sandbox.SandboxViolation:
+        print("RESULT", namespace)
+    '''
+)
+
+
+def test_prepared_sandbox_installs_without_redoing_the_namespace(tmp_path):
+    """The network namespace is made at worker start-up (off the evaluation's clock); the
+    job-time install keeps it and still refuses the network."""
+    out = subprocess.run([sys.executable, "-c", PREPARED_PROBE, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, check=False)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT")), "")
+    assert line, out.stderr[-2000:]
+    assert line.split(" ", 1)[1] == "isolated" or line.split(" ", 1)[1].startswith("unavailable")
+
+
 def test_policy_validates_limits():
     with pytest.raises(ValueError, match="positive int or None"):
         SandboxPolicy(max_file_bytes=0)

@@ -139,6 +139,7 @@ class _SandboxState:
     """Process-wide sandbox state: audit hooks are process-wide and cannot be removed."""
 
     installed: bool = False
+    preloaded: bool = False
     workdir: Path | None = None
     policy: SandboxPolicy | None = None
     writable_roots: tuple[str, ...] = ()
@@ -157,6 +158,20 @@ _STATE = _SandboxState()
 # ---------------------------------------------------------------------------------------------
 
 
+def prepare_sandbox(policy: SandboxPolicy | None = None) -> None:
+    """The parts of the sandbox that do not depend on the job, done ahead (at worker start-up,
+    off the evaluation's clock): NVRTC loaded, and the network namespace, whose creation can
+    take a kernel RCU grace period (tens of ms) on some hosts. Idempotent; install_sandbox
+    does whatever was not done here."""
+    policy = policy or SandboxPolicy()
+    if not _STATE.preloaded:
+        _preload_cuda_libraries()
+        _STATE.preloaded = True
+    if (policy.network_namespace and policy.block_network
+            and _STATE.network_namespace == "not attempted"):
+        _STATE.network_namespace = _unshare_network()
+
+
 def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
     """Scrub env, chdir, rlimits, network namespace, audit hook. Idempotent (first call wins)."""
     if _STATE.installed:
@@ -165,13 +180,11 @@ def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     caches = _cache_dirs()  # before HOME changes: the caches' real locations
-    _preload_cuda_libraries()
+    prepare_sandbox(policy)
     _scrub_environment(workdir, caches)
     os.chdir(workdir)
     sys.dont_write_bytecode = True  # lazy imports would otherwise try to write .pyc files
     _STATE.rlimits = _set_rlimits(policy)
-    if policy.network_namespace and policy.block_network:
-        _STATE.network_namespace = _unshare_network()
     roots = [workdir, *caches.values(), *(Path(p) for p in policy.extra_writable_paths)]
     _STATE.writable_roots = tuple(sorted({os.path.realpath(r) for r in roots}))
     _STATE.library_patterns = tuple(re.compile(p) for p in policy.allowed_library_patterns)

@@ -187,6 +187,11 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         _warm_kernel_launch(warm_module)
     with timed(startup, "host_copy_probe"):
         state.pinned_copies = _pinned_copies_faster()
+    if cfg.sandbox:
+        from multiminddev.env import sandbox
+
+        with timed(startup, "sandbox_prepare"):
+            sandbox.prepare_sandbox()
     if cfg.defenses:
         from multiminddev.env import guards
 
@@ -408,7 +413,8 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
         inline_build.install_routing(Path(cfg.cache_dir or "."), inline_build.inline_arch(cfg.arch))
         state.routed = True
     if cfg.sandbox and not state.sandboxed:
-        _install_sandbox(state, cfg, allow_build=bool(job_allows_build))
+        with timed(state.timings, "compile.sandbox"):
+            _install_sandbox(state, cfg, allow_build=bool(job_allows_build))
     first_nvrtc, first_inline = len(kernels_mod.compile_log), len(inline_build.inline_log)
     name = f"mmd_candidate_{candidate_hash(source)}_{time.monotonic_ns()}"
     known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
