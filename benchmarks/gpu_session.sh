@@ -9,16 +9,21 @@
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
-# Budget (2026-11-22, one H200, device time counted at 50-67% of held time; a machine goes back
-# after 30 minutes held, taking /root with it): bench-eval ~180-220 s, tests-env ~180 s,
-# tests-hacks ~195 s, tests-rest ~155 s, evaldir ~250 s, quickstart ~430 s (old GPU size).
-# learning-parallel (base + 3 seeds at once, 250 SFT steps, 39 held-out problems) needs about
-# two to three 540 s calls on one machine: in the third session two calls reached SFT's
-# evaluation (94% compile) and one GRPO step before the machine's 30 minutes ran out, with
-# evaluations then costing ~3.4 s each (since cut by the guard fix). Plan a session as:
-#   call 1 (.stage/a .stage/whl): stage-a + bench-eval tests-hacks        (~420 s)
-#   calls 2-3 (.stage/b .stage/whl, then .stage/whl): learning-parallel    (2 x ~540 s)
-# and nothing else on that machine.
+# Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
+# after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
+# bench-eval ~100 s quick / ~170 s full, tests-env ~130-180 s, tests-hacks ~140-190 s,
+# tests-rest ~155 s, evaldir ~250 s, quickstart ~430 s (old GPU size).
+# The learning run (3 seeds at once, 250 SFT steps, 39 held-out problems, 3 GRPO steps) takes
+# ~1150 s of GPU work: load + SFT ~250 s, SFT evaluation ~230 s, GRPO ~140 s per step, final
+# evaluation ~230 s. Twice in the fourth session the machine went back between two calls (an
+# interrupted turn; a slow reply) and took the unfinished run with it. Plan a session as:
+#   call 1 (.stage/a .stage/whl):                 stage-a (a few seconds)
+#   call 2 (.stage/b .stage/whl .scratch/base):   learning-start learning-wait   (~580 s)
+#   call 3 (.stage/whl):                          learning-wait                  (~580 s)
+#   call 4 (.stage/whl), if still needed:         learning-wait, then bench-eval tests-*
+# and issue each call the moment the last returns. learning-start detaches the run (setsid), so
+# no seed restarts between calls; learning-wait brings back only the small records until the
+# run has ended.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
@@ -138,7 +143,13 @@ DRIVER
                fi
                limit=${WAIT_LIMIT:-570}; t0=$(date +%s)
                while [ ! -f /root/learning/DONE ] && [ $(( $(date +%s) - t0 )) -lt "$limit" ]; do sleep 5; done
-               mkdir -p "$RES/learning" && cp -r /root/learning/. "$RES/learning/"
+               # Until the run ends only the small records travel back: a large return delays the
+               # reply past the machine's 30 s idle limit (lost once, 2026-11-22 08:02 UTC).
+               mkdir -p "$RES/learning"
+               if [ -f /root/learning/DONE ]; then cp -r /root/learning/. "$RES/learning/"
+               else (cd /root/learning && find . \( -name partial.json -o -name metrics.jsonl \
+                       -o -name '*.log' \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RES/learning"
+               fi
                tail -n 2 /root/learning/seed*.log > "$RES/$part.log" 2>&1
                [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
                                               exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;

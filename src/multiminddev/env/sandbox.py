@@ -12,7 +12,9 @@
    candidates (and other processes of the same user). Not RLIMIT_AS: CUDA reserves terabytes of
    virtual address space for unified addressing;
 4. tries to move the process into a fresh network namespace (``unshare(CLONE_NEWNET)``: only
-   with CAP_SYS_ADMIN; reported by ``sandbox_capabilities()``, which ``doctor`` prints);
+   with CAP_SYS_ADMIN; reported by ``sandbox_capabilities()``, which ``doctor`` prints). The
+   worker does this, and the NVRTC preload, at start-up through ``prepare_sandbox()``, before
+   any job: neither depends on the candidate, and namespace creation can be slow;
 5. installs a ``sys.addaudithook`` hook that refuses, with ``SandboxViolation``: process
    creation (subprocess, os.system/exec*/spawn*/posix_spawn/fork/forkpty, killing other
    processes), sockets (non-AF_UNIX creation, connect, bind, DNS), ``ctypes`` loading of
