@@ -9,6 +9,7 @@
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
+#        tests-qlora (no model; carry .stage/bnb)
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
 # bench-eval ~100 s quick / ~170 s full, tests-env ~130-180 s, tests-hacks ~140-190 s,
@@ -71,6 +72,14 @@ for part in "$@"; do
   tests-rest)  timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;
+  tests-qlora) # QLoRA over a tiny saved Llama; bitsandbytes is not on the GPU image, so its wheel
+               # travels (43 MB, too big to go with a model half): carry .stage/bnb, made by
+               # pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+               # manylinux_2_24_x86_64 -d .stage/bnb bitsandbytes==0.50.2
+               python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+                 --target /tmp/site-bnb .stage/bnb/*.whl > "$RES/$part.log" 2>&1 &&
+               PYTHONPATH=$PYTHONPATH:/tmp/site-bnb timeout 300 python3 -m pytest -m gpu -q -rs \
+                 -p no:cacheprovider tests/policy/test_qlora.py >> "$RES/$part.log" 2>&1 ;;
   bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" ${BENCH_EVAL_MODE---quick} ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
                  > "$RES/$part.log" 2>&1 ;;
   bench-generation) timeout 420 python3 benchmarks/bench_generation.py --model "$GGUF" \
