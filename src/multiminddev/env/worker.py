@@ -164,6 +164,10 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     stack_dump = _register_stack_dump()
     with timed(startup, "toolchain"):
         warm_module = _warm_toolchain(cfg)
+    from multiminddev.env import inline_build
+
+    with timed(startup, "inline_routing"):  # job-independent: off the evaluation's clock
+        inline_build.install_routing(Path(cfg.cache_dir or "."), inline_build.inline_arch(cfg.arch))
     gpu = device_index is not None and torch.cuda.is_available()
     if not gpu:
         from multiminddev.cuda import compiler
@@ -172,7 +176,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         compiler.DEFAULT_ARCH = cfg.arch or compiler.DEFAULT_ARCH
         return WorkerState(gpu=False, device_index=None, workdir=workdir, stack_dump=stack_dump,
                            device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})",
-                           startup=startup)
+                           startup=startup, routed=True)
     from multiminddev.env.benchmark import l2_flush_buffer
 
     with timed(startup, "cuda_init"):
@@ -180,7 +184,8 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # creates the context
     state = WorkerState(gpu=True, device_index=device_index, workdir=workdir, stack_dump=stack_dump,
-                        device_name=torch.cuda.get_device_name(device_index), startup=startup)
+                        device_name=torch.cuda.get_device_name(device_index), startup=startup,
+                        routed=True)
     with timed(startup, "l2_flush_buffer"):
         state.flush = l2_flush_buffer(device_index)
     with timed(startup, "kernel_launch"):
@@ -410,7 +415,9 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
     from multiminddev.env import inline_build
 
     if not state.routed:
-        inline_build.install_routing(Path(cfg.cache_dir or "."), inline_build.inline_arch(cfg.arch))
+        with timed(state.timings, "compile.routing"):
+            inline_build.install_routing(Path(cfg.cache_dir or "."),
+                                         inline_build.inline_arch(cfg.arch))
         state.routed = True
     if cfg.sandbox and not state.sandboxed:
         with timed(state.timings, "compile.sandbox"):
@@ -420,7 +427,8 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
     known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
              inline_build.InlineBuildUnavailable)
     try:
-        module = load_module_from_source(source, name, state.workdir)
+        with timed(state.timings, "compile.exec"):  # the candidate's module body: its compiles
+            module = load_module_from_source(source, name, state.workdir)
     except known as exc:
         return _known_import_failure(conn, state, exc, first_nvrtc, first_inline)
     except BaseException:
