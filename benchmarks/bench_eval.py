@@ -117,10 +117,13 @@ def bench_load_inline(quick: bool, nvrtc: dict[str, Any] | None) -> dict[str, An
     return out
 
 
+TENSOR_TRANSFER = "pipe"  # --tensor-transfer: how outputs reach the evaluator (EvalConfig)
+
+
 def _evaluator(**overrides: Any) -> Any:
     from multiminddev.env import EvalConfig, Evaluator
 
-    return Evaluator(EvalConfig(num_workers=1, **overrides))
+    return Evaluator(EvalConfig(num_workers=1, tensor_transfer=TENSOR_TRANSFER, **overrides))
 
 
 def bench_full_eval(quick: bool) -> dict[str, Any]:
@@ -181,7 +184,7 @@ def bench_throughput(quick: bool) -> dict[str, Any]:
 def _pool_evaluator() -> Any:
     from multiminddev.env import EvalConfig, Evaluator
 
-    return Evaluator(EvalConfig(num_workers=None))
+    return Evaluator(EvalConfig(num_workers=None, tensor_transfer=TENSOR_TRANSFER))
 
 
 def _counts(values: Any) -> dict[str, int]:
@@ -300,7 +303,8 @@ def machine() -> dict[str, Any]:
     import torch
 
     info = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__, "python": sys.version.split()[0]}
+            "torch": torch.__version__, "python": sys.version.split()[0],
+            "tensor_transfer": TENSOR_TRANSFER}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["gpus"] = torch.cuda.device_count()
@@ -342,8 +346,8 @@ def run_all(quick: bool, only: list[str] | None) -> dict[str, Any]:
 def markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [f"Measured {m.get('date_utc')} on {m.get('gpu', 'no GPU')} (x{m.get('gpus', 0)}), "
-             f"torch {m.get('torch')}, cuda.core {m.get('cuda_core', '?')}"
-             f"{' (quick mode)' if results.get('quick') else ''}.", "",
+             f"torch {m.get('torch')}, cuda.core {m.get('cuda_core', '?')}, tensor transfer "
+             f"{m.get('tensor_transfer', 'pipe')}{' (quick mode)' if results.get('quick') else ''}.", "",
              "| measurement | result | target |", "|---|---|---|"]
 
     def row(name: str, fmt: Callable[[dict[str, Any]], str], target: str) -> None:
@@ -382,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, one load_inline build")
     parser.add_argument("--only", nargs="*", help="run only these measurements")
+    parser.add_argument("--tensor-transfer", choices=("pipe", "memfd"), default="pipe",
+                        help="how evaluation workers hand output tensors to the evaluator")
     args = parser.parse_args(argv)
+    global TENSOR_TRANSFER
+    TENSOR_TRANSFER = args.tensor_transfer
     results = run_all(args.quick, args.only)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_eval.json").write_text(json.dumps(results, indent=2, default=str))

@@ -81,6 +81,7 @@ for part in "$@"; do
                PYTHONPATH=$PYTHONPATH:/tmp/site-bnb timeout 300 python3 -m pytest -m gpu -q -rs \
                  -p no:cacheprovider tests/policy/test_qlora.py >> "$RES/$part.log" 2>&1 ;;
   bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" ${BENCH_EVAL_MODE---quick} ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
+                 ${BENCH_EVAL_TRANSFER:+--tensor-transfer $BENCH_EVAL_TRANSFER} \
                  > "$RES/$part.log" 2>&1 ;;
   bench-generation) timeout 420 python3 benchmarks/bench_generation.py --model "$GGUF" \
                  --batch 1 32 --new-tokens 256 --repeats 2 --episodes 8 --turns 2 \

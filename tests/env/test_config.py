@@ -20,6 +20,7 @@ def test_defaults_keep_candidate_stages_under_a_minute():
     ({"min_timed_runs": 50, "max_timed_runs": 10}, "min_timed_runs"),
     ({"target_relative_spread": 2.0}, "IQR/median"),
     ({"arch": "hopper"}, "sm_90"),
+    ({"tensor_transfer": "shm"}, "pipe"),
 ])
 def test_invalid_values_raise_with_the_fix(kwargs, text):
     with pytest.raises(ValueError, match=text):

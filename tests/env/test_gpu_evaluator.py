@@ -74,3 +74,19 @@ def test_compile_baseline_is_timed_and_cached(tmp_path, fixtures_dir):
     assert first.status is EvalStatus.OK, first.message
     assert first.benchmark.compiled is not None and first.benchmark.speedup_vs_compile
     assert second.benchmark.compiled == first.benchmark.compiled  # from the disk cache
+
+
+def test_memfd_transfer_gives_the_same_verdicts_as_the_pipe():
+    """tensor_transfer="memfd": honest candidates still pass every trial, wrong ones still fail
+    with their expected status, and nothing is left mapped in the worker."""
+    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.3,
+                     compile_timeout_s=10, run_timeout_s=10, tensor_transfer="memfd")
+    with Evaluator(cfg) as ev:
+        for path in HONEST[:4]:
+            result = ev.evaluate(problem_for(path), path.read_text())
+            assert result.status is EvalStatus.OK, (path.stem, result.message)
+            assert result.verify.trials_passed == result.verify.trials_run == 5
+        for path in WRONG[:4]:
+            expected = EvalStatus(fixture_header(path)["expect"])
+            result = ev.evaluate(problem_for(path), path.read_text())
+            assert result.status is expected, (path.stem, result.message)

@@ -2,7 +2,10 @@
 
 Tensors cross the worker -> evaluator pipe as plain bytes (``pack_tensor``), never through
 torch's shared-memory reducers, so a dead worker cannot leave half-shared storage behind and
-the evaluator's copy is its own.
+the evaluator's copy is its own. With ``transfer="memfd"`` the bytes go into an anonymous
+memory file instead, whose descriptor is passed over the pipe and then closed in the worker:
+the worker keeps no handle on it (candidate code that runs later cannot change what was sent),
+and the kernel frees it when the evaluator drops its mapping, even if the worker dies.
 """
 
 from __future__ import annotations
@@ -98,9 +101,14 @@ def tensor_frame(t: Any) -> tuple[dict[str, Any], Any]:
     return meta, memoryview(cpu.reshape(-1).view(torch.uint8).numpy())
 
 
-def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]]) -> None:
+def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]], *,
+                      transfer: str = "pipe") -> None:
     """Send ``(tag, {"outputs": metadata})`` then each tensor's bytes as its own frame
-    (no pickling of tensor data: one copy into the pipe, one out)."""
+    (no pickling of tensor data: one copy into the pipe, one out), or, with ``transfer=
+    "memfd"``, the bytes in one anonymous memory file whose descriptor follows the message."""
+    if transfer == "memfd":
+        _send_via_memfd(conn, tag, lists)
+        return
     frames = [[tensor_frame(t) for t in group] for group in lists]
     conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames], "framed": True}))
     for group in frames:
@@ -109,14 +117,82 @@ def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]]) -> None:
                 conn.send_bytes(raw)
 
 
+def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
+    from multiprocessing import reduction
+
+    frames = [[tensor_frame(t) for t in group] for group in lists]
+    fd = os.memfd_create("mmd-tensors", os.MFD_CLOEXEC)
+    try:
+        size = 0
+        for group in frames:
+            for meta, raw in group:
+                if raw is not None:
+                    meta["offset"] = size
+                    _write_all(fd, raw)
+                    size += meta["nbytes"]
+        conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames],
+                         "memfd_bytes": size}))
+        if size:
+            with _harness_section():  # sendmsg is refused to candidate code by the sandbox
+                reduction.send_handle(conn, fd, os.getppid())  # the pid matters on Windows only
+    finally:
+        os.close(fd)  # from here on nothing in this process can reach the file
+
+
+def _harness_section() -> Any:
+    import contextlib
+
+    try:
+        from multiminddev.env import sandbox
+    except ImportError:
+        return contextlib.nullcontext()
+    return sandbox.harness_section()
+
+
+def _write_all(fd: int, raw: Any) -> None:
+    view = memoryview(raw).cast("B")
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
 def receive_frames(conn: Any, payload: dict[str, Any]) -> None:
-    """Attach the frames that follow a framed message to its metadata (in place)."""
+    """Attach the frames that follow a framed message to its metadata (in place); for a memfd
+    message, map the file that follows and attach read-only views of it."""
+    if "memfd_bytes" in payload:
+        _receive_memfd(conn, payload)
+        return
     if not payload.get("framed"):
         return
     for group in payload["outputs"]:
         for meta in group:
             if meta.get("kind") == "tensor" and meta.get("nbytes"):
                 meta["data"] = recv_bytes_fast(conn)
+
+
+def _receive_memfd(conn: Any, payload: dict[str, Any]) -> None:
+    import mmap
+    from multiprocessing import reduction
+
+    size = int(payload["memfd_bytes"])
+    if size <= 0:
+        return
+    fd = reduction.recv_handle(conn)
+    try:
+        if os.fstat(fd).st_size < size:
+            raise OSError(f"tensor transfer file holds {os.fstat(fd).st_size} bytes, "
+                          f"the message announced {size}")
+        region = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    view = memoryview(region)
+    for group in payload["outputs"]:
+        for meta in group:
+            if meta.get("kind") == "tensor" and meta.get("nbytes"):
+                start, end = int(meta.get("offset", -1)), int(meta.get("offset", -1)) + meta["nbytes"]
+                if start < 0 or end > size:
+                    raise OSError(f"tensor bytes [{start}, {end}) lie outside the {size}-byte transfer")
+                meta["data"] = view[start:end]
 
 
 def recv_bytes_fast(conn: Any) -> bytearray:

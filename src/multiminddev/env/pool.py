@@ -257,7 +257,7 @@ class WorkerPool:
                 outcome.exitcode = worker.process.exitcode
                 return
             tag, payload = message
-            if isinstance(payload, dict) and payload.get("framed"):
+            if isinstance(payload, dict) and (payload.get("framed") or "memfd_bytes" in payload):
                 try:
                     receive_frames(worker.conn, payload)
                 except (EOFError, OSError):

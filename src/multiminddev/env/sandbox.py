@@ -44,6 +44,7 @@ without network and with a read-only filesystem; see docs/SECURITY.md.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -54,6 +55,7 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +195,20 @@ def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
     _STATE.workdir, _STATE.policy = workdir, policy
     sys.addaudithook(_audit_hook)
     _STATE.installed = True
+
+
+@contextlib.contextmanager
+def harness_section() -> Iterator[None]:
+    """The harness's own operations with the audit hook passing them, in this thread only
+    (handing a descriptor to the evaluator takes ``sendmsg``, a network event the hook refuses).
+    Candidate code never runs inside it; a thread the candidate started is not exempted, and
+    the worker rejects candidates that start threads."""
+    previous = getattr(_STATE.in_hook, "active", False)
+    _STATE.in_hook.active = True
+    try:
+        yield
+    finally:
+        _STATE.in_hook.active = previous
 
 
 def is_installed() -> bool:

@@ -32,7 +32,7 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
             model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
         outputs, findings = _correctness_trials(state, cfg, ref, model_new)
         with timed(clock, "run.send_outputs"):
-            send_tensor_lists(conn, "outputs", outputs)
+            send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer)
         if findings:
             return _reject(conn, stage, findings)
         if state.guards is not None:

@@ -275,7 +275,8 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
             with timed(clock, "setup.reference"):
                 reference = _setup_reference(problem, cfg, state.pinned_copies)
             with timed(clock, "setup.send_reference"):
-                send_tensor_lists(conn, "reference", reference.outputs)
+                send_tensor_lists(conn, "reference", reference.outputs,
+                                  transfer=cfg.tensor_transfer)
             reference.outputs = []  # the parent has them; drop ours before the candidate loads
             if cfg.benchmark:
                 stage = Stage.BASELINE
