@@ -22,7 +22,10 @@
 #   call 2 (.stage/b .stage/whl .scratch/base):   learning-start learning-wait   (~580 s)
 #   call 3 (.stage/whl):                          learning-wait                  (~580 s)
 #   call 4 (.stage/whl), if still needed:         learning-wait, then bench-eval tests-*
-# and issue each call the moment the last returns. learning-start detaches the run (setsid), so
+# and issue each call the moment the last returns. On a second machine: bench-eval twice
+# (BENCH_EVAL_MODE= BENCH_EVAL_ONLY="full_eval throughput defenses", with and without
+# BENCH_EVAL_TRANSFER=memfd), tests-env tests-hacks tests-qlora (carry .stage/bnb), and, with
+# the model staged, tests-rest quickstart. learning-start detaches the run (setsid), so
 # no seed restarts between calls; learning-wait brings back only the small records until the
 # run has ended.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
