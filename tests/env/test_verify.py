@@ -119,3 +119,34 @@ def test_chunked_fast_path_matches_the_whole_tensor_errors_and_finds_late_mismat
     nan[verify.CHUNK_ELEMENTS] = float("nan")
     assert verify._all_close_chunked(expected, nan, atol=1e-4, rtol=1e-4) is None
     assert verify.compare_tensor(expected, nan, atol=1e-4, rtol=1e-4).reason == "nan_inf"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int64, torch.int32, torch.bool])
+def test_bit_identical_outputs_pass_with_zero_error(dtype):
+    t = (torch.randn(3, 1 << 10) * 5).to(dtype)
+    result = verify_outputs([[t]], [[t.clone()]], atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.OK
+    assert (result.max_abs_error, result.max_rel_error) == (0.0, 0.0)
+
+
+def test_bit_identical_nan_and_inf_are_accepted_as_before():
+    t = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0])
+    fast = verify_outputs([[t]], [[t.clone()]], atol=1e-4, rtol=1e-4)
+    # the same values as a different bit pattern (-0.0) take the full path: same verdict
+    other = t.clone()
+    other[4] = -0.0
+    full = verify_outputs([[t]], [[other]], atol=1e-4, rtol=1e-4)
+    assert fast.status is full.status is StageStatus.OK
+    assert (fast.max_abs_error, fast.max_rel_error) == (full.max_abs_error, full.max_rel_error)
+
+
+def test_one_bad_element_past_the_first_chunk_is_still_found():
+    from multiminddev.env.verify import BITWISE_CHUNK_ELEMENTS
+
+    e = torch.randn(3 * BITWISE_CHUNK_ELEMENTS + 5)
+    a = e.clone()
+    a[-1] += 1.0
+    result = verify_outputs([[e]], [[a]], atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.FAILED
+    assert result.mismatches[0].first_bad_indices == [[e.numel() - 1]]

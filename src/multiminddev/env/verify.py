@@ -116,6 +116,8 @@ def _compare(expected: torch.Tensor, actual: torch.Tensor, *, atol: float, rtol:
     if structural is not None:
         return TrialMismatch(trial=trial, output_index=output_index, reason=structural[0],
                              message=structural[1]), None
+    if _bitwise_equal(expected, actual):  # many correct kernels reproduce eager bit for bit
+        return None, (0.0, 0.0)
     fast = _all_close_chunked(expected, actual, atol=atol, rtol=rtol)
     if fast is not None:
         return None, fast
@@ -176,6 +178,28 @@ def _all_close_chunked(expected: torch.Tensor, actual: torch.Tensor, *, atol: fl
         max_abs = max(max_abs, float(d.max()))
         max_rel = max(max_rel, float(d.div_(ea.clamp_min_(tiny)).max()))
     return max_abs, max_rel
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+BITWISE_CHUNK_ELEMENTS = 1 << 20
+
+
+def _bitwise_equal(expected: torch.Tensor, actual: torch.Tensor) -> bool:
+    """Same bytes (shape and dtype already agree). Equal bytes pass every check below with zero
+    error: NaNs in the same places are accepted there too, and equal infinities. Compared with
+    numpy on integer views in 1M-element chunks: one thread (see CHUNK_ELEMENTS), no
+    output-sized temporaries, and an early exit at the first differing chunk, so outputs that
+    are merely close cost one chunk more."""
+    as_int = _SAME_WIDTH_INT.get(expected.element_size())
+    if as_int is None or expected.dtype.is_complex:
+        return False
+    e = expected.detach().contiguous().reshape(-1).view(as_int).numpy()
+    a = actual.detach().contiguous().reshape(-1).view(as_int).numpy()
+    for start in range(0, e.size, BITWISE_CHUNK_ELEMENTS):
+        stop = start + BITWISE_CHUNK_ELEMENTS
+        if not (e[start:stop] == a[start:stop]).all():
+            return False
+    return True
 
 
 def _structural_mismatch(expected: torch.Tensor, actual: Any, where: str) -> tuple[str, str] | None:
