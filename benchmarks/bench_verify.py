@@ -2,9 +2,9 @@
 
     PYTHONPATH=src python3 benchmarks/bench_verify.py [--mib 64] [--trials 5] [--repeats 3]
 
-Three cases: bit-identical outputs (the byte-equality fast path), outputs within tolerance but
-not identical (the chunked allclose path), and one bad element at the very end (a full scan
-before the mismatch report). Prints one JSON line per case with the median seconds.
+Four cases: bit-identical outputs (the byte-equality fast path), outputs within tolerance but
+not identical (the chunked allclose path), one bad element at the very end (a full scan
+before the mismatch report), and a wrong candidate (every trial twice the reference). Prints one JSON line per case with the median seconds.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         "identical": [[t[0].clone()] for t in reference],
         "close": [[t[0] * (1 + 1e-6)] for t in reference],
         "last_element_bad": last_bad,
+        "all_wrong": [[t[0] * 2] for t in reference],
     }
     for name, candidate in cases.items():
         seconds, status = [], None

@@ -150,3 +150,36 @@ def test_one_bad_element_past_the_first_chunk_is_still_found():
     result = verify_outputs([[e]], [[a]], atol=1e-4, rtol=1e-4)
     assert result.status is StageStatus.FAILED
     assert result.mismatches[0].first_bad_indices == [[e.numel() - 1]]
+
+
+def test_trials_after_the_first_failure_are_pass_fail_only():
+    e = [torch.randn(1000) for _ in range(4)]
+    cand = [e[0] * 2, e[1].clone(), e[2] + 1, e[3].clone()]  # trial 0 and 2 fail
+    result = verify_outputs([[t] for t in e], [[t] for t in cand], atol=1e-4, rtol=1e-4)
+    assert result.status is StageStatus.FAILED
+    assert (result.trials_run, result.trials_passed) == (4, 2)
+    first, later = result.mismatches
+    assert first.trial == 0 and first.reason == "allclose" and first.first_bad_indices
+    assert later.trial == 2 and later.reason == "unexamined" and "trial 0" in later.message
+    assert result.error == first.message
+
+
+def test_chunked_report_matches_a_whole_tensor_reference():
+    """The chunked scan's fraction, first indices, values and errors against plain numpy."""
+    from multiminddev.env.verify import CHUNK_ELEMENTS
+
+    rng = np.random.default_rng(3)
+    e = rng.standard_normal((5, CHUNK_ELEMENTS // 2 + 7)).astype(np.float32)
+    a = e.copy()
+    bad_flat = [3, CHUNK_ELEMENTS - 1, CHUNK_ELEMENTS + 11, e.size - 1]
+    a.reshape(-1)[bad_flat] += 1.0
+    a.reshape(-1)[17] = np.nan
+    bad_flat = sorted([*bad_flat, 17])
+    m = compare_tensor(torch.from_numpy(e), torch.from_numpy(a), atol=1e-4, rtol=1e-4)
+    assert m.reason == "nan_inf" and m.mismatched_fraction == len(bad_flat) / e.size
+    assert m.first_bad_indices == [list(np.unravel_index(i, e.shape)) for i in bad_flat]
+    assert m.expected_values == [float(e.reshape(-1)[i]) for i in bad_flat]
+    finite = np.isfinite(a)
+    diff = np.abs(a - e)[finite]
+    assert m.max_abs_error == pytest.approx(float(diff.max()))
+    assert m.max_rel_error == pytest.approx(float((diff / np.abs(e)[finite]).max()))

@@ -129,7 +129,8 @@ class TrialMismatch:
 
     trial: int
     output_index: int
-    reason: str  # "shape" | "dtype" | "nan_inf" | "allclose" | "count"
+    reason: str  # "shape" | "dtype" | "nan_inf" | "allclose" | "count" | "unexamined" (a
+    # trial after the first failing one: pass/fail only, see verify_outputs)
     max_abs_error: float = 0.0
     max_rel_error: float = 0.0
     mismatched_fraction: float = 0.0
