@@ -58,7 +58,9 @@ class RunSize:
 # 1297), so the sizes give each agent room for its longest taught reply: a reply cut short has
 # no closing fence and cannot parse (tests/train/test_pipeline.py checks this). The GPU quickstart's size follows the learning benchmark's recipe (more SFT steps); its
 # wall time on a GPU with these sizes has not been measured yet (the previous GPU size, 40 SFT
-# steps and 448 tokens, took 7.1 min on an H200).
+# steps and 448 tokens, took 7.1 min on an H200). Two GRPO steps, not three: a step's rollout
+# took 122-159 s in the fourth session's learning run (16 episodes of 512 + 800 tokens), so
+# three would bring the estimate to the 10-minute target's edge.
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
@@ -69,7 +71,7 @@ _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, True): RunSize(
         train_problems=_TIER01[0], heldout_problems=_TIER01[1],
         sft_max_steps=150, sft_batch_size=8, sft_loss_examples=16, sft_max_seq_length=2048,
-        rl_steps=3, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=800,
+        rl_steps=2, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=800,
         generator_max_new_tokens=512, mini_batch_size=8, eval_every=0, eval_problems=0,
         final_eval_problems=8, eval_workers=4),
     (Preset.QUICK_TEST, False): RunSize(
