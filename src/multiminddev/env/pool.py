@@ -260,7 +260,7 @@ class WorkerPool:
             if isinstance(payload, dict) and (payload.get("framed") or "memfd_bytes" in payload):
                 try:
                     receive_frames(worker.conn, payload)
-                except (EOFError, OSError):
+                except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
                     worker.process.join(2.0)
                     outcome.died_in_stage, outcome.exitcode = stage.value, worker.process.exitcode
                     return
