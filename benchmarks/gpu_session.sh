@@ -62,6 +62,12 @@ MMD="python3 -c 'import sys; from multiminddev.cli import main; sys.exit(main())
 pack() { tar -czf "$OUT/results.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
            --exclude='*.pth' -C "$RES" . ; cp "$RES/summary.txt" "$OUT/" 2>/dev/null; }
 
+# The learning benchmark's recipe, shared by learning-parallel and learning-start.
+LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
+  --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
+  --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
+  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
+
 for part in "$@"; do
   echo "== $part $(date -u +%T)"
   start=$(date +%s)
@@ -110,10 +116,6 @@ for part in "$@"; do
                # per-step CPU overhead, so the GPU has room), plus one process for the base stage
                # (greedy, seed-independent). Resumable: the same part again on a warm machine
                # continues every seed from its finished stages. Aggregated once all seeds end.
-               LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
-                 --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
-                 --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
-                 --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
                limit=${LEARN_TIMEOUT:-540}
                mkdir -p /root/learning
                [ -f /root/learning/base/partial.json ] || \
@@ -134,10 +136,6 @@ for part in "$@"; do
                # greedy base is seed-independent) spares the GPU the base process.
                mkdir -p /root/learning/base
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
-               LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
-                 --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
-                 --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
-                 --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
 for seed in 0 1 2; do $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done

@@ -133,20 +133,12 @@ def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
         conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames],
                          "memfd_bytes": size}))
         if size:
-            with _harness_section():  # sendmsg is refused to candidate code by the sandbox
+            from multiminddev.env.sandbox import harness_section
+
+            with harness_section():  # sendmsg is refused to candidate code by the sandbox
                 reduction.send_handle(conn, fd, os.getppid())  # the pid matters on Windows only
     finally:
         os.close(fd)  # from here on nothing in this process can reach the file
-
-
-def _harness_section() -> Any:
-    import contextlib
-
-    try:
-        from multiminddev.env import sandbox
-    except ImportError:
-        return contextlib.nullcontext()
-    return sandbox.harness_section()
 
 
 def _write_all(fd: int, raw: Any) -> None:
@@ -189,7 +181,8 @@ def _receive_memfd(conn: Any, payload: dict[str, Any]) -> None:
     for group in payload["outputs"]:
         for meta in group:
             if meta.get("kind") == "tensor" and meta.get("nbytes"):
-                start, end = int(meta.get("offset", -1)), int(meta.get("offset", -1)) + meta["nbytes"]
+                start = int(meta.get("offset", -1))
+                end = start + meta["nbytes"]
                 if start < 0 or end > size:
                     raise OSError(f"tensor bytes [{start}, {end}) lie outside the {size}-byte transfer")
                 meta["data"] = view[start:end]

@@ -257,7 +257,7 @@ class WorkerPool:
                 outcome.exitcode = worker.process.exitcode
                 return
             tag, payload = message
-            if isinstance(payload, dict) and (payload.get("framed") or "memfd_bytes" in payload):
+            if isinstance(payload, dict):  # receive_frames knows which messages carry tensors
                 try:
                     receive_frames(worker.conn, payload)
                 except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came

@@ -54,8 +54,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 

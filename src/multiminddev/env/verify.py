@@ -42,12 +42,10 @@ def verify_outputs(
         )
     first_failure: int | None = None
     for trial, (ref_outs, cand_outs) in enumerate(zip(reference, candidate, strict=True)):
-        if first_failure is None:
-            trial_bad, errors = _compare_trial(trial, ref_outs, cand_outs, atol=atol, rtol=rtol)
-            first_failure = trial if trial_bad else None
-        else:
-            trial_bad, errors = _pass_fail_trial(trial, ref_outs, cand_outs, atol=atol, rtol=rtol,
-                                                 first_failure=first_failure)
+        trial_bad, errors = _compare_trial(trial, ref_outs, cand_outs, atol=atol, rtol=rtol,
+                                           first_failure=first_failure)
+        if trial_bad and first_failure is None:
+            first_failure = trial
         for abs_err, rel_err in errors:
             max_abs, max_rel = max(max_abs, abs_err), max(max_rel, rel_err)
         if trial_bad:
@@ -80,9 +78,10 @@ def compare_trial(
 
 
 def _compare_trial(trial: int, reference: Sequence[torch.Tensor], candidate: Sequence[torch.Tensor],
-                   *, atol: float, rtol: float
+                   *, atol: float, rtol: float, first_failure: int | None = None
                    ) -> tuple[list[TrialMismatch], list[tuple[float, float]]]:
-    """Mismatches of one trial, and (max abs, max rel) error of each comparable output."""
+    """Mismatches of one trial, and (max abs, max rel) error of each comparable output.
+    After an earlier failing trial (``first_failure``), failing outputs are not examined."""
     if len(candidate) != len(reference):
         return [
             TrialMismatch(
@@ -95,39 +94,12 @@ def _compare_trial(trial: int, reference: Sequence[torch.Tensor], candidate: Seq
         ], []
     found, errors = [], []
     for index, (ref, cand) in enumerate(zip(reference, candidate, strict=True)):
-        mismatch, error = _compare(ref, cand, atol=atol, rtol=rtol, trial=trial, output_index=index)
+        mismatch, error = _compare(ref, cand, atol=atol, rtol=rtol, trial=trial, output_index=index,
+                                   first_failure=first_failure)
         if mismatch is not None:
             found.append(mismatch)
         if error is not None:
             errors.append(error)
-    return found, errors
-
-
-def _pass_fail_trial(trial: int, reference: Sequence[torch.Tensor],
-                     candidate: Sequence[torch.Tensor], *, atol: float, rtol: float,
-                     first_failure: int) -> tuple[list[TrialMismatch], list[tuple[float, float]]]:
-    """A trial after the first failing one: pass/fail only. A failing output is reported
-    without a report of its own (reason "unexamined"): the first failure's report is what the
-    agents and users read, and working one out costs a full pass over the output (0.4 s per
-    64 MiB on the CPU machine), where pass/fail stops at the first bad chunk."""
-    if len(candidate) != len(reference):
-        return _compare_trial(trial, reference, candidate, atol=atol, rtol=rtol)
-    found, errors = [], []
-    for index, (ref, cand) in enumerate(zip(reference, candidate, strict=True)):
-        where = f"trial {trial}, output {index}"
-        structural = _structural_mismatch(ref, cand, where)
-        if structural is not None:
-            found.append(TrialMismatch(trial=trial, output_index=index, reason=structural[0],
-                                       message=structural[1]))
-            continue
-        close = (0.0, 0.0) if _bitwise_equal(ref, cand) else _all_close_chunked(
-            ref, cand, atol=atol, rtol=rtol)
-        if close is not None:
-            errors.append(close)
-            continue
-        found.append(TrialMismatch(
-            trial=trial, output_index=index, reason="unexamined",
-            message=f"{where}: out of tolerance too (see trial {first_failure} for the details)"))
     return found, errors
 
 
@@ -145,7 +117,7 @@ def compare_tensor(
 
 
 def _compare(expected: torch.Tensor, actual: torch.Tensor, *, atol: float, rtol: float,
-             trial: int, output_index: int
+             trial: int, output_index: int, first_failure: int | None = None
              ) -> tuple[TrialMismatch | None, tuple[float, float] | None]:
     """The mismatch (or None) and the (max abs, max rel) error when shapes and dtypes agree.
     The passing path makes a handful of passes over the data: outputs can be 64 MB."""
@@ -159,6 +131,13 @@ def _compare(expected: torch.Tensor, actual: torch.Tensor, *, atol: float, rtol:
     fast = _all_close_chunked(expected, actual, atol=atol, rtol=rtol)
     if fast is not None:
         return None, fast
+    if first_failure is not None:
+        # Pass/fail only: the first failure's report is what agents and users read, and a
+        # report costs a full pass over the output (0.4 s per 64 MiB on the CPU machine) where
+        # the check above stops at the first bad chunk.
+        return TrialMismatch(trial=trial, output_index=output_index, reason="unexamined",
+                             message=f"{where}: out of tolerance too (see trial {first_failure} "
+                                     "for the details)"), None
     scan = _scan_chunked(expected, actual, atol=atol, rtol=rtol)
     if not scan.bad_count:
         return None, scan.errors
@@ -189,7 +168,7 @@ def _scan_chunked(expected: torch.Tensor, actual: torch.Tensor, *, atol: float, 
     finite in both, in the same one-thread chunks as the passing path: a whole-tensor version
     took 1.3 s per 64 MiB output on the CPU machine, 6.3 s for a wrong candidate's 5 trials."""
     e_flat, a_flat = expected.detach().reshape(-1), actual.detach().reshape(-1)
-    dtype = torch.float32 if expected.dtype in _NARROW_FLOATS else torch.float64
+    dtype = _working_dtype(expected.dtype)
     tiny = torch.finfo(dtype).tiny
     scan = _Scan()
     for start in range(0, e_flat.numel(), CHUNK_ELEMENTS):
@@ -235,8 +214,7 @@ def _all_close_chunked(expected: torch.Tensor, actual: torch.Tensor, *, atol: fl
     n = e_flat.numel()
     if n == 0:
         return 0.0, 0.0
-    dtype = torch.float32 if expected.dtype in (torch.float32, torch.float16, torch.bfloat16) \
-        else torch.float64
+    dtype = _working_dtype(expected.dtype)
     size = min(n, CHUNK_ELEMENTS)
     diff, e_abs, tol = (torch.empty(size, dtype=dtype) for _ in range(3))
     tiny = torch.finfo(dtype).tiny
@@ -322,14 +300,13 @@ def _mismatch(expected: torch.Tensor, actual: torch.Tensor, scan: _Scan, *, atol
     )
 
 
-_NARROW_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+def _working_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 for fp32 and narrower floats (exact upcast), fp64 otherwise: fast on big outputs."""
+    return torch.float32 if dtype in (torch.float32, torch.float16, torch.bfloat16) else torch.float64
 
 
 def _working(t: torch.Tensor) -> torch.Tensor:
-    """fp32 for fp32 and narrower floats (exact upcast), fp64 otherwise: fast on big outputs."""
-    if t.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return t.detach().to(torch.float32)
-    return t.detach().to(torch.float64)
+    return t.detach().to(_working_dtype(t.dtype))
 
 
 def error_magnitudes(expected: torch.Tensor, actual: torch.Tensor) -> tuple[float, float]:

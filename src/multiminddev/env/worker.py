@@ -64,7 +64,6 @@ class WorkerState:
     flush: Any = None
     peak_gbps: float | None = None
     sandboxed: bool = False
-    routed: bool = False
     guards: Any = None
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # this job's sub-steps, seconds
@@ -176,7 +175,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         compiler.DEFAULT_ARCH = cfg.arch or compiler.DEFAULT_ARCH
         return WorkerState(gpu=False, device_index=None, workdir=workdir, stack_dump=stack_dump,
                            device_name=f"cpu (compile only, {cfg.arch or compiler.DEFAULT_ARCH})",
-                           startup=startup, routed=True)
+                           startup=startup)
     from multiminddev.env.benchmark import l2_flush_buffer
 
     with timed(startup, "cuda_init"):
@@ -184,8 +183,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # creates the context
     state = WorkerState(gpu=True, device_index=device_index, workdir=workdir, stack_dump=stack_dump,
-                        device_name=torch.cuda.get_device_name(device_index), startup=startup,
-                        routed=True)
+                        device_name=torch.cuda.get_device_name(device_index), startup=startup)
     with timed(startup, "l2_flush_buffer"):
         state.flush = l2_flush_buffer(device_index)
     with timed(startup, "kernel_launch"):
@@ -415,11 +413,6 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
     from multiminddev.cuda import kernels as kernels_mod
     from multiminddev.env import inline_build
 
-    if not state.routed:
-        with timed(state.timings, "compile.routing"):
-            inline_build.install_routing(Path(cfg.cache_dir or "."),
-                                         inline_build.inline_arch(cfg.arch))
-        state.routed = True
     if cfg.sandbox and not state.sandboxed:
         with timed(state.timings, "compile.sandbox"):
             _install_sandbox(state, cfg, allow_build=bool(job_allows_build))
