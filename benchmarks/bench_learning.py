@@ -122,7 +122,10 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
     speeds = [r.speedup for r in results if r.correct]
     return {"problem": episode.problem.name, "tier": episode.problem.tier,
             "compiled": any(r.compiled for r in results), "correct": bool(speeds),
-            "speedup": max(speeds) if speeds else 0.0, "reward": reward}
+            "speedup": max(speeds) if speeds else 0.0, "reward": reward,
+            # the evaluation failed on our side (after its retries): counted as a failure here,
+            # and reported, so a crowded GPU cannot pass for a worse policy unnoticed
+            "infra_error": any(r.status.value == "infra_error" for r in results)}
 
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
@@ -154,7 +157,8 @@ def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, f
             "correct_rate": sum(r["correct"] for r in rows) / n,
             "reward_mean": sum(r["reward"] for r in rows) / n,
             "fast_1": 0.0 if compile_only else sum(r["correct"] and r["speedup"] > 1.0
-                                                   for r in rows) / n}
+                                                   for r in rows) / n,
+            "infra_errors": float(sum(r.get("infra_error", False) for r in rows))}
 
 
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
@@ -342,6 +346,11 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
             out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
                                         "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                         "ci95": list(ci), "per_seed": values}
+    for stage in STAGES:  # episodes whose evaluation failed on our side: they count as failures
+        rows = [r for s in per_seed for r in s["rows"][stage]]
+        if all("infra_error" in r for r in rows):  # older records do not say
+            out[f"{stage}/infra_errors"] = [sum(r["infra_error"] for r in s["rows"][stage])
+                                            for s in per_seed]
     for metric in ("reward_mean", "fast_1"):
         gains = [s["metrics"]["grpo"][metric] - s["metrics"]["sft"][metric] for s in per_seed]
         mean = statistics.fmean(gains)
@@ -393,6 +402,9 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
         g = summary[f"gain/{m}"]
         lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} (std over seeds {g['std']:.3f}); "
                      f"per seed {[round(x, 3) for x in g['per_seed']]}")
+    lines.append("- Episodes with an infrastructure error (counted as failures above), per seed: "
+                 + "; ".join(f"{stage} {summary.get(f'{stage}/infra_errors', 'not recorded')}"
+                             for stage in STAGES))
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     path.write_text("\n".join(lines) + "\n")
 

@@ -53,14 +53,24 @@ if [ -d .stage/whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .stage/whl/*.whl || exit 1
 fi
+# Three seeds' SFT (about 28 GiB each) overflowed an H100's 80 GiB once (2026-11-22 09:07 UTC):
+# LEARN_SEEDS="1 2" runs fewer at a time; expandable segments spare fragmentation.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 MULTIMINDDEV_DEFAULT_GGUF=$GGUF
 MMD="python3 -c 'import sys; from multiminddev.cli import main; sys.exit(main())'"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; date -u; } \
   | tee "$RES/machine.txt"
 
 # Weights and optimizer states stay behind (16 MiB per returned file); metrics, logs, plots travel.
-pack() { tar -czf "$OUT/results.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-           --exclude='*.pth' -C "$RES" . ; cp "$RES/summary.txt" "$OUT/" 2>/dev/null; }
+# Written aside and renamed, so a call cut by its time limit still returns the last whole pack.
+pack() { tar -czf "$OUT/.results.$BASHPID.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+           --exclude='*.pth' -C "$RES" . 2>/dev/null && mv -f "$OUT/.results.$BASHPID.tgz" "$OUT/results.tgz"
+         cp "$RES/summary.txt" "$OUT/" 2>/dev/null; }
+# A part that outlives the call (the quickstart did, 2026-11-22 10:00 UTC, and nothing came
+# back) still returns its logs and metrics: pack every 45 s while parts run.
+( while sleep 45; do pack; done ) &
+PACKER=$!
+trap 'kill $PACKER 2>/dev/null' EXIT
 
 # The learning benchmark's recipe, shared by learning-parallel and learning-start.
 LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
@@ -138,9 +148,9 @@ for part in "$@"; do
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
-for seed in 0 1 2; do $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
+for seed in ${LEARN_SEEDS:-0 1 2}; do $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
 wait
-$LEARN --seeds 0 1 2 --aggregate-only > /root/learning/aggregate.log 2>&1
+$LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1
 echo \$? > /root/learning/DONE
 DRIVER
                rm -f /root/learning/DONE
@@ -168,7 +178,7 @@ DRIVER
                  --batch 8 32 --new-tokens 64 --out "$RES/gen_profile.jsonl" > "$RES/$part.log" 2>&1 ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
                  > "$RES/$part.log" 2>&1 ;;
-  quickstart)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout 580 bash -c "$MMD train --preset quickstart \
+  quickstart)  MULTIMINDDEV_DEFAULT_GGUF=$GGUF timeout ${QS_LIMIT:-540} bash -c "$MMD train --preset quickstart \
                  --output-dir $RES/quickstart" > "$RES/$part.log" 2>&1 ;;
   *) echo "unknown part $part" ;;
   esac

@@ -34,7 +34,10 @@ def test_stage_metrics_count_episodes(bench):
             _row(False, False, 0.0, -0.1), _row(True, True, 0.5, 0.3)]
     m = bench.stage_metrics(rows, compile_only=False)
     assert m == {"compile_rate": 0.75, "correct_rate": 0.5, "reward_mean": pytest.approx(0.3),
-                 "fast_1": 0.25}
+                 "fast_1": 0.25, "infra_errors": 0.0}
+    rows[2]["infra_error"] = True  # a failed evaluation of ours still counts as a failure
+    assert bench.stage_metrics(rows, compile_only=False)["infra_errors"] == 1.0
+    assert bench.stage_metrics(rows, compile_only=False)["compile_rate"] == 0.75
     assert bench.stage_metrics(rows, compile_only=True)["fast_1"] == 0.0
 
 
@@ -91,3 +94,17 @@ def test_a_seed_reuses_the_base_only_runs_rows_but_not_its_own(bench, tmp_path):
         {"seed": 0, "rows": {"base": rows}, "seconds": {"eval_base": 3.0}}))
     assert bench.base_rows_from_other_seeds(tmp_path, 0) is None
     assert bench.base_rows_from_other_seeds(tmp_path, 1) == (0, rows, 3.0)
+
+
+def test_infrastructure_errors_are_counted_per_seed_when_recorded(bench):
+    base = [(False, False, 0.0, -0.1)]
+    seeds = [_seed(bench, s, {"base": base, "sft": [(True, False, 0.0, 0.0)] * 2,
+                              "grpo": [(True, True, 2.0, 0.5)] * 2}) for s in (0, 1)]
+    assert "grpo/infra_errors" not in bench.aggregate(seeds, compile_only=False)  # old records
+    for seed in seeds:
+        for stage_rows in seed["rows"].values():
+            for row in stage_rows:
+                row["infra_error"] = False
+    seeds[1]["rows"]["grpo"][0]["infra_error"] = True
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["grpo/infra_errors"] == [0, 1] and summary["sft/infra_errors"] == [0, 0]

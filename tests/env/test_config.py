@@ -21,6 +21,7 @@ def test_defaults_keep_candidate_stages_under_a_minute():
     ({"target_relative_spread": 2.0}, "IQR/median"),
     ({"arch": "hopper"}, "sm_90"),
     ({"tensor_transfer": "shm"}, "pipe"),
+    ({"infra_retries": -1}, "infra_retries"),
 ])
 def test_invalid_values_raise_with_the_fix(kwargs, text):
     with pytest.raises(ValueError, match=text):

@@ -75,3 +75,41 @@ def test_closed_evaluator_answers_infra_error():
     ev.close()
     result = ev.evaluate(problem_named("1_relu"), "x = 1")
     assert result.status is EvalStatus.INFRA_ERROR and "closed" in result.message
+
+
+def _failing_first(ev, failures):
+    """Make the first ``failures`` evaluations of ``ev`` meet an infrastructure error (as a GPU
+    crowded by another process gives), then evaluate for real."""
+    from multiminddev.env.evaluator import _infra_result
+
+    real, calls = ev._evaluate, []
+
+    def evaluate(problem, candidate):
+        calls.append(problem)
+        if len(calls) <= failures:
+            return _infra_result(problem, candidate, "the GPU ran out of memory")
+        return real(problem, candidate)
+
+    ev._evaluate = evaluate
+    return calls
+
+
+def test_an_infrastructure_error_is_evaluated_again():
+    path = FIXTURES / "honest" / "relu_basic.py"
+    with Evaluator(EvalConfig(num_workers=1, infra_retries=1, infra_retry_delay_s=0.1)) as ev:
+        calls = _failing_first(ev, 1)
+        result = ev.evaluate(problem_for(path), path.read_text())
+    assert len(calls) == 2 and result.status is EvalStatus.NO_GPU
+
+
+def test_retries_end_with_the_infrastructure_error_and_say_how_many():
+    path = FIXTURES / "honest" / "relu_basic.py"
+    with Evaluator(EvalConfig(num_workers=1, infra_retries=2, infra_retry_delay_s=0.01)) as ev:
+        calls = _failing_first(ev, 5)
+        result = ev.evaluate(problem_for(path), path.read_text())
+    assert len(calls) == 3 and result.status is EvalStatus.INFRA_ERROR
+    assert "(after 3 attempts)" in result.message
+    with Evaluator(EvalConfig(num_workers=1, infra_retries=0)) as ev:
+        calls = _failing_first(ev, 5)
+        assert ev.evaluate(problem_for(path), path.read_text()).status is EvalStatus.INFRA_ERROR
+    assert len(calls) == 1

@@ -14,6 +14,7 @@ from multiminddev.rl.grpo import (
     assign_advantages,
     batch_loss,
     build_batch,
+    score_episodes,
 )
 from tests.policy.helpers import tiny_policy
 
@@ -86,6 +87,32 @@ def test_dapo_filter_drops_zero_variance_groups():
         x.reward = r
     kept = assign_advantages(s, GRPOConfig(filter_zero_variance=True))
     assert [x.group for x in kept] == [1, 1]
+
+
+def _episode(problem, statuses):
+    """A two-turn episode whose turns got evaluation results with ``statuses``."""
+    from multiminddev.env.results import EvalResult, EvalStatus
+    from multiminddev.episode.state import Episode, Turn
+
+    roles = [AgentRole.GENERATOR, AgentRole.OPTIMIZER]
+    turns = [Turn(index=i, role=roles[i], prompt_ids=[1, 2], response_ids=[3, 4],
+                  logprobs=[-1.0, -1.0], candidate_source="class ModelNew: pass",
+                  eval_result=EvalResult(status=EvalStatus(status), problem=problem.name))
+             for i, status in enumerate(statuses)]
+    return Episode(problem=problem, group=0, turns=turns)
+
+
+def test_episodes_with_an_infra_error_are_left_out_of_training_and_rewards():
+    problem = problems(1)[0]
+    episodes = [_episode(problem, ["incorrect", "infra_error"]),
+                _episode(problem, ["incorrect", "runtime_error"]),
+                _episode(problem, ["compile_error", "incorrect"])]
+    samples, stats = score_episodes(episodes, GRPOConfig())
+    assert {s.episode for s in samples} == {1, 2}  # the crowded GPU's episode trains nothing
+    assert stats["infra_error_episodes"] == 1.0
+    kept, kept_stats = score_episodes(episodes[1:], GRPOConfig())
+    assert stats["reward_mean"] == pytest.approx(kept_stats["reward_mean"])
+    assert [s.reward for s in samples] == [s.reward for s in kept]
 
 
 def _trainer(tmp_path, policy, compile_only=True, **cfg):

@@ -83,6 +83,10 @@ class EvalConfig:
     # "memfd" (written once into an anonymous memory file whose descriptor is handed over and
     # closed in the worker; the evaluator maps it, the worker goes on at once). Linux only.
     tensor_transfer: str = "pipe"
+    # An infrastructure error (a worker that could not start, a GPU crowded by other processes)
+    # says nothing about the candidate: evaluate it again, after a pause that grows per attempt.
+    infra_retries: int = 1
+    infra_retry_delay_s: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.start_method, str) and not isinstance(self.start_method, StartMethod):
@@ -97,6 +101,9 @@ class EvalConfig:
             if f.name.endswith("_timeout_s") or f.name in ("timeout_s", "bench_budget_s"):
                 if getattr(self, f.name) <= 0:
                     raise ValueError(f"{f.name} must be > 0 seconds, got {getattr(self, f.name)}")
+        if self.infra_retries < 0 or self.infra_retry_delay_s < 0:
+            raise ValueError("infra_retries and infra_retry_delay_s must be >= 0 (0 retries: "
+                             "report an infrastructure error at once)")
         if self.tensor_transfer not in TENSOR_TRANSFERS:
             raise ValueError(f"tensor_transfer={self.tensor_transfer!r}: use one of {TENSOR_TRANSFERS}")
         if self.tensor_transfer == "memfd" and not hasattr(os, "memfd_create"):

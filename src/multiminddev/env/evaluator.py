@@ -94,11 +94,20 @@ class Evaluator:
     # ------------------------------------------------------------------ one evaluation
 
     def _evaluate_safely(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
+        """One evaluation; an infrastructure error is retried (``EvalConfig.infra_retries``)."""
         start = time.perf_counter()
-        try:
-            result = self._evaluate(problem, candidate)
-        except Exception as exc:  # noqa: BLE001 - our bug must not kill the caller's loop
-            result = _infra_result(problem, candidate, f"evaluator error: {type(exc).__name__}: {exc}")
+        retries = self.config.infra_retries
+        for attempt in range(retries + 1):
+            try:
+                result = self._evaluate(problem, candidate)
+            except Exception as exc:  # noqa: BLE001 - our bug must not kill the caller's loop
+                result = _infra_result(problem, candidate,
+                                       f"evaluator error: {type(exc).__name__}: {exc}")
+            if result.status is not EvalStatus.INFRA_ERROR or self._closed or attempt == retries:
+                break
+            time.sleep(self.config.infra_retry_delay_s * (attempt + 1))
+        if result.status is EvalStatus.INFRA_ERROR and attempt:
+            result.message = f"{result.message} (after {attempt + 1} attempts)"
         result.seconds = time.perf_counter() - start
         return result
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -531,6 +532,8 @@ def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: b
         kind, message = FailureKind.REJECTED, f"sandbox refused an operation: {text[:400]}"
     elif _is_no_gpu(exc):
         kind, message = FailureKind.NO_GPU, f"needs a GPU: {text[:300]}"
+    elif (crowded := _crowded_device_note(exc)) is not None:
+        kind, message = FailureKind.INFRA, crowded
     else:
         kind, message = FailureKind.RUNTIME, f"{stage.value}: {_short(text)}"
     payload = {"kind": kind, "stage": stage.value, "message": message,
@@ -540,6 +543,51 @@ def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: b
     with contextlib.suppress(Exception):
         conn.send(("fail", payload))
     return fatal
+
+
+# An out-of-memory error is the candidate's doing when its process held, with the failed
+# request, at least this share of the GPU; below it, other processes (a trainer's cache, other
+# evaluation workers) had taken the memory, and the candidate is not to blame.
+CANDIDATE_OOM_SHARE = 0.5
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+_REQUEST = re.compile(r"Tried to allocate (\d+(?:\.\d+)?) ?(B|KiB|MiB|GiB|TiB)")
+
+
+def requested_bytes(oom_text: str) -> int:
+    """The failed request of torch's out-of-memory message ("Tried to allocate 3.00 GiB"); 0
+    when the message does not say."""
+    match = _REQUEST.search(oom_text)
+    return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else 0
+
+
+def device_was_crowded(requested: int, process_bytes: int, total_bytes: int,
+                       share: float = CANDIDATE_OOM_SHARE) -> bool:
+    """True when an out-of-memory error came from other processes' use of the GPU: this process
+    held ``process_bytes`` and asked for ``requested`` more, less than ``share`` of the GPU."""
+    return total_bytes > 0 and process_bytes + requested < share * total_bytes
+
+
+def _crowded_device_note(exc: BaseException) -> str | None:
+    """An infrastructure message when ``exc`` is an out-of-memory error on a GPU crowded by
+    other processes; None for any other exception, or when the candidate asked for the memory."""
+    text = f"{type(exc).__name__}: {exc}"
+    if "OutOfMemoryError" not in text and "out of memory" not in text.lower():
+        return None
+    try:
+        import torch
+
+        free, total = torch.cuda.mem_get_info()
+        held = torch.cuda.memory_reserved()
+    except Exception:  # noqa: BLE001 - no usable device to ask: leave the error to the candidate
+        return None
+    asked = requested_bytes(text)
+    if not device_was_crowded(asked, held, total):
+        return None
+    gib = 1 << 30
+    return (f"the GPU ran out of memory while this evaluation held {held / gib:.2f} GiB and asked "
+            f"for {asked / gib:.2f} GiB more, of {total / gib:.1f} GiB ({free / gib:.2f} GiB free): "
+            "other processes hold the rest, so this is not the candidate's fault. Free GPU memory "
+            "(a trainer's cache, other jobs) or run fewer processes on this GPU.")
 
 
 def _short(text: str) -> str:

@@ -285,6 +285,16 @@ def build_policy(base: Any, tokenizer: Any, cfg: PolicyConfig) -> Policy:
                   sampler=sampler)
 
 
+def release_cached_gpu_memory() -> None:
+    """Hand the caching allocator's free blocks back to the driver after a training phase. On
+    one GPU the evaluation workers share the device with the trainer; a trainer's cache left
+    behind (28 GiB per SmolLM2 SFT process, 2026-11-22) made their allocations fail."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 MERGED_SAMPLING_MAX_PARAMS = 3_000_000_000
 
 

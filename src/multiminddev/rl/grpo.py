@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.env.results import EvalStatus
+from multiminddev.policy.model import release_cached_gpu_memory
 from multiminddev.rewards import CreditConfig, RewardConfig, assign_turn_rewards, compute_reward
 from multiminddev.rl.losses import LossAgg
 
@@ -133,13 +135,19 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
 
     Episodes of one problem form a group (``episode.group`` if the runner sets it, else the
     problem's name). Statistics: episode reward = its best agent-turn immediate reward;
-    ``reward/<component>`` = mean of each reward component over agent turns.
+    ``reward/<component>`` = mean of each reward component over agent turns. An episode with an
+    infrastructure error (a crowded GPU, a worker that would not start) is left out of both:
+    its reward says nothing about the policy (``infra_error_episodes`` counts them).
     """
     groups: dict[Any, int] = {}
     samples: list[TurnSample] = []
     episode_rewards: list[float] = []
     components: dict[str, list[float]] = {}
+    infra_errors = 0
     for e_idx, episode in enumerate(episodes):
+        if any(_is_infra_error(t) for t in episode.turns):
+            infra_errors += 1
+            continue
         key = getattr(episode, "group", None)
         key = key if key is not None else episode.problem.name
         group = groups.setdefault(key, len(groups))
@@ -169,9 +177,15 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
     mean = sum(episode_rewards) / n
     std = math.sqrt(sum((r - mean) ** 2 for r in episode_rewards) / n)
     stats = {"reward_mean": mean, "reward_std": std,
-             "turn_reward_mean": sum(s.reward for s in samples) / max(len(samples), 1)}
+             "turn_reward_mean": sum(s.reward for s in samples) / max(len(samples), 1),
+             "infra_error_episodes": float(infra_errors)}
     stats.update({f"reward/{k}": sum(v) / len(episode_rewards or [0]) for k, v in components.items()})
     return samples, stats
+
+
+def _is_infra_error(turn: Any) -> bool:
+    result = getattr(turn, "eval_result", None)
+    return result is not None and result.status is EvalStatus.INFRA_ERROR
 
 
 # --------------------------------------------------------------------------- advantage phase
@@ -360,6 +374,7 @@ class GRPOTrainer:
             for key, value in self.update_role(role, mine).items():
                 stats.setdefault(key, []).append(value)
                 stats.setdefault(f"{role.value}/{key}", []).append(value)
+        release_cached_gpu_memory()  # the next rollout's evaluation workers share this GPU
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
     def update_role(self, role: AgentRole, samples: list[TurnSample]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.train.checkpoints import SFT_DIR, save_role
+from multiminddev.policy.model import release_cached_gpu_memory
 
 log = logging.getLogger(__name__)
 
@@ -208,6 +209,7 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     trainer = Trainer(model=model, args=_training_args(cfg, out_dir / "trainer"),
                       train_dataset=_ListDataset(examples), data_collator=_collate(pad_id))
     output = trainer.train()
+    release_cached_gpu_memory()  # evaluation workers on this GPU come next
     loss_after = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
     save_role(policy, role, cfg.checkpoint_root)
     return SFTResult(status=SFTStatus.OK, role=role, output_dir=out_dir,

@@ -1,0 +1,46 @@
+"""The worker's failure classification (CPU): whose fault an out-of-memory error is."""
+
+from __future__ import annotations
+
+import torch
+
+from multiminddev.env import worker
+
+GIB = 1 << 30
+TORCH_OOM = ("CUDA out of memory. Tried to allocate 3.00 GiB. GPU 0 has a total capacity of "
+             "79.18 GiB of which 2.26 GiB is free. Including non-PyTorch memory, this process has "
+             "21.52 GiB memory in use.")
+
+
+def test_requested_bytes_reads_torchs_message():
+    assert worker.requested_bytes(TORCH_OOM) == 3 * GIB
+    assert worker.requested_bytes("Tried to allocate 64.00 MiB. GPU 0") == 64 << 20
+    assert worker.requested_bytes("Tried to allocate 512 B") == 512
+    assert worker.requested_bytes("CUDA error: out of memory") == 0
+
+
+def test_a_small_evaluation_on_a_full_gpu_is_not_the_candidates_fault():
+    # the 2026-11-22 H100 run: two trainers held ~28 GiB each; a 64 MiB request failed
+    assert worker.device_was_crowded(64 << 20, 1 * GIB, 80 * GIB)
+    # the candidate itself asked for most of the GPU
+    assert not worker.device_was_crowded(30 * GIB, 12 * GIB, 80 * GIB)
+    assert not worker.device_was_crowded(1 * GIB, 40 * GIB, 80 * GIB)
+    assert not worker.device_was_crowded(1, 0, 0)  # no device size known: no excuse
+
+
+class _Pipe:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, message):
+        self.sent.append(message)
+
+
+def test_out_of_memory_without_a_device_to_ask_stays_a_runtime_error():
+    # On this machine torch.cuda.mem_get_info raises: the candidate keeps the blame.
+    pipe = _Pipe()
+    worker._report_exception(pipe, worker.Stage.RUN, torch.cuda.OutOfMemoryError(TORCH_OOM),
+                             trusted=False)
+    (tag, payload), = pipe.sent
+    assert tag == "fail" and payload["kind"] == worker.FailureKind.RUNTIME
+    assert "out of memory" in payload["message"] and not payload["fatal"]
