@@ -60,7 +60,8 @@ class RunSize:
 # wall time on a GPU with these sizes has not been measured yet (the previous GPU size, 40 SFT
 # steps and 448 tokens, took 7.1 min on an H200). Two GRPO steps, not three: a step's rollout
 # took 122-159 s in the fourth session's learning run (16 episodes of 512 + 800 tokens), so
-# three would bring the estimate to the 10-minute target's edge.
+# three would bring the estimate to the 10-minute target's edge. On an H100 (fifth session) it
+# did not finish within 575 s, so the estimate was low; its phase times are still unmeasured.
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
