@@ -22,7 +22,9 @@
 #   call 2 (.stage/b .stage/whl .scratch/base):   learning-start learning-wait   (~580 s)
 #   call 3 (.stage/whl):                          learning-wait                  (~580 s)
 #   call 4 (.stage/whl), if still needed:         learning-wait, then bench-eval tests-*
-# and issue each call the moment the last returns. On a second machine: bench-eval twice
+# and issue each call the moment the last returns. Three seeds at once need an H200 (ask for kind
+# nvidia-h200): on an H100's 80 GiB the third seed's SFT ran out of memory (fifth session), so
+# there run LEARN_SEEDS="0 1" on one machine and LEARN_SEEDS="2" on the next. On a second machine: bench-eval twice
 # (BENCH_EVAL_MODE= BENCH_EVAL_ONLY="full_eval throughput defenses", with and without
 # BENCH_EVAL_TRANSFER=memfd), tests-env tests-hacks tests-qlora (carry .stage/bnb), and, with
 # the model staged, tests-rest quickstart. learning-start detaches the run (setsid), so
@@ -72,10 +74,12 @@ pack() { tar -czf "$OUT/.results.$BASHPID.tgz" --exclude='*.safetensors' --exclu
 PACKER=$!
 trap 'kill $PACKER 2>/dev/null' EXIT
 
-# The learning benchmark's recipe, shared by learning-parallel and learning-start.
+# The learning benchmark's recipe, shared by learning-parallel and learning-start. The RL learning
+# rate is GRPOConfig's default, 2e-5: at 1e-4 (sessions 3-5) three GRPO steps made every seed's
+# held-out results worse (docs/BENCHMARKS.md, fifth session).
 LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
   --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
-  --rl-learning-rate ${RL_LR:-1e-4} --problems-per-step 4 --group-size 4 \
+  --rl-learning-rate ${RL_LR:-2e-5} --problems-per-step 4 --group-size 4 \
   --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
 
 for part in "$@"; do
