@@ -54,6 +54,7 @@ class BenchArgs:
     max_batch_size: int = 64
     generator_max_new_tokens: int = 0  # 0: --max-new-tokens
     rl_learning_rate: float = 2e-5
+    kl_reference: str = "base"
     skip_base: bool = False
     base_only: bool = False
     aggregate_only: bool = False
@@ -69,6 +70,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--sft-batch-size", type=int, default=8)
     p.add_argument("--rl-steps", type=int, default=20)
+    p.add_argument("--kl-reference", choices=["base", "start"], default="base",
+                   help="GRPO's KL reference: the pre-trained base or the SFT agents")
     p.add_argument("--rl-learning-rate", type=float, default=2e-5,
                    help="GRPO's learning rate for the adapters (GRPOConfig.learning_rate)")
     p.add_argument("--problems-per-step", type=int, default=4)
@@ -179,6 +182,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
+                     kl_reference=args.kl_reference,
                      eval_every=0, seed=seed)
     caps = ({"generator": args.generator_max_new_tokens} if args.generator_max_new_tokens
             else {})

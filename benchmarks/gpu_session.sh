@@ -79,7 +79,7 @@ trap 'kill $PACKER 2>/dev/null' EXIT
 # held-out results worse (docs/BENCHMARKS.md, fifth session).
 LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/learning \
   --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-3} \
-  --rl-learning-rate ${RL_LR:-2e-5} --problems-per-step 4 --group-size 4 \
+  --rl-learning-rate ${RL_LR:-2e-5} --kl-reference ${KL_REF:-base} --problems-per-step 4 --group-size 4 \
   --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
 
 for part in "$@"; do

@@ -205,3 +205,61 @@ def test_one_step_on_gpu_moves_the_adapters_and_logs_real_rewards(tmp_path):
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
     assert read_metrics(tmp_path / "metrics.jsonl")[0]["compile_only"] is False
+
+
+def _generator_logprobs(policy, ids, *, reference=False):
+    from multiminddev.policy import token_logprobs
+
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        if reference:
+            with policy.reference(AgentRole.GENERATOR) as ref:
+                return token_logprobs(ref, ids, mask)
+        with policy.use(AgentRole.GENERATOR) as model:
+            return token_logprobs(model, ids, mask)
+
+
+def test_start_reference_is_the_agent_as_grpo_started_and_stays_frozen(tmp_path):
+    policy = tiny_policy()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    start = _generator_logprobs(policy, ids)
+    with policy.reference() as base_model:  # no role: the pre-trained base, adapters off
+        from multiminddev.policy import token_logprobs
+
+        base = token_logprobs(base_model, ids, torch.ones_like(ids)).detach()
+    trainer = _trainer(tmp_path, policy, kl_reference="start")
+    assert not policy.start_references  # not at construction: SFT may still run before train()
+    trainer.freeze_start_reference()  # what train() and resume() do first
+    assert torch.allclose(_generator_logprobs(policy, ids, reference=True), start)
+    assert not torch.allclose(start, base)  # the (randomised) adapter acts: a real difference
+    frozen = [p for n, p in policy.peft_model.named_parameters() if "_start_reference." in n]
+    assert frozen and not any(p.requires_grad for p in frozen)
+    samples = [sample(AgentRole.GENERATOR, [1, 2, 3, 4], [5, 6, 7], a) for a in (1.0, -1.0)]
+    trainer.update_role(AgentRole.GENERATOR, samples)
+    moved = _generator_logprobs(policy, ids)
+    assert not torch.allclose(moved, start)  # the agent trained ...
+    assert torch.allclose(_generator_logprobs(policy, ids, reference=True), start)  # ... its reference did not
+    assert not any(p.requires_grad for p in frozen)
+    assert trainer.cfg.to_dict()["kl_reference"] == "start"
+
+
+def test_base_reference_is_the_default_and_a_bad_name_says_what_to_use():
+    assert GRPOConfig().kl_reference.value == "base"
+    with pytest.raises(ValueError, match="'base'.*'start'"):
+        GRPOConfig(kl_reference="sft")
+
+
+def test_a_resumed_run_keeps_the_start_reference_it_began_with(tmp_path):
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7]])
+    first = _trainer(tmp_path, tiny_policy(), kl_reference="start")
+    start = _generator_logprobs(first.policy, ids)
+    first.freeze_start_reference()
+    samples = [sample(AgentRole.GENERATOR, [1, 2, 3, 4], [5, 6, 7], a) for a in (1.0, -1.0)]
+    first.update_role(AgentRole.GENERATOR, samples)
+    trained = _generator_logprobs(first.policy, ids)
+    first.save_checkpoint()  # the process "dies" after this
+    resumed = _trainer(tmp_path, tiny_policy(), kl_reference="start")  # same starting agents
+    resumed.resume(tmp_path)
+    assert torch.allclose(_generator_logprobs(resumed.policy, ids), trained)
+    assert torch.allclose(_generator_logprobs(resumed.policy, ids, reference=True), start)
+    assert not torch.allclose(trained, start)

@@ -33,6 +33,16 @@ def test_num_episodes_sets_steps_from_batch_and_group():
     ctx.size = run_size(Preset.FULL, gpu=False)
     cfg = grpo_config(ctx)
     assert cfg.num_steps == 4 and cfg.episodes_per_step == 32  # ceil(100 / 32)
+    assert cfg.kl_reference.value == "base"
+
+
+def test_kl_reference_flag_reaches_the_grpo_config():
+    ctx = Context.__new__(Context)
+    ctx.settings = _settings(["rl", "--kl-reference", "start", "--output-dir", "/tmp/x"])
+    ctx.size = run_size(Preset.FULL, gpu=False)
+    assert grpo_config(ctx).kl_reference.value == "start"
+    with pytest.raises(ValueError, match="'base' or 'start'"):
+        TrainSettings(kl_reference="sft")
 
 
 def test_bare_resume_uses_output_dir_and_resume_path_sets_it():

@@ -47,6 +47,9 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-turns", type=int, default=None, help="agent turns per episode")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--kl-reference", choices=["base", "start"], default="base",
+                   help="what GRPO's KL term pulls toward: the pre-trained base (default) or each "
+                        "agent as RL starts, e.g. its SFT checkpoint")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
@@ -105,7 +108,7 @@ def _settings(args, **overrides):
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
-                 "wandb", "sft_steps"):
+                 "wandb", "sft_steps", "kl_reference"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
     kwargs.update(overrides)

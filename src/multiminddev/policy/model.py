@@ -21,7 +21,7 @@ import importlib.metadata
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,6 +296,7 @@ def release_cached_gpu_memory() -> None:
 
 
 MERGED_SAMPLING_MAX_PARAMS = 3_000_000_000
+START_REFERENCE_SUFFIX = "_start_reference"  # adapter name of a role's frozen starting point
 
 
 def _use_merged_sampling(cfg: PolicyConfig, base: Any) -> bool:
@@ -372,6 +373,9 @@ class Policy:
         self.reference_model = reference_model
         self._active: AgentRole | None = None
         self.sampler = sampler  # a plain copy of the base for merged sampling, or None
+        # role -> its frozen starting point (an adapter name, or a model copy), once
+        # freeze_start_reference() made the agents' starting points their KL references
+        self.start_references: dict[AgentRole, Any] = {}
 
     @property
     def roles(self) -> tuple[AgentRole, ...]:
@@ -437,13 +441,57 @@ class Policy:
         return self.sampler
 
     @contextlib.contextmanager
-    def reference(self) -> Iterator[Any]:
-        """The frozen base (adapters disabled): the KL reference policy."""
+    def reference(self, role: AgentRole | str | None = None) -> Iterator[Any]:
+        """The KL reference policy: ``role``'s frozen starting point if
+        ``freeze_start_reference`` made one, else the frozen base (adapters disabled)."""
+        start = self.start_references.get(AgentRole(role)) if role is not None else None
         if self.separate:
-            yield self.reference_model
+            yield start if start is not None else self.reference_model
             return
-        with self.peft_model.disable_adapter():
+        if start is None:
+            with self.peft_model.disable_adapter():
+                yield self.peft_model
+            return
+        previous = self._active
+        self.peft_model.set_adapter(start)
+        self._active = None
+        self._freeze_adapter(start)  # set_adapter marks the active adapter trainable
+        try:
             yield self.peft_model
+        finally:
+            if previous is not None:
+                self.model_for(previous)
+
+    def freeze_start_reference(self, roles: Iterable[AgentRole | str] | None = None) -> None:
+        """Make each role's KL reference a frozen copy of its parameters as they are now (after
+        SFT: the SFT agent), instead of the pre-trained base."""
+        import torch
+
+        for role in (self._check_role(r) for r in (roles or self.roles)):
+            if self.separate:
+                frozen = copy.deepcopy(self.models[role]).eval()
+                for p in frozen.parameters():
+                    p.requires_grad_(False)
+                self.start_references[role] = frozen
+                continue
+            name = f"{role.value}{START_REFERENCE_SUFFIX}"
+            if name not in self.peft_model.peft_config:
+                self.peft_model.add_adapter(name, copy.deepcopy(self.peft_model.peft_config[role.value]))
+                self._active = None  # adding an adapter may change peft's active one
+            params = dict(self.peft_model.named_parameters())
+            mine, theirs = f".{role.value}.", f".{name}."
+            with torch.no_grad():
+                for key, value in params.items():
+                    if mine in key:
+                        params[key.replace(mine, theirs)].copy_(value)
+            self._freeze_adapter(name)
+            self.start_references[role] = name
+
+    def _freeze_adapter(self, name: str) -> None:
+        marker = f".{name}."
+        for key, p in self.peft_model.named_parameters():
+            if marker in key:
+                p.requires_grad_(False)
 
     def trainable_parameters(self, role: AgentRole | str) -> list[Any]:
         """The tensors ``role`` owns (its LoRA A/B matrices, or its whole model)."""

@@ -43,6 +43,11 @@ class AdvantageMode(str, enum.Enum):
     LEAVE_ONE_OUT = "leave_one_out"  # RLOO baseline per agent and turn index, no std scaling
 
 
+class KLReference(str, enum.Enum):
+    BASE = "base"  # the frozen pre-trained model (adapters off), as the seeds' training guide has it
+    START = "start"  # each agent as GRPO started (e.g. its SFT checkpoint), frozen
+
+
 @dataclass(kw_only=True)
 class GRPOConfig:
     num_steps: int = 10
@@ -59,6 +64,10 @@ class GRPOConfig:
     clip_high: float = 0.2  # > clip_low: DAPO clip-higher (e.g. 0.28)
     dual_clip: float | None = None
     kl_coef: float = 0.02
+    # What the KL term pulls toward. After SFT the base compiles nothing and its KL to the SFT
+    # agents is 0.7-0.9 per token from the first step (docs/BENCHMARKS.md), so "start" keeps the
+    # penalty on drift from the SFT agents instead.
+    kl_reference: KLReference = KLReference.BASE
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
     advantage: AdvantageMode = AdvantageMode.TURN_LEVEL
     normalize_std: bool = True  # False: Dr.GRPO (no std scaling)
@@ -76,6 +85,11 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         self.loss_agg = LossAgg(self.loss_agg)
+        try:
+            self.kl_reference = KLReference(self.kl_reference)
+        except ValueError:
+            raise ValueError(f"GRPOConfig.kl_reference={self.kl_reference!r}: use 'base' (the "
+                             "pre-trained model) or 'start' (the agents as GRPO started)") from None
         self.advantage = AdvantageMode(self.advantage)
         self.train_roles = tuple(AgentRole(r) for r in self.train_roles)
         for name in ("num_steps", "problems_per_step", "max_turns", "ppo_epochs",
@@ -107,6 +121,7 @@ class GRPOConfig:
         out["reward"] = self.reward.to_dict() if hasattr(self.reward, "to_dict") else asdict(self.reward)
         out["credit"] = {k: getattr(v, "value", v) for k, v in asdict(self.credit).items()}
         out["loss_agg"] = self.loss_agg.value
+        out["kl_reference"] = self.kl_reference.value
         out["advantage"] = self.advantage.value
         out["train_roles"] = [r.value for r in self.train_roles]
         return out
@@ -307,6 +322,7 @@ class GRPOTrainer:
     def train(self, progress: Any = None, task: Any = None) -> list[dict[str, Any]]:
         from multiminddev.train.metrics import PhaseTimer
 
+        self.freeze_start_reference()
         while self.step < self.cfg.num_steps:
             timer = PhaseTimer()
             with timer("rollout"):
@@ -332,6 +348,15 @@ class GRPOTrainer:
             self.history.append(record)
             self.report_progress(record, progress, task)
         return self.history
+
+    def freeze_start_reference(self) -> None:
+        """With ``kl_reference="start"``, freeze the agents as they are now as the KL reference.
+        Called when training starts and before a resume loads its adapters (a resumed run was
+        started from the same checkpoints), not at construction: a caller may still run SFT
+        on the policy between the two (bench_learning.py does)."""
+        if (self.cfg.kl_reference is KLReference.START and self.cfg.kl_coef > 0
+                and not all(r in self.policy.start_references for r in self.roles)):
+            self.policy.freeze_start_reference(self.roles)
 
     # ---------------------------------------------------------------- phases
 
@@ -385,7 +410,8 @@ class GRPOTrainer:
         pad = self.policy.tokenizer.pad_token_id or 0
         batch = build_batch(samples, pad, self.policy.device)
         temperature = cfg.temperature
-        batch.ref_logprobs = self.reference_logprobs(batch, temperature) if cfg.kl_coef > 0 else None
+        batch.ref_logprobs = (self.reference_logprobs(batch, temperature, role)
+                              if cfg.kl_coef > 0 else None)
         params = self.policy.trainable_parameters(role)
         optimizer = self.optimizers[role]
         stats: dict[str, list[float]] = {}
@@ -424,13 +450,14 @@ class GRPOTrainer:
         optimizer.step()
         return stats
 
-    def reference_logprobs(self, batch: Batch, temperature: float) -> Any:
+    def reference_logprobs(self, batch: Batch, temperature: float,
+                           role: AgentRole | None = None) -> Any:
         import torch
 
         from multiminddev.policy import token_logprobs
 
         rows = []
-        with torch.no_grad(), self.policy.reference() as ref:
+        with torch.no_grad(), self.policy.reference(role) as ref:
             for start in range(0, batch.input_ids.shape[0], self.cfg.mini_batch_size):
                 sl = slice(start, start + self.cfg.mini_batch_size)
                 rows.append(token_logprobs(ref, batch.input_ids[sl], batch.attention_mask[sl],
@@ -509,6 +536,7 @@ class GRPOTrainer:
         """Restore adapters, optimizers, curriculum, RNG and counters from a ``latest/``."""
         from multiminddev.train.checkpoints import find_latest, load_latest, restore_rng
 
+        self.freeze_start_reference()  # the agents as this run started, before the latest load
         state, _ = load_latest(find_latest(path), policy=self.policy, roles=self.roles,
                                optimizers=self.optimizers)
         self.step, self.episodes_done = state.step, state.episodes

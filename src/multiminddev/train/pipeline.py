@@ -58,6 +58,7 @@ class TrainSettings:
     max_turns: int | None = None
     max_new_tokens: int | None = None
     learning_rate: float | None = None
+    kl_reference: str = "base"  # GRPO's KL reference: "base" (pre-trained) or "start" (after SFT)
     sft_steps: int | None = None
     sft_learning_rate: float | None = None
     full_finetune: bool = False
@@ -80,6 +81,8 @@ class TrainSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.kl_reference not in ("base", "start"):  # checked here, not after SFT has run
+            raise ValueError(f"kl_reference={self.kl_reference!r}: use 'base' or 'start'")
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
@@ -259,7 +262,7 @@ def grpo_config(ctx: Context) -> Any:
                       learning_rate=s.learning_rate or size.learning_rate,
                       mini_batch_size=size.mini_batch_size, eval_every=size.eval_every,
                       eval_problems=max(1, size.eval_problems),
-                      train_roles=s.roles, seed=s.seed)
+                      kl_reference=s.kl_reference, train_roles=s.roles, seed=s.seed)
 
 
 def rl_phase(ctx: Context, evaluator: Any) -> Any:
