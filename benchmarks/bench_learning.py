@@ -121,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
 
 def episode_row(episode: Any, reward: float) -> dict[str, Any]:
     """Episode-level outcome: any turn compiled / correct; best correct speedup; best reward."""
+    from multiminddev.env.results import EvalStatus
+
     results = [t.eval_result for t in episode.turns if t.eval_result is not None]
     speeds = [r.speedup for r in results if r.correct]
     return {"problem": episode.problem.name, "tier": episode.problem.tier,
@@ -128,7 +130,7 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
             "speedup": max(speeds) if speeds else 0.0, "reward": reward,
             # the evaluation failed on our side (after its retries): counted as a failure here,
             # and reported, so a crowded GPU cannot pass for a worse policy unnoticed
-            "infra_error": any(r.status.value == "infra_error" for r in results)}
+            "infra_error": any(r.status is EvalStatus.INFRA_ERROR for r in results)}
 
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,

@@ -94,22 +94,26 @@ def _failing_first(ev, failures):
     return calls
 
 
-def test_an_infrastructure_error_is_evaluated_again():
+def _evaluate_with_infra_failures(config, failures):
+    """(calls to the evaluation, final result) for relu_basic whose first ``failures``
+    evaluations meet an infrastructure error."""
     path = FIXTURES / "honest" / "relu_basic.py"
-    with Evaluator(EvalConfig(num_workers=1, infra_retries=1, infra_retry_delay_s=0.1)) as ev:
-        calls = _failing_first(ev, 1)
-        result = ev.evaluate(problem_for(path), path.read_text())
+    with Evaluator(config) as ev:
+        calls = _failing_first(ev, failures)
+        return calls, ev.evaluate(problem_for(path), path.read_text())
+
+
+def test_an_infrastructure_error_is_evaluated_again():
+    calls, result = _evaluate_with_infra_failures(
+        EvalConfig(num_workers=1, infra_retries=1, infra_retry_delay_s=0.1), 1)
     assert len(calls) == 2 and result.status is EvalStatus.NO_GPU
 
 
 def test_retries_end_with_the_infrastructure_error_and_say_how_many():
-    path = FIXTURES / "honest" / "relu_basic.py"
-    with Evaluator(EvalConfig(num_workers=1, infra_retries=2, infra_retry_delay_s=0.01)) as ev:
-        calls = _failing_first(ev, 5)
-        result = ev.evaluate(problem_for(path), path.read_text())
+    calls, result = _evaluate_with_infra_failures(
+        EvalConfig(num_workers=1, infra_retries=2, infra_retry_delay_s=0.01), 5)
     assert len(calls) == 3 and result.status is EvalStatus.INFRA_ERROR
     assert "(after 3 attempts)" in result.message
-    with Evaluator(EvalConfig(num_workers=1, infra_retries=0)) as ev:
-        calls = _failing_first(ev, 5)
-        assert ev.evaluate(problem_for(path), path.read_text()).status is EvalStatus.INFRA_ERROR
+    calls, result = _evaluate_with_infra_failures(EvalConfig(num_workers=1, infra_retries=0), 5)
+    assert result.status is EvalStatus.INFRA_ERROR
     assert len(calls) == 1
