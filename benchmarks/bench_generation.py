@@ -37,11 +37,19 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
     problem = load_problem_source(_RELU, name="relu")
     prompt = encode_chat(policy.tokenizer, generator_messages(problem))
     backend = HFGenerationBackend(policy, max_batch_size=batch, logprob_source=source)
+    compiled = backend.compiled_decoding
     # min_new_tokens is not exposed: a fixed-length measure would hide EOS behaviour, so we
     # report what was actually sampled.
     sampling = SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=0)
-    # warm-up at the measured batch shape (first calls allocate and pick kernels)
-    backend.generate_sync([prompt] * batch, SamplingParams(max_new_tokens=4), AgentRole.GENERATOR)
+    # warm-up at the measured batch shape (first calls allocate and pick kernels); compiled
+    # decoding compiles per cache length, so its warm-up decodes as far as the measured calls
+    _sync()
+    warm = time.perf_counter()
+    backend.generate_sync([prompt] * batch,
+                          SamplingParams(max_new_tokens=new_tokens if compiled else 4, seed=1),
+                          AgentRole.GENERATOR)
+    _sync()
+    warmup_s = time.perf_counter() - warm
     times, tokens = [], 0
     backend.seconds = {k: 0.0 for k in backend.seconds}  # the warm-up does not count
     for _ in range(repeats):
@@ -53,6 +61,7 @@ def bench_generation(policy: Any, batch: int, new_tokens: int, source: Any, repe
         tokens += sum(len(o.token_ids) for o in outs)
     total = sum(times)
     return {"batch": batch, "logprobs": source.value, "prompt_tokens": len(prompt),
+            "compiled_decoding": compiled, "warmup_s": warmup_s,
             "new_tokens_per_sample": tokens / (batch * repeats), "tokens_per_s": tokens / total,
             "prompts_per_s": batch * repeats / total, "seconds_per_call": total / repeats,
             "all_call_seconds": times,
@@ -180,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="profile one decode + recompute per --batch (top ops) instead of timing")
     p.add_argument("--merged-sampling", choices=["auto", "on", "off"], default="auto",
                    help="sample from a merged copy of base + adapter (PolicyConfig.merged_sampling)")
+    p.add_argument("--compiled-decoding", nargs="+", choices=["off", "on"], default=["off"],
+                   help="eager and/or static-cache compiled decoding (PolicyConfig."
+                        "compiled_decoding), each measured in turn on the same policy")
     args = p.parse_args(argv)
 
     from multiminddev.policy import LogprobSource, PolicyConfig, load_policy
@@ -204,11 +216,13 @@ def main(argv: list[str] | None = None) -> int:
             row = profile_generation(policy, batch, args.new_tokens)
             emit({"what": "profile", "device": device, **row})
         return 0
-    for batch in args.batch:
-        for source in LogprobSource:
-            row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)
-            emit({"what": "generate", "device": device, "merged_sampling": policy.sampler is not None,
-                  **row})
+    for mode in args.compiled_decoding:
+        policy.config.compiled_decoding = mode == "on"
+        for batch in args.batch:
+            for source in LogprobSource:
+                row = bench_generation(policy, batch, args.new_tokens, source, args.repeats)
+                emit({"what": "generate", "device": device,
+                      "merged_sampling": policy.sampler is not None, **row})
     if args.episodes:
         save = args.out.with_name("episodes.jsonl") if args.out else None
         row = bench_episodes(policy, args.episodes, args.turns, args.new_tokens, save)

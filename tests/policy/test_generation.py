@@ -135,3 +135,77 @@ def test_embedded_model_generates_on_the_gpu_in_bfloat16():
         want = _rescore(policy, G, prompt, o.token_ids)
         # bf16: KV-cache sampling and a full forward differ slightly; the mean must agree
         assert abs(float(torch.tensor(o.logprobs).mean() - want.mean())) < 0.05
+
+
+def test_decode_buckets_pad_rows_to_a_power_of_two_and_width_to_the_bucket():
+    from multiminddev.policy.generation import PROMPT_WIDTH_BUCKET, decode_buckets
+
+    assert decode_buckets(1, 1) == (1, PROMPT_WIDTH_BUCKET)
+    assert decode_buckets(3, PROMPT_WIDTH_BUCKET) == (4, PROMPT_WIDTH_BUCKET)
+    assert decode_buckets(16, PROMPT_WIDTH_BUCKET + 1) == (16, 2 * PROMPT_WIDTH_BUCKET)
+    assert decode_buckets(39, 900) == (64, 1024)
+
+
+def _three_prompts(policy):
+    tok = policy.tokenizer
+    return _prompts(policy) + [encode_chat(tok, [{"role": "user", "content": "a b c d e f g"}])]
+
+
+@pytest.mark.parametrize("source", list(LogprobSource))
+def test_compiled_decoding_padding_leaves_greedy_outputs_unchanged(source):
+    # On the CPU the static cache runs without compiling: this checks the padded batch (3 -> 4
+    # rows, prompts widened to the bucket) gives each prompt what plain decoding gives it.
+    eager, padded = tiny_policy(), tiny_policy(compiled_decoding=True)
+    prompts = _three_prompts(eager)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    want = HFGenerationBackend(eager, logprob_source=source).generate_sync(prompts, greedy, G)
+    backend = HFGenerationBackend(padded, logprob_source=source)
+    assert backend.compiled_decoding
+    got = backend.generate_sync(prompts, greedy, G)
+    assert [o.prompt_index for o in got] == [0, 1, 2]
+    for a, b in zip(want, got):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
+def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, caplog):
+    import multiminddev.policy.generation as generation
+
+    # transformers refuses an unknown cache implementation: the same path as a compile error
+    monkeypatch.setattr(generation, "_static_cache_kwargs",
+                        lambda device: {"cache_implementation": "no-such-cache"})
+    policy = tiny_policy(compiled_decoding=True)
+    prompts = _three_prompts(policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    backend = HFGenerationBackend(policy)
+    with caplog.at_level("WARNING"):
+        got = backend.generate_sync(prompts, greedy, G)
+    assert not backend.compiled_decoding
+    assert "compiled decoding failed" in caplog.text
+    want = HFGenerationBackend(tiny_policy()).generate_sync(prompts, greedy, G)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
+@pytest.mark.gpu
+def test_compiled_decoding_on_the_gpu_matches_eager_decoding():
+    from multiminddev.policy import PolicyConfig, load_policy
+    from tests.policy.helpers import require_default_model
+
+    require_default_model()
+    policy = load_policy(PolicyConfig(model="default"))
+    prompts = [encode_chat(policy.tokenizer, [{"role": "user", "content": text}])
+               for text in ("Write a CUDA relu kernel.", "Write a CUDA add kernel for two tensors.",
+                            "Explain what a warp is.")]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=48)
+    want = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER).generate_sync(
+        prompts, greedy, G)
+    policy.config.compiled_decoding = True
+    backend = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER)
+    got = backend.generate_sync(prompts, greedy, G)
+    assert backend.compiled_decoding, "the compiled path fell back to eager decoding"
+    for a, b in zip(want, got):
+        # bf16 kernels of a compiled graph round differently: greedy paths may part late
+        assert a.token_ids[:8] == b.token_ids[:8]
+        shared = min(len(a.logprobs), len(b.logprobs), 8)
+        assert torch.allclose(torch.tensor(a.logprobs[:shared]), torch.tensor(b.logprobs[:shared]),
+                              atol=0.1)

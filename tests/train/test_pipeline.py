@@ -77,6 +77,7 @@ def test_qlora_flag_reaches_the_policy_config_and_excludes_full_finetune(capsys)
     def config_for(settings, device):
         ctx = Context.__new__(Context)
         ctx.settings = settings
+        ctx.size = run_size(settings.preset, gpu=device == "cuda")
         return policy_config(ctx, device)
 
     s = _settings(["train", "--qlora", "--output-dir", "/tmp/x"])
@@ -85,6 +86,22 @@ def test_qlora_flag_reaches_the_policy_config_and_excludes_full_finetune(capsys)
     with pytest.raises(SystemExit) as exit_info:
         _settings(["train", "--qlora", "--full-finetune"])
     assert exit_info.value.code == 2 and "excludes --full-finetune" in capsys.readouterr().err
+
+
+def test_compiled_decoding_follows_the_flag_or_else_the_preset():
+    from multiminddev.train.pipeline import policy_config
+
+    def compiled(argv, gpu):
+        ctx = Context.__new__(Context)
+        ctx.settings = _settings(["train", *argv, "--output-dir", "/tmp/x"])
+        ctx.size = run_size(ctx.settings.preset, gpu=gpu)
+        return policy_config(ctx, "cuda" if gpu else "cpu").compiled_decoding
+
+    # the GPU quickstart decodes compiled: eager decoding did not fit its 10 minutes on an H100
+    assert compiled(["--preset", "quickstart"], gpu=True)
+    assert not compiled(["--preset", "quickstart"], gpu=False)
+    assert not compiled(["--preset", "quickstart", "--compiled-decoding", "off"], gpu=True)
+    assert compiled(["--compiled-decoding", "on"], gpu=False)
 
 
 def test_checkpoint_resolves_to_adapter_dirs_or_a_model(tmp_path):

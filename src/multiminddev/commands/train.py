@@ -34,6 +34,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--qlora", action="store_true",
                    help="QLoRA: a 4-bit NF4 base under the LoRA adapters (CUDA GPU + bitsandbytes)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compiled-decoding", choices=["auto", "on", "off"], default="auto",
+                   help="decode with a static KV cache and a compiled step (CUDA graphs; CUDA "
+                        "only, falls back to eager on failure); auto: the preset's choice")
     p.add_argument("--preset", choices=["quickstart", "quick-test", "full"], default="full",
                    help="run size (quickstart: the README's few-minute run)")
 
@@ -104,6 +107,8 @@ def _settings(args, **overrides):
         "num_gpus": args.num_gpus, "train_problems": args.train_problems,
         "heldout_problems": args.heldout_problems, "lora_rank": args.lora_rank,
         "full_finetune": args.full_finetune, "qlora": args.qlora, "seed": args.seed,
+        "compiled_decoding": {"auto": None, "on": True, "off": False}[
+            getattr(args, "compiled_decoding", "auto")],
         "resume": Path(resume) if resume else None,
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",

@@ -12,18 +12,38 @@ recorded logprobs equal the trainer's recomputation (ratio 1 before an update). 
 ``softmax(logits / temperature)`` — the sampling distribution at temperature T without the
 top-p truncation (exactly the sampling distribution when top_p = 1). Greedy decoding
 (temperature 0) records log-probs at temperature 1.
+
+Compiled decoding (``PolicyConfig.compiled_decoding``): a static KV cache lets transformers
+torch.compile the decoding step (CUDA graphs). Each new (batch, cache length) shape costs a
+compile or a graph capture, so batches are padded to a power of two (repeating the last prompt;
+the extra rows are dropped) and prompts to a multiple of ``PROMPT_WIDTH_BUCKET`` tokens (left
+padding is masked, positions follow the mask, so outputs do not change).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from multiminddev.agents.roles import AgentRole
+
+log = logging.getLogger(__name__)
+
+PROMPT_WIDTH_BUCKET = 128  # compiled decoding pads prompts to a multiple of this
+# Dynamo's default of 8 compiled variants per function would be spent by a handful of buckets,
+# after which it silently runs eager.
+COMPILED_DECODING_RECOMPILE_LIMIT = 64
+
+
+def decode_buckets(batch: int, width: int) -> tuple[int, int]:
+    """(rows, prompt width) a batch is padded to for compiled decoding."""
+    rows = 1 << max(batch - 1, 0).bit_length()
+    return rows, -(-width // PROMPT_WIDTH_BUCKET) * PROMPT_WIDTH_BUCKET
 
 
 class FinishReason(str, enum.Enum):
@@ -105,6 +125,10 @@ class HFGenerationBackend:
         self.tokens_generated = 0
         # Cumulative seconds in model.generate and in the log-prob pass: where sampling time goes.
         self.seconds = {"generate": 0.0, "logprobs": 0.0}
+        # Turned off for good (with a warning) if a compiled generate ever fails.
+        self.compiled_decoding = bool(getattr(policy.config, "compiled_decoding", False))
+        if self.compiled_decoding:
+            _raise_recompile_limit()
 
     async def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
@@ -144,7 +168,13 @@ class HFGenerationBackend:
     ) -> list[GenerationOutput]:
         import torch
 
-        input_ids, attention_mask = left_pad([p for _, p in chunk], self._pad_id, self.policy.device)
+        compiled = self.compiled_decoding
+        prompts = [p for _, p in chunk]
+        width = None
+        if compiled:
+            rows, width = decode_buckets(len(prompts), max(len(p) for p in prompts))
+            prompts = prompts + [prompts[-1]] * (rows - len(prompts))
+        input_ids, attention_mask = left_pad(prompts, self._pad_id, self.policy.device, width=width)
         kwargs: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,
             "pad_token_id": self._pad_id,
@@ -159,15 +189,28 @@ class HFGenerationBackend:
             kwargs.update(do_sample=False)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        if compiled:
+            kwargs.update(_static_cache_kwargs(input_ids.device))
         start = time.perf_counter()
-        with torch.no_grad():
-            out = (sampler or model).generate(input_ids=input_ids, attention_mask=attention_mask,
-                                              **kwargs)
-        new_tokens = out.sequences[:, input_ids.shape[1] :].tolist()  # .tolist() synchronises
+        try:
+            with torch.no_grad():
+                out = (sampler or model).generate(input_ids=input_ids,
+                                                  attention_mask=attention_mask, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any compile failure: decode eagerly instead
+            if not compiled:
+                raise
+            log.warning("compiled decoding failed (%s: %s); decoding eagerly from now on",
+                        type(exc).__name__, exc)
+            self.compiled_decoding = False
+            return self._generate_batch(model, chunk, sampling, sampler)
+        rows = len(chunk)  # padding rows of compiled decoding are dropped here
+        new_tokens = out.sequences[:rows, input_ids.shape[1] :].tolist()  # .tolist() synchronises
         middle = time.perf_counter()
         kept = [self._cut(tokens, sampling) for tokens in new_tokens]
         if self.logprob_source is LogprobSource.SAMPLER:
-            logprobs = _sampler_logprobs(out.logits, new_tokens, kept, sampling.logprob_temperature)
+            step_logits = tuple(step[:rows] for step in out.logits)
+            logprobs = _sampler_logprobs(step_logits, new_tokens, kept,
+                                         sampling.logprob_temperature)
         else:
             logprobs = self._recompute_logprobs(model, chunk, kept, sampling.logprob_temperature)
         self.seconds["generate"] += middle - start
@@ -274,11 +317,34 @@ def _stop_prefix_length(tokens: list[int], stops: tuple[str, ...], tokenizer: An
     return lo
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device: Any) -> tuple[Any, Any]:
-    """[B, T] input ids and attention mask, prompts right-aligned."""
+def _static_cache_kwargs(device: Any) -> dict[str, Any]:
+    """generate() arguments for compiled decoding: on CUDA transformers compiles the decoding
+    step itself (its auto-compile, CUDA graphs); elsewhere the static cache runs eagerly, which
+    keeps the padded path testable without a GPU."""
+    if getattr(device, "type", str(device)) == "cuda":
+        from transformers import CompileConfig
+
+        return {"cache_implementation": "static",
+                "compile_config": CompileConfig(fullgraph=False, mode="reduce-overhead")}
+    return {"cache_implementation": "static", "disable_compile": True}
+
+
+def _raise_recompile_limit() -> None:
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(config, name):
+            setattr(config, name, max(getattr(config, name), COMPILED_DECODING_RECOMPILE_LIMIT))
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device: Any,
+             width: int | None = None) -> tuple[Any, Any]:
+    """[B, T] input ids and attention mask, prompts right-aligned; T = ``width`` if given (at
+    least the longest prompt)."""
     import torch
 
-    width = max(len(p) for p in prompts)
+    width = max(max(len(p) for p in prompts), width or 0)
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for row, prompt in enumerate(prompts):

@@ -85,6 +85,11 @@ class PolicyConfig:
     # model is bound by per-op overhead. Costs one more copy of the base weights. None: on for
     # adapters on a float base of <= 3B parameters (never for 4-bit bases or separate models).
     merged_sampling: bool | None = None
+    # Decode with a static KV cache and a torch.compile'd step (CUDA graphs; transformers'
+    # auto-compile): the eager step of this launch-bound model costs 60-80 ms on an H100/H200
+    # at any batch size. CUDA only; prompt lengths and batch sizes are padded to a few buckets so
+    # that few shapes compile, and a failed compile falls back to eager decoding with a warning.
+    compiled_decoding: bool = False
 
     def __post_init__(self) -> None:
         if self.load_in_4bit and self.separate_models:

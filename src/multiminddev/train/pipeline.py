@@ -64,6 +64,7 @@ class TrainSettings:
     full_finetune: bool = False
     qlora: bool = False  # 4-bit base + LoRA adapters (needs a CUDA GPU and bitsandbytes)
     lora_rank: int = 16
+    compiled_decoding: bool | None = None  # None: the preset's RunSize.compiled_decoding
     wandb: bool = False
     seed: int = 0
     roles_sft_done: tuple[AgentRole, ...] = ()  # set when resuming a run that stopped in SFT
@@ -156,7 +157,9 @@ def policy_config(ctx: Context, device: str) -> Any:
                              f"or the same model")
     return PolicyConfig(model=model, device=device, agents=s.roles, adapter_paths=adapters,
                         lora_rank=s.lora_rank, lora_alpha=2 * s.lora_rank,
-                        separate_models=s.full_finetune, load_in_4bit=s.qlora)
+                        separate_models=s.full_finetune, load_in_4bit=s.qlora,
+                        compiled_decoding=(ctx.size.compiled_decoding if s.compiled_decoding is None
+                                           else s.compiled_decoding))
 
 
 def resolve_checkpoint(ckpt: str, role: AgentRole) -> tuple[str, str]:

@@ -47,6 +47,8 @@ class RunSize:
     # steps gave 1 compiling kernel in 8.
     generator_variants: tuple[str, ...] = ("naive",)
     generator_max_new_tokens: int | None = None  # None: max_new_tokens
+    # PolicyConfig.compiled_decoding: a static KV cache and a compiled decoding step (GPU only).
+    compiled_decoding: bool = False
 
 
 # CPU sizes, measured on the 2-core machine with nothing else running: SmolLM2-135M in float32
@@ -61,7 +63,8 @@ class RunSize:
 # steps and 448 tokens, took 7.1 min on an H200). Two GRPO steps, not three: a step's rollout
 # took 122-159 s in the fourth session's learning run (16 episodes of 512 + 800 tokens), so
 # three would bring the estimate to the 10-minute target's edge. On an H100 (fifth session) it
-# did not finish within 575 s, so the estimate was low; its phase times are still unmeasured.
+# did not finish within 575 s with eager decoding (60-80 ms per decoding step at any batch), so
+# the GPU quickstart decodes with a static cache and a compiled step (compiled_decoding).
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
@@ -74,7 +77,7 @@ _SIZES: dict[tuple[Preset, bool], RunSize] = {
         sft_max_steps=150, sft_batch_size=8, sft_loss_examples=16, sft_max_seq_length=2048,
         rl_steps=2, problems_per_step=2, group_size=4, max_turns=2, max_new_tokens=800,
         generator_max_new_tokens=512, mini_batch_size=8, eval_every=0, eval_problems=0,
-        final_eval_problems=8, eval_workers=4),
+        final_eval_problems=8, eval_workers=4, compiled_decoding=True),
     (Preset.QUICK_TEST, False): RunSize(
         train_problems="builtin:tier0:train", heldout_problems="builtin:tier0:heldout",
         sft_max_steps=1, sft_batch_size=1, sft_loss_examples=1, sft_max_seq_length=2048,
