@@ -6,7 +6,7 @@
 # Parts that need the embedded model (tests-rest, bench-generation, learning-*):
 #   device call 1 (carry .stage/a):                       bash benchmarks/gpu_session.sh stage-a
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
-# PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile
+# PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile gen-compiled
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
 #        tests-qlora (no model; carry .stage/bnb)
@@ -47,7 +47,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_aa .stage/b/part_ab > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -178,6 +178,10 @@ DRIVER
                tail -n 2 /root/learning/seed*.log > "$RES/$part.log" 2>&1
                [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
                                               exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;
+  gen-compiled) # eager vs compiled decoding (static cache, CUDA graphs), one batch of rollouts
+               timeout 300 python3 benchmarks/bench_generation.py --model "$GGUF" --batch 16 \
+                 --new-tokens 512 --repeats 1 --compiled-decoding off on \
+                 --out "$RES/gen_compiled.jsonl" > "$RES/$part.log" 2>&1 ;;
   gen-profile) timeout 240 python3 benchmarks/bench_generation.py --model "$GGUF" --profile \
                  --batch 8 32 --new-tokens 64 --out "$RES/gen_profile.jsonl" > "$RES/$part.log" 2>&1 ;;
   check-imports) python3 -c "import datasets, gguf; print('datasets', datasets.__version__)" \
