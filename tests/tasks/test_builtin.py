@@ -2,21 +2,21 @@
 
 Each solution's CUDA is compiled with NVRTC for sm_90 (no GPU needed) by importing its source,
 exactly as the evaluation worker does; every kernel launch in ``forward`` is checked against
-the compiled kernel's signature; the static checks must find nothing. Kernel *results* are
-checked on the GPU machine by test_gpu_solutions.py, and here on small shapes by running the
-kernels in a CPU emulator (tests/tasks/cuda_cpu_emulator.py).
+the compiled kernel's signature (solution_checks.py, shared with test_breadth.py); the static
+checks must find nothing. Kernel *results* are checked on the GPU machine by
+test_gpu_solutions.py, and here on small shapes by running the kernels in a CPU emulator
+(tests/tasks/cuda_cpu_emulator.py).
 """
 
 from __future__ import annotations
 
 import ast
 import collections
-import dataclasses
 
 import pytest
 import torch
 
-from multiminddev.cuda import KernelArgumentError, KernelCompileError
+from multiminddev.cuda import KernelArgumentError
 from multiminddev.tasks.builtin import (
     FAMILIES,
     Variant,
@@ -25,24 +25,20 @@ from multiminddev.tasks.builtin import (
     make_problem,
     reference_solution,
 )
-from multiminddev.tasks.builtin.spec import Family, Shape
+from multiminddev.tasks.builtin.spec import Family
 from multiminddev.tasks.problem import Problem, load_problem_source
 from tests.tasks import cuda_cpu_emulator
+from tests.tasks.solution_checks import (
+    check_compiles_and_launches,
+    check_matches_model_in_emulator,
+    exec_source,
+    small_shape,
+)
 
 FAMILY_IDS = [f.name for f in FAMILIES]
 SOLUTIONS = [(f, v, dt) for f in FAMILIES for v in f.variants for dt in f.dtypes]
 SOLUTION_IDS = [f"{f.name}-{v.value}-{dt}" for f, v, dt in SOLUTIONS]
 GIB = 1 << 30
-
-
-def _exec(source: str, name: str) -> dict:
-    namespace: dict = {"__name__": name}
-    exec(compile(source, name, "exec"), namespace)  # noqa: S102 - our own generated sources
-    return namespace
-
-
-def _small(family: Family, dtype: str = "float32") -> Shape:
-    return dataclasses.replace(family.small, dtype=dtype)
 
 
 def test_at_least_40_families_in_all_four_tiers():
@@ -78,8 +74,8 @@ def test_every_shape_renders_a_loadable_problem(family: Family):
 @pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
 def test_small_problem_runs_on_cpu_with_the_expected_output_shape(family: Family):
     for dtype in family.dtypes:
-        s = _small(family, dtype)
-        ns = _exec(family.render_problem(s), family.name)
+        s = small_shape(family, dtype)
+        ns = exec_source(family.render_problem(s), family.name)
         torch.manual_seed(0)
         model = ns["Model"](*ns["get_init_inputs"]())
         out = model(*ns["get_inputs"]())
@@ -100,7 +96,7 @@ def _input_bytes(ns: dict) -> int:
 @pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
 def test_full_shapes_are_big_enough_and_fit_in_one_gib(family: Family):
     for s in family.shapes:
-        ns = _exec(family.render_problem(s), family.name)
+        ns = exec_source(family.render_problem(s), family.name)
         assert _input_bytes(ns) <= GIB
         # >= ~20 us on an H100: >= 8 MB of traffic or >= 1 GFLOP
         assert family.bytes_moved(s) >= 8e6 or family.flops(s) >= 1e9, s
@@ -165,34 +161,9 @@ def test_solution_mirrors_the_model_constructor(family: Family, variant: Variant
     assert _init_signature(solution, "ModelNew") == _init_signature(problem, "Model")
 
 
-def _launches(source: str) -> list[tuple[str, int]]:
-    """(kernel name, number of args) of every ``kernels.NAME(..., args=(...))`` call."""
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "kernels"):
-            args = next(k.value for k in node.keywords if k.arg == "args")
-            assert isinstance(args, ast.Tuple)
-            found.append((node.func.attr, len(args.elts)))
-    return found
-
-
 @pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
 def test_solution_compiles_with_nvrtc_and_launches_match_signatures(family, variant, dtype):
-    source = family.render_solution(variant, dtype)
-    try:
-        ns = _exec(source, f"{family.name}_{variant.value}")
-    except KernelCompileError as exc:  # pragma: no cover - the failure message is the point
-        pytest.fail(f"{family.name} {variant.value} {dtype}: {exc}")
-    kernels = ns["kernels"]
-    assert kernels.compile_result.arch == "sm_90" or torch.cuda.is_available()
-    launches = _launches(source)
-    assert launches, "forward launches no kernel"
-    for name, nargs in launches:
-        assert name in kernels.signatures, f"launch of unknown kernel {name}"
-        assert len(kernels.signatures[name].params) == nargs, name
-    for resources in kernels.compile_result.kernels:
-        assert resources.spill_store_bytes == 0, resources
+    check_compiles_and_launches(family, variant, dtype)
 
 
 @pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
@@ -208,8 +179,8 @@ def test_solution_passes_the_static_checks(family, variant, dtype):
 def test_solution_forward_runs_up_to_its_first_launch(family, variant, dtype):
     """On CPU tensors, forward's Python (shapes, allocation, argument count) runs until the
     first launch refuses the CPU pointer: proof that the launch code itself is sound."""
-    ns = _exec(family.render_solution(variant, dtype), family.name)
-    problem_ns = _exec(family.render_problem(_small(family, dtype)), "problem")
+    ns = exec_source(family.render_solution(variant, dtype), family.name)
+    problem_ns = exec_source(family.render_problem(small_shape(family, dtype)), "problem")
     torch.manual_seed(0)
     model = ns["ModelNew"](*problem_ns["get_init_inputs"]())
     with pytest.raises(KernelArgumentError, match="the tensor is on cpu"):
@@ -219,11 +190,11 @@ def test_solution_forward_runs_up_to_its_first_launch(family, variant, dtype):
 @pytest.mark.parametrize("family", FAMILIES, ids=FAMILY_IDS)
 def test_solution_holds_the_same_parameters_as_the_model(family: Family):
     s = family.small
-    problem_ns = _exec(family.render_problem(s), "problem")
+    problem_ns = exec_source(family.render_problem(s), "problem")
     init = problem_ns["get_init_inputs"]()
     torch.manual_seed(1)
     model = problem_ns["Model"](*init)
-    ns = _exec(family.render_solution(Variant.NAIVE, "float32"), family.name)
+    ns = exec_source(family.render_solution(Variant.NAIVE, "float32"), family.name)
     torch.manual_seed(1)
     new = ns["ModelNew"](*init)
     ref = dict(model.named_parameters())
@@ -233,39 +204,13 @@ def test_solution_holds_the_same_parameters_as_the_model(family: Family):
         assert torch.equal(value, got[name]), name
 
 
-def _guarded(t: torch.Tensor, pad: int = 64) -> torch.Tensor:
-    """A copy of a floating tensor inside a NaN-filled buffer: an out-of-bounds read by a
-    kernel pulls NaN into its output (16-byte alignment is kept for vectorised loads)."""
-    if not t.is_floating_point():
-        return t.clone()
-    buffer = torch.full((t.numel() + 2 * pad,), float("nan"), dtype=t.dtype)
-    view = buffer[pad : pad + t.numel()].view(t.shape)
-    view.copy_(t)
-    return view
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not cuda_cpu_emulator.compiler_available(), reason="needs g++ (C++20)")
 @pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
 def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
     """The kernels' results, on small shapes that still span several blocks, tiles and
     grid-stride steps, run by tests/tasks/cuda_cpu_emulator.py on CPU tensors."""
-    s = _small(family, dtype)
-    problem_ns = _exec(family.render_problem(s), "problem")
-    init = problem_ns["get_init_inputs"]()
-    torch.manual_seed(0)
-    model = problem_ns["Model"](*init)
-    ns = cuda_cpu_emulator.emulated_namespace(family.render_solution(variant, dtype))
-    torch.manual_seed(0)
-    new = ns["ModelNew"](*init)
-    torch.manual_seed(1)
-    inputs = problem_ns["get_inputs"]()
-    expected = model(*inputs)
-    got = new(*[_guarded(x) for x in inputs])
-    assert ns["torch"].intact(), "a kernel wrote outside its output tensor"
-    assert got.shape == expected.shape and got.dtype == expected.dtype
-    atol, rtol = make_problem(family, s).tolerances
-    torch.testing.assert_close(got, expected, atol=atol, rtol=rtol)
+    check_matches_model_in_emulator(family, variant, dtype)
 
 
 def test_corpus_doc_lists_every_family():
