@@ -12,6 +12,10 @@ pytest's temporary folder, and are printed (run with ``-s`` to see the table):
     MULTIMINDDEV_CORPUS_REPORT=corpus_gpu.json pytest -m gpu -s tests/tasks/test_gpu_solutions.py
 
 ``MULTIMINDDEV_CORPUS_FAMILIES=relu,softmax`` limits the run to those families.
+
+The SFT-only breadth families (tasks/builtin/breadth.py) are checked the same way: SFT teaches
+their solutions, so they must be as correct as the corpus's (their report rows say
+``"breadth": true``).
 """
 
 from __future__ import annotations
@@ -22,13 +26,21 @@ from pathlib import Path
 
 import pytest
 
-from multiminddev.tasks.builtin import FAMILIES, Variant, make_problem, reference_solution
+from multiminddev.tasks.builtin import (
+    FAMILIES,
+    Variant,
+    breadth_families,
+    make_problem,
+    reference_solution,
+)
 
 pytestmark = pytest.mark.gpu
 
 # MULTIMINDDEV_CORPUS_FAMILIES=relu,softmax limits a run to some families (default: all).
 _ONLY = {n for n in os.environ.get("MULTIMINDDEV_CORPUS_FAMILIES", "").split(",") if n}
-SELECTED = [f for f in FAMILIES if not _ONLY or f.name in _ONLY]
+BREADTH = breadth_families()
+BREADTH_NAMES = frozenset(f.name for f in BREADTH)  # disjoint from the corpus's names
+SELECTED = [f for f in (*FAMILIES, *BREADTH) if not _ONLY or f.name in _ONLY]
 # (family, dtype, variant): every solution text the corpus can produce
 CASES = [(f, dt, v) for f in SELECTED for dt in f.dtypes for v in f.variants]
 CASE_IDS = [f"{f.name}-{dt}-{v.value}" for f, dt, v in CASES]
@@ -69,7 +81,8 @@ def _median_ms(result) -> float:
 def _write_report(table, default_path: Path) -> None:
     rows = []
     for (name, dtype, variant), r in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        row = {"family": name, "dtype": dtype, "variant": variant.value, "problem": r.problem,
+        row = {"family": name, "breadth": name in BREADTH_NAMES, "dtype": dtype,
+               "variant": variant.value, "problem": r.problem,
                "status": r.status.value, "message": r.message, "device": r.device,
                "median_ms": _median_ms(r), "speedup_vs_eager": r.benchmark.speedup_vs_eager,
                "fraction_of_peak": r.benchmark.fraction_of_peak}

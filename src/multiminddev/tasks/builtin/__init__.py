@@ -7,14 +7,19 @@ Tier 0: elementwise ops and activations. Tier 1: reductions, scans, transposes, 
 gathers. Tier 2: softmax, norms, matmul variants, pooling, convolution. Tier 3: fused patterns
 (linear + activation, scaled softmax, residual + norm, bias + GELU, SwiGLU, attention).
 Every family has a naive reference solution; most have a faster one. docs/CORPUS.md lists them.
+
+Apart from the corpus, ``breadth_problems()`` gives the SFT-only "breadth" families
+(``breadth.py``): more elementwise operations for SFT, never split or evaluated.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+from multiminddev.tasks.builtin.breadth import breadth_families
 from multiminddev.tasks.builtin.conv import tier2_conv_families, tier3_conv_families
 from multiminddev.tasks.builtin.elementwise import fused_elementwise_families, tier0_families
 from multiminddev.tasks.builtin.linalg import (
@@ -120,11 +125,32 @@ def _select(tiers: Iterable[int] | None, names: Iterable[str] | None) -> list[Fa
     ]
 
 
+@functools.cache
+def breadth_by_name() -> Mapping[str, Family]:
+    """The SFT-only breadth families by name (built once, on first use)."""
+    return MappingProxyType({f.name: f for f in breadth_families()})
+
+
+def breadth_problems(*, small: bool = False) -> list[Problem]:
+    """Every shape of every SFT-only breadth family (``small=True``: one tiny problem each).
+
+    Their ``split`` is "" (they are in no split) and ``extra["breadth"]`` is True."""
+    families = breadth_by_name().values()
+    if small:
+        return [make_problem(f, f.small) for f in families]
+    return [make_problem(f, s) for f in families for s in f.shapes]
+
+
 def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE) -> str | None:
-    """A reference candidate (ModelNew source) for a built-in problem; None when the problem is
-    not built-in or its family has no such variant."""
-    family = FAMILY_BY_NAME.get(problem.family)
-    if family is None or problem.extra.get("origin") != ORIGIN:
+    """A reference candidate (ModelNew source) for a built-in problem (corpus or breadth); None
+    when the problem is not built-in or its family has no such variant."""
+    if problem.extra.get("origin") != ORIGIN:
+        return None
+    # A breadth problem is looked up among the breadth families only, a corpus problem among
+    # the corpus's: the two name sets are disjoint, and neither answers for the other.
+    table = breadth_by_name() if problem.extra.get("breadth") else FAMILY_BY_NAME
+    family = table.get(problem.family)
+    if family is None:
         return None
     return family.render_solution(Variant(variant), problem.dtype)
 
@@ -135,6 +161,9 @@ __all__ = [
     "Family",
     "Shape",
     "Variant",
+    "breadth_by_name",
+    "breadth_families",
+    "breadth_problems",
     "builtin_problems",
     "get_family",
     "make_problem",

@@ -100,6 +100,10 @@ class Family:
     rtol: float | None = None
     fast_min_speedup: float = 1.0  # the GPU test asserts fast beats naive by at least this
     tags: tuple[str, ...] = field(default_factory=tuple)
+    # An SFT-only "breadth" family (tasks/builtin/breadth.py): not in FAMILIES, never split or
+    # evaluated. Its problems say so in their metadata, so a saved or exported problem cannot
+    # be mistaken for a corpus problem (nor its solution looked up in the wrong table).
+    breadth: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.tier <= 3:
@@ -137,6 +141,8 @@ class Family:
             meta["atol"] = self.atol
         if self.rtol is not None:
             meta["rtol"] = self.rtol
+        if self.breadth:  # only then: corpus problem sources (and their hashes) stay as they were
+            meta["breadth"] = True
         return meta
 
     def render_problem(self, s: Shape) -> str:
