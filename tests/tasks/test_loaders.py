@@ -397,3 +397,63 @@ def test_resolver_builtin_specs():
     assert len(small) == len({p.family for p in small})  # one tiny problem per family
     with pytest.raises(ProblemError, match="no built-in family 'no_such_op'.*valid specs"):
         load_problems("builtin:no_such_op")
+
+
+_FP16_FAMILIES = {"relu", "gelu_tanh", "sigmoid", "silu", "add", "mul"}
+
+
+def test_allshapes_trains_on_fp16_and_leaves_the_heldout_set_alone():
+    """``:allshapes`` keeps every training shape, so the float16 shapes (listed after the
+    float32 ones) reach the training set; the held-out set is the one earlier runs used."""
+    from multiminddev.tasks.builtin import builtin_problems
+
+    train = load_problems("builtin:tier0,tier1:train")
+    every = load_problems("builtin:tier0,tier1:train:allshapes")
+    heldout = load_problems("builtin:tier0,tier1:heldout")
+    assert not any(p.dtype == "float16" for p in train)  # why allshapes exists
+    half = {p.family for p in every if p.dtype == "float16"}
+    assert half == _FP16_FAMILIES
+    assert {p.split for p in every} == {"train"} and {p.name for p in train} < {
+        p.name for p in every}
+    assert len(every) == len(builtin_problems(tiers=[0, 1], split="train",
+                                              shapes_per_family=None))
+    assert len(heldout) == 39
+    assert [p.name for p in heldout] == [
+        p.name for p in builtin_problems(tiers=[0, 1], split="heldout")]
+    assert not {p.name for p in every} & {p.name for p in heldout}
+
+
+def test_breadth_spec_loads_the_sft_only_families_outside_every_split():
+    from multiminddev.tasks.builtin import FAMILY_BY_NAME, breadth_by_name
+
+    breadth = load_problems("builtin:breadth")
+    assert {p.family for p in breadth} == set(breadth_by_name())
+    assert all(p.extra["breadth"] is True and p.split == "" for p in breadth)
+    assert not {p.family for p in breadth} & set(FAMILY_BY_NAME)
+    assert len(breadth) == sum(len(f.shapes) for f in breadth_by_name().values())
+    small = load_problems("builtin:breadth:small")
+    assert len(small) == len(breadth_by_name())
+    with pytest.raises(ProblemError, match="builtin:breadth takes no split"):
+        load_problems("builtin:breadth:train")
+    with pytest.raises(ProblemError, match="takes no tiers"):
+        load_problems("builtin:breadth:tier0")
+    corpus = {p.name for p in load_problems("builtin")}
+    assert not corpus & {p.name for p in breadth}  # the corpus specs never give breadth ones
+
+
+def test_plus_joins_specs_in_order_and_refuses_overlaps(tmp_path):
+    joined = load_problems("builtin:tier0,tier1:train:allshapes+builtin:breadth")
+    parts = load_problems("builtin:tier0,tier1:train:allshapes") + load_problems(
+        "builtin:breadth")
+    assert [p.name for p in joined] == [p.name for p in parts]
+    assert [p.name for p in load_problems(" builtin:relu + builtin:add ")] == [
+        p.name for p in load_problems("builtin:relu") + load_problems("builtin:add")]
+    with pytest.raises(ProblemError, match="'relu_4096x4096' comes from both"):
+        load_problems("builtin:relu+builtin:tier0")
+    with pytest.raises(ProblemError, match="empty part"):
+        load_problems("builtin:relu+")
+    # a path that exists is one spec, '+' in its name or not
+    odd = tmp_path / "a+b.jsonl"
+    save_jsonl(load_problems("builtin:relu"), odd)
+    assert [p.name for p in load_problems(str(odd))] == [
+        p.name for p in load_problems("builtin:relu")]

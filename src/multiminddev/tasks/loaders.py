@@ -635,21 +635,26 @@ def save_jsonl(
 
 _SPEC_HELP = (
     "builtin, builtin:tier1, builtin:train, builtin:heldout, builtin:small, builtin:FAMILY "
-    "(parts combine: builtin:tier0,tier1:train), "
+    "(parts combine: builtin:tier0,tier1:train; add :allshapes for every shape of each family "
+    "instead of the first 2 of the split), "
+    "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
     "or a path to a .py problem, "
-    "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump"
+    "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump; "
+    "join specs with '+' to load several (builtin:tier0,tier1:train:allshapes+builtin:breadth)"
 )
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
 
 
 def _builtin(parts: list[str]) -> list[Problem]:
-    from multiminddev.tasks.builtin import builtin_problems  # the corpus is heavy-ish: lazily
+    # the corpus is heavy-ish: imported lazily
+    from multiminddev.tasks.builtin import breadth_problems, builtin_problems
 
     kwargs: dict[str, Any] = {}
     tiers: list[int] = []
     families: list[str] = []
+    breadth = False
     for part in (p.strip() for p in parts if p.strip()):
         if m := _TIER_RE.match(part):
             tiers.append(int(m.group(1)))
@@ -657,6 +662,10 @@ def _builtin(parts: list[str]) -> list[Problem]:
             kwargs["split"] = part.lower()
         elif part.lower() == "small":  # one tiny problem per family, for CPU runs
             kwargs["small"] = True
+        elif part.lower() == "allshapes":  # every shape, not builtin_problems' first 2
+            kwargs["shapes_per_family"] = None
+        elif part.lower() == "breadth":  # the SFT-only families (tasks/builtin/breadth.py)
+            breadth = True
         else:
             families.append(part)
     if tiers:
@@ -664,6 +673,16 @@ def _builtin(parts: list[str]) -> list[Problem]:
     if families:
         kwargs["families"] = families
     spec = "builtin" + (":" + ":".join(parts) if parts else "")
+    if breadth:
+        # Breadth families are in no split and no tier selection: only `small` applies.
+        other = sorted(set(kwargs) - {"small"})
+        if other:
+            raise ProblemError(
+                f"spec {spec!r}: builtin:breadth takes no {', '.join(other)} part (it is every "
+                "shape of the SFT-only breadth families; builtin:breadth:small for tiny ones); "
+                "join it to a corpus spec with '+' instead"
+            )
+        return breadth_problems(small=bool(kwargs.get("small")))
     try:
         problems = builtin_problems(**kwargs)
     except KeyError as exc:  # an unknown family name
@@ -717,10 +736,39 @@ def _load_path(path: Path) -> list[Problem]:
 
 
 def load_problems(spec: str) -> list[Problem]:
-    """Resolve a CLI problem spec (see ``_SPEC_HELP``) to problems."""
+    """Resolve a CLI problem spec (see ``_SPEC_HELP``) to problems.
+
+    ``A+B`` loads each spec and concatenates them in order (a path that exists is taken
+    whole, '+' and all); a problem name that two parts both give is an error, since a
+    combined list with one problem twice would weigh it double without anyone asking."""
     spec = spec.strip()
     if not spec:
         raise ProblemError(f"empty problem spec; valid specs: {_SPEC_HELP}")
+    if "+" in spec and not Path(spec).exists():
+        return _load_joined(spec)
+    return _load_one(spec)
+
+
+def _load_joined(spec: str) -> list[Problem]:
+    problems: list[Problem] = []
+    first_from: dict[str, str] = {}
+    for part in spec.split("+"):
+        if not part.strip():
+            raise ProblemError(f"spec {spec!r} has an empty part between '+'; valid specs: "
+                               f"{_SPEC_HELP}")
+        for problem in _load_one(part.strip()):
+            if problem.name in first_from:
+                raise ProblemError(
+                    f"spec {spec!r}: problem {problem.name!r} comes from both "
+                    f"{first_from[problem.name]!r} and {part.strip()!r}; join specs that do "
+                    "not overlap"
+                )
+            first_from[problem.name] = part.strip()
+            problems.append(problem)
+    return problems
+
+
+def _load_one(spec: str) -> list[Problem]:
     kind, _, rest = spec.partition(":")
     kind_l = kind.lower()
     if kind_l == "builtin":
