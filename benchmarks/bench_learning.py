@@ -9,6 +9,8 @@ and the per-seed GRPO - SFT gain with its spread. Results go to ``<out>/results.
 
     python benchmarks/bench_learning.py --short            # ~8 min on one H100 (3 seeds)
     python benchmarks/bench_learning.py --seeds 0 1 2 --sft-steps 200 --rl-steps 40
+    python benchmarks/bench_learning.py --sft-problems \
+        builtin:tier0,tier1:train:allshapes+builtin:breadth   # more SFT data, same GRPO and eval
 
 Without a GPU kernels are only compiled (compile-only rewards); the numbers then say nothing
 about correctness or speed, and the output says so. The issue's targets (SFT: compile >= 80%,
@@ -39,6 +41,7 @@ class BenchArgs:
     seeds: list[int]
     train_problems: str
     heldout_problems: str
+    sft_problems: str  # SFT data only; GRPO's curriculum is train_problems
     eval_problems: int
     sft_steps: int
     sft_batch_size: int
@@ -66,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--train-problems", default="builtin:tier0,tier1:train")
     p.add_argument("--heldout-problems", default="builtin:tier0,tier1:heldout")
+    p.add_argument("--sft-problems", default=None,
+                   help="problems whose reference solutions make the SFT data (default: "
+                        "--train-problems); GRPO still draws from --train-problems. E.g. "
+                        "builtin:tier0,tier1:train:allshapes+builtin:breadth")
     p.add_argument("--eval-problems", type=int, default=39, help="held-out problems per evaluation")
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--sft-batch-size", type=int, default=8)
@@ -114,6 +121,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         a.eval_problems, a.problems_per_step, a.group_size = 1, 1, 2
         a.max_turns, a.max_new_tokens = 1, 16
         a.train_problems, a.heldout_problems = "builtin:tier0:train", "builtin:tier0:heldout"
+    if a.sft_problems is None:  # resolved here, so results.json records the spec used
+        a.sft_problems = a.train_problems
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
 
 
@@ -167,7 +176,8 @@ def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, f
 
 
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
-             compile_only: bool) -> dict[str, Any]:
+             compile_only: bool, sft: list[Any] | None = None) -> dict[str, Any]:
+    """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems)."""
     import torch
 
     from multiminddev.episode import EpisodeConfig
@@ -243,7 +253,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     else:
         t = time.perf_counter()
         for role in cfg.train_roles:
-            run_sft(role, policy.config, sft_data(role, train, seed, args.generator_variants),
+            run_sft(role, policy.config,
+                    sft_data(role, train if sft is None else sft, seed, args.generator_variants),
                     SFTConfig(output_dir=out, max_steps=args.sft_steps,
                               batch_size=args.sft_batch_size,
                               loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
@@ -267,7 +278,9 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
     evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
-    result = {"seed": seed, "metrics": metrics, "rows": rows, "seconds": seconds, **shared_base,
+    # Seeds may be run in separate sessions and aggregated later: each records its SFT data.
+    result = {"seed": seed, "sft_problems": args.sft_problems, "metrics": metrics, "rows": rows,
+              "seconds": seconds, **shared_base,
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -366,6 +379,13 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
     return out
 
 
+def sft_note(per_seed: list[dict[str, Any]], train_problems: str) -> str:
+    """Names the SFT data where a seed's was not GRPO's problems ("" where all were). A record
+    without the key predates --sft-problems: its SFT data was its training problems."""
+    specs = sorted({s.get("sft_problems") or train_problems for s in per_seed})
+    return "" if specs == [train_problems] else "SFT data " + " | ".join(specs)
+
+
 def targets(summary: dict[str, Any]) -> dict[str, bool]:
     return {
         "sft_compile_rate>=0.8": summary["sft/compile_rate"]["mean"] >= 0.8,
@@ -447,7 +467,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{note}; seeds {args.seeds}", flush=True)
         (args.output_dir / "note.txt").write_text(note + "\n")
         train = load_problems(args.train_problems)
+        sft = train if args.sft_problems == args.train_problems else load_problems(
+            args.sft_problems)
         heldout = load_problems(args.heldout_problems)[: args.eval_problems]
+        print(f"problems: {len(sft)} for SFT ({args.sft_problems}), {len(train)} for GRPO "
+              f"({args.train_problems}), {len(heldout)} held-out", flush=True)
         start = time.perf_counter()
         eval_cfg = EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
                               bench_budget_s=0.5)
@@ -458,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"seed {s}: finished earlier, reusing {args.output_dir}/seed{s}", flush=True)
                     per_seed.append(done[s])
                 else:
-                    per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only))
+                    per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only,
+                                             sft=sft))
                 if args.base_only:
                     return 0
     base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
@@ -468,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary = aggregate(per_seed, compile_only, base_run)
     lender = {s.get("base_from_seed") for s in per_seed} - {None}
-    note = "; ".join(x for x in (note, f"seeds {args.seeds}") if x) + (
+    note = "; ".join(x for x in (note, f"seeds {args.seeds}",
+                                 sft_note(per_seed, args.train_problems)) if x) + (
         f"; base stage measured once, by seed {lender.pop()} (greedy decoding)" if lender else "")
     checks = targets(summary)
     result = {"note": note, "args": {k: str(v) for k, v in vars(args).items()},

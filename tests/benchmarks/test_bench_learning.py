@@ -108,3 +108,33 @@ def test_infrastructure_errors_are_counted_per_seed_when_recorded(bench):
     seeds[1]["rows"]["grpo"][0]["infra_error"] = True
     summary = bench.aggregate(seeds, compile_only=False)
     assert summary["grpo/infra_errors"] == [0, 1] and summary["sft/infra_errors"] == [0, 0]
+
+
+def test_sft_problems_default_to_the_training_problems(bench):
+    args = bench.parse_args([])
+    assert args.sft_problems == args.train_problems == "builtin:tier0,tier1:train"
+    spec = "builtin:tier0,tier1:train:allshapes+builtin:breadth"
+    args = bench.parse_args(["--sft-problems", spec])
+    assert (args.sft_problems, args.train_problems) == (spec, "builtin:tier0,tier1:train")
+    smoke = bench.parse_args(["--cpu-smoke"])  # follows the smoke test's smaller train set
+    assert smoke.sft_problems == smoke.train_problems == "builtin:tier0:train"
+
+
+def test_the_note_names_sft_data_only_where_it_differs(bench):
+    train = "builtin:tier0,tier1:train"
+    spec = "builtin:tier0,tier1:train:allshapes+builtin:breadth"
+    assert bench.sft_note([{"sft_problems": train}, {}], train) == ""  # {}: an older record
+    assert bench.sft_note([{"sft_problems": spec}] * 2, train) == f"SFT data {spec}"
+    assert bench.sft_note([{"sft_problems": spec}, {}], train) == f"SFT data {train} | {spec}"
+
+
+def test_sft_data_of_the_sft_spec_holds_breadth_and_fp16_problems(bench):
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems("builtin:tier0,tier1:train:allshapes+builtin:breadth")
+    data = bench.sft_data(AgentRole.GENERATOR, problems, 0, ["naive"])
+    assert len(data["messages"]) == len(problems)  # one naive solution for each
+    # a datasets.Dataset names each row's problem; the fallback column dict does not
+    if "problem" in getattr(data, "column_names", ()):
+        assert {"neg_4096x4096", "relu_4095x8191_fp16"} <= set(data["problem"])
