@@ -156,3 +156,31 @@ def test_episode_config_caps_the_generator_unless_tokens_are_set():
     explicit = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=300), size=size)
     config = episode_config(explicit, GRPOConfig(max_new_tokens=300))
     assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == 300
+
+
+def test_sft_problems_flag_gives_the_sft_data_and_leaves_rl_its_problems():
+    import io
+
+    from rich.console import Console
+
+    from multiminddev.train.pipeline import load_problems_for
+
+    spec = "builtin:tier0:train:allshapes+builtin:breadth"
+
+    def loaded(argv):
+        ctx = Context.__new__(Context)
+        ctx.settings = _settings([*argv, "--problems", "builtin:tier0:train",
+                                  "--heldout", "builtin:tier0:heldout", "--output-dir", "/tmp/x"])
+        ctx.size = run_size(Preset.FULL, gpu=False)
+        ctx.console = Console(file=io.StringIO())
+        load_problems_for(ctx)
+        return ctx
+
+    ctx = loaded(["train", "--sft-problems", spec])
+    assert ctx.settings.sft_problems == spec
+    sft_names = {p.name for p in ctx.sft_problems}
+    assert {p.name for p in ctx.train_problems} < sft_names and "neg_4096x4096" in sft_names
+    assert all("breadth" not in p.extra for p in ctx.train_problems)  # GRPO's curriculum
+    assert loaded(["sft", "--sft-problems", spec]).settings.sft_problems == spec
+    plain = loaded(["train"])
+    assert plain.settings.sft_problems is None and plain.sft_problems is plain.train_problems

@@ -62,9 +62,17 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
 
 
+def _sft_problems_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sft-problems", default=None,
+                   help="problems whose reference solutions make the SFT data (default: "
+                        "--problems; RL still uses --problems), e.g. "
+                        "builtin:tier0,tier1:train:allshapes+builtin:breadth")
+
+
 def _register_sft(subparsers) -> None:
     p = subparsers.add_parser("sft", help="supervised fine-tuning of the Generator and/or Optimizer")
     _common(p)
+    _sft_problems_flag(p)
     p.add_argument("--role", choices=["generator", "optimizer", "both"], default="both")
     p.add_argument("--max-steps", type=int, default=None, help="SFT optimizer steps per role")
     p.add_argument("--learning-rate", type=float, default=None)
@@ -82,6 +90,7 @@ def _register_train(subparsers) -> None:
     p = subparsers.add_parser("train", help="SFT -> RL -> held-out evaluation")
     _common(p)
     _rl_flags(p)
+    _sft_problems_flag(p)
     p.add_argument("--skip-sft", action="store_true")
     p.add_argument("--skip-rl", action="store_true")
     p.add_argument("--skip-eval", action="store_true")
@@ -113,7 +122,7 @@ def _settings(args, **overrides):
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
-                 "wandb", "sft_steps", "kl_reference"):
+                 "wandb", "sft_steps", "kl_reference", "sft_problems"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
     kwargs.update(overrides)

@@ -51,6 +51,7 @@ class TrainSettings:
     optimizer_checkpoint: str | None = None
     train_problems: str | None = None
     heldout_problems: str | None = None
+    sft_problems: str | None = None  # the SFT data's problems; None: the training problems
     num_steps: int | None = None
     num_episodes: int | None = None  # total RL episodes; sets num_steps
     batch_size: int | None = None  # problems per RL step
@@ -115,6 +116,7 @@ class Context:
         self.plan = None
         self.policy = None
         self.train_problems: list[Any] = []
+        self.sft_problems: list[Any] = []  # SFT data only; GRPO draws from train_problems
         self.heldout: list[Any] = []
 
 
@@ -132,8 +134,11 @@ def load_problems_for(ctx: Context) -> None:
 
     s = ctx.settings
     ctx.train_problems = load_problems(s.train_problems or ctx.size.train_problems)
+    ctx.sft_problems = load_problems(s.sft_problems) if s.sft_problems else ctx.train_problems
     ctx.heldout = load_problems(s.heldout_problems or ctx.size.heldout_problems)
-    ctx.console.print(f"problems: {len(ctx.train_problems)} train, {len(ctx.heldout)} held-out")
+    sft = f", {len(ctx.sft_problems)} for SFT data" if s.sft_problems else ""
+    ctx.console.print(f"problems: {len(ctx.train_problems)} train{sft}, "
+                      f"{len(ctx.heldout)} held-out")
 
 
 def policy_config(ctx: Context, device: str) -> Any:
@@ -217,7 +222,7 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
             continue
         variants = ({"variants": ctx.size.generator_variants}
                     if role is AgentRole.GENERATOR else {})
-        dataset = build_sft_dataset(role, ctx.train_problems, seed=s.seed, **variants)
+        dataset = build_sft_dataset(role, ctx.sft_problems, seed=s.seed, **variants)
         ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
         result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
         ctx.console.print(f"SFT {role.value}: loss {result.loss_before:.3f} -> "
