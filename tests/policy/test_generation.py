@@ -204,8 +204,10 @@ def test_compiled_decoding_on_the_gpu_matches_eager_decoding():
     got = backend.generate_sync(prompts, greedy, G)
     assert backend.compiled_decoding, "the compiled path fell back to eager decoding"
     for a, b in zip(want, got):
-        # bf16 kernels of a compiled graph round differently: greedy paths may part late
+        # bf16 kernels of a compiled graph round differently: greedy paths may part late, and
+        # bf16 logits of magnitude 16-32 are 0.125 apart, so single log-probs move by ~0.15
+        # (seen on an H100, 2026-11-22); their mean over the shared prefix must agree
         assert a.token_ids[:8] == b.token_ids[:8]
-        shared = min(len(a.logprobs), len(b.logprobs), 8)
-        assert torch.allclose(torch.tensor(a.logprobs[:shared]), torch.tensor(b.logprobs[:shared]),
-                              atol=0.1)
+        want_lp, got_lp = torch.tensor(a.logprobs[:8]), torch.tensor(b.logprobs[:8])
+        assert torch.allclose(want_lp, got_lp, atol=0.3)
+        assert abs(float(want_lp.mean() - got_lp.mean())) < 0.05
