@@ -58,6 +58,8 @@ class BenchArgs:
     generator_max_new_tokens: int = 0  # 0: --max-new-tokens
     rl_learning_rate: float = 2e-5
     kl_reference: str = "base"
+    rl_temperature: float = 1.0  # GRPO's rollout sampling temperature
+    compiled_decoding: bool = False
     skip_base: bool = False
     base_only: bool = False
     aggregate_only: bool = False
@@ -81,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="GRPO's KL reference: the pre-trained base or the SFT agents")
     p.add_argument("--rl-learning-rate", type=float, default=2e-5,
                    help="GRPO's learning rate for the adapters (GRPOConfig.learning_rate)")
+    p.add_argument("--rl-temperature", type=float, default=1.0,
+                   help="GRPO's rollout sampling temperature (GRPOConfig.temperature); the "
+                        "held-out evaluations stay greedy (--eval-temperature)")
+    p.add_argument("--compiled-decoding", choices=["off", "on"], default="off",
+                   help="decode with a static KV cache and a compiled step "
+                        "(PolicyConfig.compiled_decoding; CUDA only)")
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
@@ -123,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         a.train_problems, a.heldout_problems = "builtin:tier0:train", "builtin:tier0:heldout"
     if a.sft_problems is None:  # resolved here, so results.json records the spec used
         a.sft_problems = a.train_problems
+    a.compiled_decoding = a.compiled_decoding == "on"
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
 
 
@@ -190,11 +199,12 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     out = args.output_dir / (BASE_DIR if args.base_only else f"seed{seed}")
     torch.manual_seed(seed)
-    policy = load_policy(PolicyConfig(model=args.model))
+    policy = load_policy(PolicyConfig(model=args.model,
+                                      compiled_decoding=args.compiled_decoding))
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
-                     kl_reference=args.kl_reference,
+                     kl_reference=args.kl_reference, temperature=args.rl_temperature,
                      eval_every=0, seed=seed)
     caps = ({"generator": args.generator_max_new_tokens} if args.generator_max_new_tokens
             else {})
