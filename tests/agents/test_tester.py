@@ -223,7 +223,9 @@ def get_init_inputs():
     if shutil.which("compute-sanitizer") is None:
         assert "skipped" in report["sanitizer"]["memcheck"]
     else:
-        assert report["sanitizer"]["memcheck"]["clean"]
+        memcheck = report["sanitizer"]["memcheck"]
+        assert "error" not in memcheck, memcheck  # the harness must run: its stderr says why not
+        assert memcheck["clean"], memcheck
 
 
 def test_deep_profile_skips_cleanly_without_tools(monkeypatch):
@@ -232,3 +234,26 @@ def test_deep_profile_skips_cleanly_without_tools(monkeypatch):
                                   "def get_init_inputs(): return []\n", name="p")
     report = deep_profile(problem, CANDIDATE)
     assert "skipped" in report["ncu"] and "skipped" in report["sanitizer"]["racecheck"]
+
+
+@pytest.mark.parametrize(("exit_code", "expect"), [(0, "clean"), (3, "finding"), (1, "error")])
+def test_sanitizer_exit_codes_separate_findings_from_a_failed_harness(tmp_path, monkeypatch,
+                                                                       exit_code, expect):
+    from multiminddev.agents.tester import _run_sanitizer
+
+    # A stand-in for the tool's command line contract only (exit 3 = it found errors): what is
+    # tested is how its outcomes are reported, which the GPU test checks with the real tool.
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text("#!/bin/sh\necho '========= Invalid __global__ read of size 4 bytes'\n"
+                    f"echo 'Traceback: harness died' >&2\nexit {exit_code}\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    report = _run_sanitizer(["python3", "harness.py"], "memcheck", timeout_s=30)
+    if expect == "clean":
+        assert report["clean"] and "error" not in report
+    elif expect == "finding":
+        assert not report["clean"] and report["findings"] == [
+            "========= Invalid __global__ read of size 4 bytes"]
+    else:
+        assert "harness failed" in report["error"] and "harness died" in report["stderr"]
+        assert "clean" not in report

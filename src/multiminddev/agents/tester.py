@@ -421,13 +421,24 @@ def parse_ncu_csv(text: str) -> list[dict[str, str]]:
              "unit": r.get("Metric Unit", ""), "value": r.get("Metric Value", "")} for r in rows]
 
 
+SANITIZER_FINDINGS_EXIT = 3  # compute-sanitizer --error-exitcode: it found an error
+
+
 def _run_sanitizer(cmd: list[str], tool: str, timeout_s: float) -> dict[str, Any]:
     sanitizer = shutil.which("compute-sanitizer")
     if sanitizer is None:
         return {"skipped": "compute-sanitizer is not on PATH"}
-    proc = _run_tool([sanitizer, "--tool", tool, "--error-exitcode", "3", *cmd], timeout_s)
+    proc = _run_tool([sanitizer, "--tool", tool, "--error-exitcode",
+                      str(SANITIZER_FINDINGS_EXIT), *cmd], timeout_s)
     if isinstance(proc, str):
         return {"error": proc}
+    if proc.returncode not in (0, SANITIZER_FINDINGS_EXIT):
+        # The harness itself failed (an exception, no GPU memory, a crash the tool did not
+        # attribute): that is no finding about the kernel, so say so instead of "not clean".
+        return {"error": f"compute-sanitizer --tool {tool} exited {proc.returncode} without a "
+                         f"finding: the harness failed (see stderr)",
+                "returncode": proc.returncode, "stderr": proc.stderr[-1500:],
+                "stdout": proc.stdout[-1500:]}
     findings = [ln.strip() for ln in proc.stdout.splitlines()
                 if ln.startswith("=========") and ("Invalid" in ln or "hazard" in ln.lower()
                                                   or "Error" in ln)]
