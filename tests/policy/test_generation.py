@@ -146,6 +146,24 @@ def test_decode_buckets_pad_rows_to_a_power_of_two_and_width_to_the_bucket():
     assert decode_buckets(39, 900) == (64, 1024)
 
 
+def test_compiled_decoding_splits_batches_above_the_row_cap(monkeypatch):
+    import multiminddev.policy.generation as generation
+
+    monkeypatch.setattr(generation, "COMPILED_DECODING_MAX_ROWS", 2)
+    policy = tiny_policy(compiled_decoding=True)
+    backend = HFGenerationBackend(policy, max_batch_size=64)
+    shapes = []
+    real = backend._generate_batch
+    monkeypatch.setattr(backend, "_generate_batch",
+                        lambda model, chunk, *a: shapes.append(len(chunk)) or real(model, chunk, *a))
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=4)
+    got = backend.generate_sync(_three_prompts(policy), greedy, G)
+    assert shapes == [2, 1] and [o.prompt_index for o in got] == [0, 1, 2]
+    want = HFGenerationBackend(tiny_policy(), max_batch_size=64).generate_sync(
+        _three_prompts(policy), greedy, G)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+
+
 def _three_prompts(policy):
     tok = policy.tokenizer
     return _prompts(policy) + [encode_chat(tok, [{"role": "user", "content": "a b c d e f g"}])]
@@ -182,6 +200,7 @@ def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, c
         got = backend.generate_sync(prompts, greedy, G)
     assert not backend.compiled_decoding
     assert "compiled decoding failed" in caplog.text
+    assert any(r.exc_info for r in caplog.records)  # with its traceback, to find the cause
     want = HFGenerationBackend(tiny_policy()).generate_sync(prompts, greedy, G)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
 

@@ -35,6 +35,13 @@ from multiminddev.agents.roles import AgentRole
 log = logging.getLogger(__name__)
 
 PROMPT_WIDTH_BUCKET = 128  # compiled decoding pads prompts to a multiple of this
+# Compiled decoding decodes at most this many rows at once. Batches of 8 and 16 decoded correctly
+# on an H100 (2026-11-22: the GPU test, bench_generation, the quickstart); the learning run's
+# first 64-row batches (39 prompts, 3 processes on one H200) failed with an AssertionError
+# inside torch.compile and CUDA "illegal memory access" warnings, cause not yet found, so larger
+# batches are split. Decoding stays launch-bound, so four 16-row batches cost about four times
+# one, still ~5x less than one eager 64-row batch.
+COMPILED_DECODING_MAX_ROWS = 16
 # Dynamo's default of 8 compiled variants per function would be spent by a handful of buckets,
 # after which it silently runs eager.
 COMPILED_DECODING_RECOMPILE_LIMIT = 64
@@ -153,9 +160,11 @@ class HFGenerationBackend:
             sampler = self.policy.sampling_model(role)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
+            step = (min(self.max_batch_size, COMPILED_DECODING_MAX_ROWS)
+                    if self.compiled_decoding else self.max_batch_size)
             try:
-                for start in range(0, len(expanded), self.max_batch_size):
-                    chunk = expanded[start : start + self.max_batch_size]
+                for start in range(0, len(expanded), step):
+                    chunk = expanded[start : start + step]
                     outputs.extend(self._generate_batch(model, chunk, sampling, sampler))
             finally:
                 model.train(was_training)
@@ -199,8 +208,9 @@ class HFGenerationBackend:
         except Exception as exc:  # noqa: BLE001 - any compile failure: decode eagerly instead
             if not compiled:
                 raise
+            # the traceback travels with the warning: "AssertionError: " alone did not say where
             log.warning("compiled decoding failed (%s: %s); decoding eagerly from now on",
-                        type(exc).__name__, exc)
+                        type(exc).__name__, exc, exc_info=True)
             self.compiled_decoding = False
             return self._generate_batch(model, chunk, sampling, sampler)
         rows = len(chunk)  # padding rows of compiled decoding are dropped here
