@@ -58,13 +58,11 @@ class RunSize:
 # one). Other processes on the 2 cores slow every phase several-fold. Optimizer replies (a fast
 # kernel) run to 750 tokens on tiers 0-1 and 2490 over all tiers (Generator, naive: 440 and
 # 1297), so the sizes give each agent room for its longest taught reply: a reply cut short has
-# no closing fence and cannot parse (tests/train/test_pipeline.py checks this). The GPU quickstart's size follows the learning benchmark's recipe (more SFT steps); its
-# wall time on a GPU with these sizes has not been measured yet (the previous GPU size, 40 SFT
-# steps and 448 tokens, took 7.1 min on an H200). Two GRPO steps, not three: a step's rollout
-# took 122-159 s in the fourth session's learning run (16 episodes of 512 + 800 tokens), so
-# three would bring the estimate to the 10-minute target's edge. On an H100 (fifth session) it
-# did not finish within 575 s with eager decoding (60-80 ms per decoding step at any batch), so
-# the GPU quickstart decodes with a static cache and a compiled step (compiled_decoding).
+# no closing fence and cannot parse (tests/train/test_pipeline.py checks this). The GPU
+# quickstart's size follows the learning benchmark's recipe (150 SFT steps, 2 GRPO steps). With
+# eager decoding (60-80 ms per step at any batch) it did not finish within 575 s on an H100
+# (fifth session); with compiled decoding it took 320 s there, a GRPO rollout of 8 episodes 15 s
+# once compiled (sixth session, docs/BENCHMARKS.md).
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(
