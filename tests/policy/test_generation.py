@@ -186,6 +186,29 @@ def test_compiled_decoding_padding_leaves_greedy_outputs_unchanged(source):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
 
 
+def test_compiled_generates_all_run_in_one_thread_whoever_calls(monkeypatch):
+    import threading
+
+    from multiminddev.policy.generation import DECODE_THREAD_NAME
+
+    backend = HFGenerationBackend(tiny_policy(compiled_decoding=True))
+    threads = []
+    real = backend._generate_batch
+    monkeypatch.setattr(backend, "_generate_batch", lambda *a: threads.append(
+        threading.current_thread().name) or real(*a))
+    prompts = _three_prompts(backend.policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=3)
+    first = backend.generate_sync(prompts, greedy, G)  # from the main thread
+    other = []
+    caller = threading.Thread(target=lambda: other.append(backend.generate_sync(prompts, greedy, G)))
+    caller.start()
+    caller.join()
+    both = asyncio.run(backend.generate(prompts, greedy, G))  # from an event-loop worker thread
+    assert len(set(threads)) == 1 and threads[0].startswith(DECODE_THREAD_NAME)
+    assert [o.token_ids for o in first] == [o.token_ids for o in other[0]] == [
+        o.token_ids for o in both]
+
+
 def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, caplog):
     import multiminddev.policy.generation as generation
 

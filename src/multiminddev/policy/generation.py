@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -45,6 +47,18 @@ COMPILED_DECODING_MAX_ROWS = 16
 # Dynamo's default of 8 compiled variants per function would be spent by a handful of buckets,
 # after which it silently runs eager.
 COMPILED_DECODING_RECOMPILE_LIMIT = 64
+
+
+DECODE_THREAD_NAME = "mmd-compiled-decoding"
+
+
+@functools.cache
+def _decode_executor() -> ThreadPoolExecutor:
+    """The one thread every compiled generate runs in, whoever calls it. torch.compile's CUDA
+    graph trees keep their state per thread (graphs, memory pools), while episodes call
+    generate from whichever event-loop worker thread is free; one thread keeps a process's
+    graphs in one place. (Whether threads caused the learning run's failure is not known.)"""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD_NAME)
 
 
 def decode_buckets(batch: int, width: int) -> tuple[int, int]:
@@ -144,6 +158,14 @@ class HFGenerationBackend:
         return await asyncio.to_thread(self.generate_sync, prompts, sampling, role)
 
     def generate_sync(
+        self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
+    ) -> list[GenerationOutput]:
+        if self.compiled_decoding and not threading.current_thread().name.startswith(
+                DECODE_THREAD_NAME):
+            return _decode_executor().submit(self._generate_sync, prompts, sampling, role).result()
+        return self._generate_sync(prompts, sampling, role)
+
+    def _generate_sync(
         self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
     ) -> list[GenerationOutput]:
         import torch
