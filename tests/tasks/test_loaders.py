@@ -457,3 +457,20 @@ def test_plus_joins_specs_in_order_and_refuses_overlaps(tmp_path):
     save_jsonl(load_problems("builtin:relu"), odd)
     assert [p.name for p in load_problems(str(odd))] == [
         p.name for p in load_problems("builtin:relu")]
+
+
+def test_shapes_n_keeps_the_first_n_shapes_of_each_family():
+    """``:shapesN`` sizes an SFT mix (e.g. one shape per breadth family, so the breadth
+    families do not crowd out tier 1); the held-out spec is untouched by it."""
+    one = load_problems("builtin:breadth:shapes1")
+    every = load_problems("builtin:breadth")
+    assert len({p.family for p in one}) == len(one) == len({p.family for p in every})
+    assert {p.name for p in one} < {p.name for p in every}
+    train1 = load_problems("builtin:tier0,tier1:train:shapes1")
+    assert len({p.family for p in train1}) == len(train1)
+    assert len(load_problems("builtin:tier0,tier1:train:shapes2")) == len(
+        load_problems("builtin:tier0,tier1:train"))
+    with pytest.raises(ProblemError, match="one of allshapes / shapesN"):
+        load_problems("builtin:tier0:train:allshapes:shapes1")
+    with pytest.raises(ProblemError, match="shapes0"):
+        load_problems("builtin:breadth:shapes0")

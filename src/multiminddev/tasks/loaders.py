@@ -636,8 +636,9 @@ def save_jsonl(
 _SPEC_HELP = (
     "builtin, builtin:tier1, builtin:train, builtin:heldout, builtin:small, builtin:FAMILY "
     "(parts combine: builtin:tier0,tier1:train; add :allshapes for every shape of each family "
-    "instead of the first 2 of the split), "
-    "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small), "
+    "instead of the first 2 of the split, or :shapesN for the first N), "
+    "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small, "
+    "builtin:breadth:shapes1), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
     "or a path to a .py problem, "
     "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump; "
@@ -645,6 +646,7 @@ _SPEC_HELP = (
 )
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
+_SHAPES_RE = re.compile(r"^shapes(\d+)$", re.IGNORECASE)
 
 
 def _builtin(parts: list[str]) -> list[Problem]:
@@ -662,8 +664,14 @@ def _builtin(parts: list[str]) -> list[Problem]:
             kwargs["split"] = part.lower()
         elif part.lower() == "small":  # one tiny problem per family, for CPU runs
             kwargs["small"] = True
-        elif part.lower() == "allshapes":  # every shape, not builtin_problems' first 2
-            kwargs["shapes_per_family"] = None
+        elif part.lower() == "allshapes" or _SHAPES_RE.match(part):
+            # every shape (allshapes) or the first N (shapesN), not builtin_problems' first 2
+            if "shapes_per_family" in kwargs:
+                raise ProblemError(f"spec {':'.join(parts)!r}: give one of allshapes / shapesN")
+            m = _SHAPES_RE.match(part)
+            kwargs["shapes_per_family"] = int(m.group(1)) if m else None
+            if kwargs["shapes_per_family"] == 0:
+                raise ProblemError("shapes0 selects nothing: use shapes1 or more")
         elif part.lower() == "breadth":  # the SFT-only families (tasks/builtin/breadth.py)
             breadth = True
         else:
@@ -674,15 +682,17 @@ def _builtin(parts: list[str]) -> list[Problem]:
         kwargs["families"] = families
     spec = "builtin" + (":" + ":".join(parts) if parts else "")
     if breadth:
-        # Breadth families are in no split and no tier selection: only `small` applies.
-        other = sorted(set(kwargs) - {"small"})
+        # Breadth families are in no split and no tier selection: only `small` and the shape
+        # count apply.
+        other = sorted(set(kwargs) - {"small", "shapes_per_family"})
         if other:
             raise ProblemError(
                 f"spec {spec!r}: builtin:breadth takes no {', '.join(other)} part (it is every "
                 "shape of the SFT-only breadth families; builtin:breadth:small for tiny ones); "
                 "join it to a corpus spec with '+' instead"
             )
-        return breadth_problems(small=bool(kwargs.get("small")))
+        return breadth_problems(small=bool(kwargs.get("small")),
+                                shapes_per_family=kwargs.get("shapes_per_family"))
     try:
         problems = builtin_problems(**kwargs)
     except KeyError as exc:  # an unknown family name

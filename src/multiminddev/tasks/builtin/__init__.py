@@ -131,14 +131,15 @@ def breadth_by_name() -> Mapping[str, Family]:
     return MappingProxyType({f.name: f for f in breadth_families()})
 
 
-def breadth_problems(*, small: bool = False) -> list[Problem]:
-    """Every shape of every SFT-only breadth family (``small=True``: one tiny problem each).
+def breadth_problems(*, small: bool = False, shapes_per_family: int | None = None) -> list[Problem]:
+    """Every shape (or the first ``shapes_per_family``) of every SFT-only breadth family
+    (``small=True``: one tiny problem each).
 
     Their ``split`` is "" (they are in no split) and ``extra["breadth"]`` is True."""
     families = breadth_by_name().values()
     if small:
         return [make_problem(f, f.small) for f in families]
-    return [make_problem(f, s) for f in families for s in f.shapes]
+    return [make_problem(f, s) for f in families for s in f.shapes[:shapes_per_family]]
 
 
 def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE) -> str | None:
