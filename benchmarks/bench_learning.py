@@ -59,10 +59,12 @@ class BenchArgs:
     rl_learning_rate: float = 2e-5
     kl_reference: str = "base"
     rl_temperature: float = 1.0  # GRPO's rollout sampling temperature
+    grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
     skip_base: bool = False
     base_only: bool = False
     aggregate_only: bool = False
+    aggregate_partial: bool = False
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -86,6 +88,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--rl-temperature", type=float, default=1.0,
                    help="GRPO's rollout sampling temperature (GRPOConfig.temperature); the "
                         "held-out evaluations stay greedy (--eval-temperature)")
+    p.add_argument("--grpo-eval-every", type=int, default=0, metavar="K",
+                   help="also evaluate the held-out set after every K GRPO steps (stages "
+                        "'grpo@K' in partial.json), so a run cut before its end still compares "
+                        "GRPO with SFT (--aggregate-partial); 0: only after the last step")
+    p.add_argument("--aggregate-partial", action="store_true",
+                   help="run nothing; aggregate the stages every seed has in its partial.json "
+                        "(a run cut before its end), intermediate GRPO stages included")
     p.add_argument("--compiled-decoding", choices=["off", "on"], default="off",
                    help="decode with a static KV cache and a compiled step "
                         "(PolicyConfig.compiled_decoding; CUDA only)")
@@ -125,7 +134,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         a.sft_steps, a.rl_steps, a.eval_problems = 40, 4, 12
         a.problems_per_step, a.group_size, a.max_new_tokens = 4, 4, 512
     if a.cpu_smoke:
-        a.seeds, a.sft_steps, a.sft_batch_size, a.rl_steps = a.seeds[:2], 1, 1, 1
+        a.seeds, a.sft_steps, a.sft_batch_size = a.seeds[:2], 1, 1
+        a.rl_steps = 2 if a.grpo_eval_every else 1  # with a pause, so the smoke test covers it
         a.eval_problems, a.problems_per_step, a.group_size = 1, 1, 2
         a.max_turns, a.max_new_tokens = 1, 16
         a.train_problems, a.heldout_problems = "builtin:tier0:train", "builtin:tier0:heldout"
@@ -273,15 +283,20 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         save_partial()  # SFT's time survives a cut during the evaluation that follows
     evaluate("sft")
     if "grpo" not in rows:
-        t = time.perf_counter()
         if (out / "rl_checkpoints" / "latest").is_dir():
             trainer.resume(out)
             print(f"seed {seed}: GRPO resumed at step {trainer.step}", flush=True)
-        trainer.episode_config = train_episodes
-        trainer.train()
+        for mark in grpo_marks(args.rl_steps, args.grpo_eval_every):
+            if trainer.step < mark:
+                t = time.perf_counter()
+                trainer.episode_config = train_episodes
+                trainer.train(until=mark)
+                trainer.episode_config = eval_episodes
+                seconds["grpo"] = seconds.get("grpo", 0.0) + time.perf_counter() - t
+                save_partial()
+            if mark < args.rl_steps:
+                evaluate(f"grpo@{mark}")  # kept if the run is cut before its last step
         trainer.finish()
-        seconds["grpo"] = seconds.get("grpo", 0.0) + time.perf_counter() - t
-        trainer.episode_config = eval_episodes
     evaluate("grpo")
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
     metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES if s in rows}
@@ -295,6 +310,13 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def grpo_marks(rl_steps: int, every: int) -> list[int]:
+    """The GRPO steps after which the held-out set is evaluated: every ``every`` steps and the
+    last (``every`` <= 0: the last only)."""
+    marks = list(range(every, rl_steps, every)) if every > 0 else []
+    return [*marks, rl_steps]
 
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str]) -> Any:
@@ -389,6 +411,46 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
     return out
 
 
+def intermediate_stages(per_seed: list[dict[str, Any]]) -> list[str]:
+    """GRPO stages every seed has ("grpo@4", ..., then "grpo"), in step order."""
+    common = set.intersection(*(set(s["rows"]) for s in per_seed)) if per_seed else set()
+    marks = sorted((int(st.split("@")[1]), st) for st in common if st.startswith("grpo@"))
+    return [st for _, st in marks] + (["grpo"] if "grpo" in common else [])
+
+
+def aggregate_partial(per_seed: list[dict[str, Any]], compile_only: bool,
+                      base_run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Like ``aggregate`` over the stages every seed reached (a run cut short): each GRPO
+    stage, intermediate ones included, against SFT."""
+    from multiminddev.report.metrics import bootstrap_ci
+
+    for s in per_seed:
+        s.setdefault("metrics", {}).update(
+            {st: stage_metrics(rows, compile_only) for st, rows in s["rows"].items()})
+    if any("base" in s["rows"] for s in per_seed) or base_run is not None:
+        share_base_stage(per_seed, compile_only, base_run)
+    stages = [st for st in ("base", "sft") if all(st in s["rows"] for s in per_seed)]
+    stages += intermediate_stages(per_seed)
+    out: dict[str, Any] = {"stages": stages}
+    for stage in stages:
+        pooled = [r for s in per_seed for r in s["rows"][stage]]
+        for metric in METRICS:
+            values = [s["metrics"][stage][metric] for s in per_seed]
+            ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
+            out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
+                                        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                        "ci95": list(ci), "per_seed": values}
+        if stage.startswith("grpo") and "sft" in stages:
+            for metric in ("reward_mean", "fast_1", "correct_rate"):
+                gains = [s["metrics"][stage][metric] - s["metrics"]["sft"][metric]
+                         for s in per_seed]
+                spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
+                out[f"gain/{stage}/{metric}"] = {"mean": statistics.fmean(gains), "std": spread,
+                                                 "per_seed": gains,
+                                                 "exceeds_spread": statistics.fmean(gains) > spread}
+    return out
+
+
 def sft_note(per_seed: list[dict[str, Any]], train_problems: str) -> str:
     """Names the SFT data where a seed's was not GRPO's problems ("" where all were). A record
     without the key predates --sft-problems: its SFT data was its training problems."""
@@ -445,6 +507,39 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
     path.write_text("\n".join(lines) + "\n")
 
 
+def write_partial_results(args: BenchArgs) -> int:
+    """--aggregate-partial: results_partial.{json,md} from the seeds' partial.json files."""
+    per_seed = []
+    for seed in args.seeds:
+        partial = _read_json(args.output_dir / f"seed{seed}" / "partial.json")
+        if partial is None:
+            print(f"seed {seed}: no partial.json in {args.output_dir / f'seed{seed}'}",
+                  file=sys.stderr)
+            return 2
+        per_seed.append({"seed": seed, "rows": partial.get("rows", {})})
+    note_path = args.output_dir / "note.txt"
+    note = note_path.read_text().strip() if note_path.is_file() else ""
+    compile_only = "COMPILE-ONLY" in note
+    base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
+    summary = aggregate_partial(per_seed, compile_only, base_run)
+    (args.output_dir / "results_partial.json").write_text(json.dumps(
+        {"note": note, "seeds": args.seeds, "summary": summary}, indent=2))
+    lines = [f"Measured on: {note}; seeds {args.seeds}; stages every seed reached", "",
+             "| stage | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
+    for stage in summary["stages"]:
+        lines.append(f"| {stage} | " + " | ".join(
+            f"{summary[f'{stage}/{m}']['mean']:.3f} ± {summary[f'{stage}/{m}']['std']:.3f}"
+            for m in METRICS) + " |")
+    lines += ["", "mean ± std over seeds", ""]
+    for key, g in summary.items():
+        if key.startswith("gain/"):
+            lines.append(f"- {key.removeprefix('gain/')} minus SFT: {g['mean']:+.3f} (std "
+                         f"{g['std']:.3f}); per seed {[round(x, 3) for x in g['per_seed']]}")
+    (args.output_dir / "results_partial.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -456,6 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     done = {s: r for s in args.seeds if (r := finished_seed(args.output_dir, s)) is not None}
     if args.base_only:
         done = {}  # one evaluation of the base; nothing else is run
+    if args.aggregate_partial:
+        return write_partial_results(args)
     if args.aggregate_only:
         missing = [s for s in args.seeds if s not in done]
         if missing or not done:

@@ -6,6 +6,9 @@
 # Parts that need the embedded model (tests-rest, bench-generation, learning-*):
 #   device call 1 (carry .stage/a):                       bash benchmarks/gpu_session.sh stage-a
 #   device call 2 within 30 s (carry .stage/b .stage/whl): bash benchmarks/gpu_session.sh run PARTS...
+# A run cut before its end (the machine's 30-minute limit took three of them) still compares
+# GRPO with SFT through its held-out evaluations every GRPO_EVAL_EVERY steps: aggregate what came
+# back with  python3 benchmarks/bench_learning.py --output-dir DIR --seeds 0 1 2 --aggregate-partial
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile gen-compiled
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
@@ -86,7 +89,8 @@ LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/lea
   --sft-problems ${SFT_PROBLEMS:-builtin:tier0,tier1:train} \
   --sft-steps ${SFT_STEPS:-250} --eval-problems 39 --rl-steps ${RL_STEPS:-12} \
   --rl-learning-rate ${RL_LR:-2e-5} --kl-reference ${KL_REF:-base} --rl-temperature ${RL_TEMP:-0.8} \
-  --compiled-decoding ${COMPILED:-on} --problems-per-step 4 --group-size 4 \
+  --compiled-decoding ${COMPILED:-on} --grpo-eval-every ${GRPO_EVAL_EVERY:-4} \
+  --problems-per-step 4 --group-size 4 \
   --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
 
 for part in "$@"; do

@@ -138,3 +138,40 @@ def test_sft_data_of_the_sft_spec_holds_breadth_and_fp16_problems(bench):
     # a datasets.Dataset names each row's problem; the fallback column dict does not
     if "problem" in getattr(data, "column_names", ()):
         assert {"neg_4096x4096", "relu_4095x8191_fp16"} <= set(data["problem"])
+
+
+def test_grpo_marks_pause_every_k_steps_and_end_at_the_last(bench):
+    assert bench.grpo_marks(12, 4) == [4, 8, 12]
+    assert bench.grpo_marks(10, 4) == [4, 8, 10]
+    assert bench.grpo_marks(3, 0) == [3]
+    assert bench.grpo_marks(3, 5) == [3]
+
+
+def test_a_cut_run_aggregates_the_stages_every_seed_reached(bench, tmp_path):
+    import json
+
+    base = [(False, False, 0.0, -0.1)]
+    sft = [(True, False, 0.0, 0.0), (True, True, 1.0, 0.5)]
+    grpo4 = {0: [(True, True, 1.0, 0.5), (True, True, 1.0, 0.5)],  # seed 0 gained 0.25
+             1: [(True, True, 1.0, 0.5), (True, False, 0.0, 0.2)]}  # seed 1 gained 0.10
+    for seed in (0, 1):
+        stages = {"sft": sft, "grpo@4": grpo4[seed]}
+        if seed == 0:
+            stages["grpo@8"] = grpo4[seed]  # only seed 0 got further: not aggregated
+        rows = {st: [_row(*r) for r in rs] for st, rs in stages.items()}
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "partial.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "partial.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"base": [_row(*r) for r in base]}}))
+    args = bench.parse_args(["--output-dir", str(tmp_path), "--seeds", "0", "1",
+                             "--aggregate-partial"])
+    assert bench.main(["--output-dir", str(tmp_path), "--seeds", "0", "1",
+                       "--aggregate-partial"]) == 0
+    summary = json.loads((tmp_path / "results_partial.json").read_text())["summary"]
+    assert summary["stages"] == ["base", "sft", "grpo@4"] and args.aggregate_partial
+    gain = summary["gain/grpo@4/reward_mean"]
+    assert gain["per_seed"] == pytest.approx([0.25, 0.10]) and gain["mean"] == pytest.approx(0.175)
+    assert "grpo@4" in (tmp_path / "results_partial.md").read_text()
+    assert bench.main(["--output-dir", str(tmp_path), "--seeds", "0", "2",
+                       "--aggregate-partial"]) == 2  # seed 2 has no record

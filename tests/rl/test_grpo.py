@@ -192,6 +192,19 @@ def test_resume_after_kill_reproduces_uninterrupted_training(tmp_path):
     assert straight.curriculum.state_dict() == resumed.curriculum.state_dict()
 
 
+@pytest.mark.slow
+def test_training_paused_at_a_step_goes_on_as_if_never_paused(tmp_path):
+    straight = _trainer(tmp_path / "a", tiny_policy(), num_steps=2)
+    straight.train()
+    paused = _trainer(tmp_path / "b", tiny_policy(), num_steps=2)
+    paused.train(until=1)
+    assert paused.step == 1  # a caller evaluates here (bench_learning --grpo-eval-every)
+    paused.train()
+    assert paused.step == 2
+    for a, b in zip(_params(straight.policy), _params(paused.policy)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.gpu
 def test_one_step_on_gpu_moves_the_adapters_and_logs_real_rewards(tmp_path):
     from multiminddev.train.metrics import read_metrics

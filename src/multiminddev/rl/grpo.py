@@ -319,11 +319,15 @@ class GRPOTrainer:
 
     # ---------------------------------------------------------------- the loop (one screen)
 
-    def train(self, progress: Any = None, task: Any = None) -> list[dict[str, Any]]:
+    def train(self, progress: Any = None, task: Any = None,
+              until: int | None = None) -> list[dict[str, Any]]:
+        """Steps until ``cfg.num_steps`` (or step ``until``, to pause for a caller's held-out
+        evaluation; a later call goes on from there)."""
         from multiminddev.train.metrics import PhaseTimer
 
         self.freeze_start_reference()
-        while self.step < self.cfg.num_steps:
+        stop = self.cfg.num_steps if until is None else min(until, self.cfg.num_steps)
+        while self.step < stop:
             timer = PhaseTimer()
             with timer("rollout"):
                 episodes, rollout_stats = self.rollout()
