@@ -16,7 +16,8 @@
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
 # bench-eval ~100 s quick / ~170 s full, tests-env ~130-180 s, tests-hacks ~140-190 s,
-# tests-rest ~155 s, evaldir ~250 s, quickstart ~430 s (old GPU size).
+# tests-rest ~155 s (~270 s with the compiled-decoding test), evaldir ~250 s, gen-compiled
+# ~190 s, quickstart 320 s on an H100 (sixth session, compiled decoding).
 # The learning run (3 seeds at once, 250 SFT steps, 39 held-out problems, 3 GRPO steps) takes
 # ~1150 s of GPU work: load + SFT ~250 s, SFT evaluation ~230 s, GRPO ~140 s per step, final
 # evaluation ~230 s. Twice in the fourth session the machine went back between two calls (an
