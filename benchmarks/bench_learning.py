@@ -383,31 +383,43 @@ def share_base_stage(per_seed: list[dict[str, Any]], compile_only: bool,
     return lender["seed"]
 
 
-def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
-              base_run: dict[str, Any] | None = None) -> dict[str, Any]:
+def stage_summary(per_seed: list[dict[str, Any]], stage: str,
+                  compile_only: bool) -> dict[str, Any]:
+    """``{stage}/{metric}``: mean and std over seeds, bootstrap CI over pooled episodes."""
     from multiminddev.report.metrics import bootstrap_ci
 
+    pooled = [r for s in per_seed for r in s["rows"][stage]]
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        values = [s["metrics"][stage][metric] for s in per_seed]
+        ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
+        out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
+                                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                                    "ci95": list(ci), "per_seed": values}
+    return out
+
+
+def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str) -> dict[str, Any]:
+    """``stage`` minus SFT per seed; it counts only if its mean exceeds its spread."""
+    gains = [s["metrics"][stage][metric] - s["metrics"]["sft"][metric] for s in per_seed]
+    mean = statistics.fmean(gains)
+    spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
+    return {"mean": mean, "std": spread, "per_seed": gains, "exceeds_spread": mean > spread}
+
+
+def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
+              base_run: dict[str, Any] | None = None) -> dict[str, Any]:
     share_base_stage(per_seed, compile_only, base_run)
     out: dict[str, Any] = {}
     for stage in STAGES:
-        pooled = [r for s in per_seed for r in s["rows"][stage]]
-        for metric in METRICS:
-            values = [s["metrics"][stage][metric] for s in per_seed]
-            ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
-            out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
-                                        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                                        "ci95": list(ci), "per_seed": values}
+        out.update(stage_summary(per_seed, stage, compile_only))
     for stage in STAGES:  # episodes whose evaluation failed on our side: they count as failures
         rows = [r for s in per_seed for r in s["rows"][stage]]
         if all("infra_error" in r for r in rows):  # older records do not say
             out[f"{stage}/infra_errors"] = [sum(r["infra_error"] for r in s["rows"][stage])
                                             for s in per_seed]
     for metric in ("reward_mean", "fast_1"):
-        gains = [s["metrics"]["grpo"][metric] - s["metrics"]["sft"][metric] for s in per_seed]
-        mean = statistics.fmean(gains)
-        spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
-        out[f"gain/{metric}"] = {"mean": mean, "std": spread, "per_seed": gains,
-                                 "exceeds_spread": mean > spread}
+        out[f"gain/{metric}"] = gain_summary(per_seed, "grpo", metric)
     return out
 
 
@@ -422,8 +434,6 @@ def aggregate_partial(per_seed: list[dict[str, Any]], compile_only: bool,
                       base_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Like ``aggregate`` over the stages every seed reached (a run cut short): each GRPO
     stage, intermediate ones included, against SFT."""
-    from multiminddev.report.metrics import bootstrap_ci
-
     for s in per_seed:
         s.setdefault("metrics", {}).update(
             {st: stage_metrics(rows, compile_only) for st, rows in s["rows"].items()})
@@ -433,21 +443,10 @@ def aggregate_partial(per_seed: list[dict[str, Any]], compile_only: bool,
     stages += intermediate_stages(per_seed)
     out: dict[str, Any] = {"stages": stages}
     for stage in stages:
-        pooled = [r for s in per_seed for r in s["rows"][stage]]
-        for metric in METRICS:
-            values = [s["metrics"][stage][metric] for s in per_seed]
-            ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
-            out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
-                                        "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                                        "ci95": list(ci), "per_seed": values}
+        out.update(stage_summary(per_seed, stage, compile_only))
         if stage.startswith("grpo") and "sft" in stages:
             for metric in ("reward_mean", "fast_1", "correct_rate"):
-                gains = [s["metrics"][stage][metric] - s["metrics"]["sft"][metric]
-                         for s in per_seed]
-                spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
-                out[f"gain/{stage}/{metric}"] = {"mean": statistics.fmean(gains), "std": spread,
-                                                 "per_seed": gains,
-                                                 "exceeds_spread": statistics.fmean(gains) > spread}
+                out[f"gain/{stage}/{metric}"] = gain_summary(per_seed, stage, metric)
     return out
 
 
