@@ -65,6 +65,7 @@ class BenchArgs:
     base_only: bool = False
     aggregate_only: bool = False
     aggregate_partial: bool = False
+    sft_only: bool = False  # stop after SFT's held-out evaluation (an SFT-data comparison)
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -95,6 +96,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--aggregate-partial", action="store_true",
                    help="run nothing; aggregate the stages every seed has in its partial.json "
                         "(a run cut before its end), intermediate GRPO stages included")
+    p.add_argument("--sft-only", action="store_true",
+                   help="stop each seed after SFT and its held-out evaluation, then aggregate "
+                        "what every seed reached (as --aggregate-partial): compares SFT data "
+                        "mixes at a third of the time; a later run without it goes on to GRPO "
+                        "from the saved SFT adapters")
     p.add_argument("--compiled-decoding", choices=["off", "on"], default="off",
                    help="decode with a static KV cache and a compiled step "
                         "(PolicyConfig.compiled_decoding; CUDA only)")
@@ -239,7 +245,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     def save_partial() -> None:
         (out / "partial.json").write_text(json.dumps(
-            {"seed": seed, "rows": rows, "seconds": seconds, **shared_base}, default=str))
+            {"seed": seed, "sft_problems": args.sft_problems, "rows": rows, "seconds": seconds,
+             **shared_base}, default=str))
 
     def evaluate(stage: str) -> None:
         if stage in rows:
@@ -282,6 +289,9 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         seconds["sft"] = time.perf_counter() - t
         save_partial()  # SFT's time survives a cut during the evaluation that follows
     evaluate("sft")
+    if args.sft_only:  # no seed_result.json: a later full run goes on from here to GRPO
+        return {"seed": seed, "sft_problems": args.sft_problems, "rows": rows,
+                "seconds": seconds, **shared_base}
     if "grpo" not in rows:
         if (out / "rl_checkpoints" / "latest").is_dir():
             trainer.resume(out)
@@ -515,9 +525,13 @@ def write_partial_results(args: BenchArgs) -> int:
             print(f"seed {seed}: no partial.json in {args.output_dir / f'seed{seed}'}",
                   file=sys.stderr)
             return 2
-        per_seed.append({"seed": seed, "rows": partial.get("rows", {})})
+        per_seed.append({"seed": seed, "rows": partial.get("rows", {}),
+                         "sft_problems": partial.get("sft_problems")})
     note_path = args.output_dir / "note.txt"
     note = note_path.read_text().strip() if note_path.is_file() else ""
+    specs = sorted({s["sft_problems"] for s in per_seed if s["sft_problems"]})
+    if specs:  # older partial.json files do not record it
+        note += "; SFT data " + " | ".join(specs)
     compile_only = "COMPILE-ONLY" in note
     base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
     summary = aggregate_partial(per_seed, compile_only, base_run)
@@ -592,6 +606,8 @@ def main(argv: list[str] | None = None) -> int:
                                              sft=sft))
                 if args.base_only:
                     return 0
+        if args.sft_only:
+            return write_partial_results(args)
     base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
     if not any("base" in s["rows"] for s in per_seed) and not (base_run or {}).get("rows"):
         print(f"seeds {args.seeds} finished without a base stage (--skip-base); aggregate with "

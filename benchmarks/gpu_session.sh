@@ -12,6 +12,7 @@
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile gen-compiled
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
+#        sft-mixes-start (SFT data mixes, SFT only; SFT_MIXES="SPEC SPEC", then learning-wait)
 #        tests-qlora (no model; carry .stage/bnb)
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
@@ -51,7 +52,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" tests-rest "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_aa .stage/b/part_ab > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -172,6 +173,26 @@ DRIVER
                rm -f /root/learning/DONE
                setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
                echo "learning started (driver pid $!)" > "$RES/$part.log" ;;
+  sft-mixes-start)
+               # SFT data mixes compared on the held-out set, SFT only (--sft-only): for each
+               # space-separated spec in SFT_MIXES, seeds 0-2 in parallel into
+               # /root/learning/mixN, one mix after the other; detached like learning-start and
+               # waited on with learning-wait. Eager decoding: at 39 held-out problems and one
+               # evaluation per seed, compiling cost more than it saved (seventh session).
+               mkdir -p /root/learning
+               : > /root/learning/driver.sh
+               i=0
+               for mix in ${SFT_MIXES:?SFT_MIXES=\"SPEC SPEC ...\"}; do
+                 i=$((i + 1)); d=/root/learning/mix$i
+                 for seed in 0 1 2; do
+                   echo "$LEARN --output-dir $d --sft-problems '$mix' --compiled-decoding off --sft-only --skip-base --seeds $seed > /root/learning/mix$i-seed$seed.log 2>&1 &" >> /root/learning/driver.sh
+                 done
+                 echo "wait; $LEARN --output-dir $d --seeds 0 1 2 --aggregate-partial > /root/learning/mix$i.log 2>&1" >> /root/learning/driver.sh
+               done
+               echo 'echo 0 > /root/learning/DONE' >> /root/learning/driver.sh
+               rm -f /root/learning/DONE
+               setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
+               echo "sft mixes started: $SFT_MIXES" > "$RES/$part.log" ;;
   learning-wait)
                # a fresh machine (the last one went back) has no run to wait for: say so at once
                if [ ! -f /root/learning/driver.sh ]; then
@@ -187,7 +208,7 @@ DRIVER
                else (cd /root/learning && find . \( -name partial.json -o -name metrics.jsonl \
                        -o -name '*.log' \) -print0 | tar --null -T - -cf -) | tar -xf - -C "$RES/learning"
                fi
-               tail -n 2 /root/learning/seed*.log > "$RES/$part.log" 2>&1
+               tail -n 2 /root/learning/*.log > "$RES/$part.log" 2>&1
                [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
                                               exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;
   gen-compiled) # eager vs compiled decoding (static cache, CUDA graphs), one batch of rollouts

@@ -175,3 +175,25 @@ def test_a_cut_run_aggregates_the_stages_every_seed_reached(bench, tmp_path):
     assert "grpo@4" in (tmp_path / "results_partial.md").read_text()
     assert bench.main(["--output-dir", str(tmp_path), "--seeds", "0", "2",
                        "--aggregate-partial"]) == 2  # seed 2 has no record
+
+
+def test_sft_only_aggregates_the_sft_stage_and_names_its_data(bench, tmp_path):
+    """--sft-only stops each seed after SFT's evaluation; what it aggregates says which SFT
+    data each seed's partial.json records (two mixes run in two output folders)."""
+    import json
+
+    sft = {0: [(True, True, 1.0, 0.5), (True, False, 0.0, 0.1)],
+           1: [(True, True, 1.0, 0.5), (True, True, 1.0, 0.5)]}
+    mix = "builtin:tier0:train+builtin:tier1:train*2"
+    for seed in (0, 1):
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "partial.json").write_text(json.dumps(
+            {"seed": seed, "sft_problems": mix,
+             "rows": {"sft": [_row(*r) for r in sft[seed]]}}))
+    args = bench.parse_args(["--output-dir", str(tmp_path), "--seeds", "0", "1", "--sft-only"])
+    assert args.sft_only and not args.aggregate_partial
+    assert bench.write_partial_results(args) == 0
+    summary = json.loads((tmp_path / "results_partial.json").read_text())["summary"]
+    assert summary["stages"] == ["sft"]
+    assert summary["sft/correct_rate"]["per_seed"] == pytest.approx([0.5, 1.0])
+    assert f"SFT data {mix}" in (tmp_path / "results_partial.md").read_text()

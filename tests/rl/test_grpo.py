@@ -115,6 +115,36 @@ def test_episodes_with_an_infra_error_are_left_out_of_training_and_rewards():
     assert [s.reward for s in samples] == [s.reward for s in kept]
 
 
+def test_scored_turns_carry_their_reward_credit_and_advantage_into_the_episode_log():
+    """episodes.jsonl showed reward None on every GRPO turn (seventh session): the reward
+    phase now writes each agent turn's reward, components and credit on the turn."""
+    from multiminddev.episode.state import episode_to_dict
+    from multiminddev.rewards import compute_reward
+    from multiminddev.rl.grpo import record_advantages
+
+    problem = problems(1)[0]
+    episodes = [_episode(problem, ["incorrect", "compile_error"]),
+                _episode(problem, ["compile_error", "compile_error"])]
+    episodes[1].turns[0].eval_result = None  # a reply with no candidate: a format failure
+    cfg = GRPOConfig()
+    samples, _ = score_episodes(episodes, cfg)
+    for e_idx, episode in enumerate(episodes):
+        for k, turn in enumerate(episode.turns):
+            expected = compute_reward(turn.eval_result, cfg.reward, turn.candidate_source)
+            assert turn.reward == pytest.approx(expected.total)
+            assert {n: turn.reward_breakdown[n] for n in expected.components} == pytest.approx(
+                dict(expected.components))
+            mine = next(s for s in samples if s.episode == e_idx and s.turn_index == k)
+            assert turn.reward_breakdown["credited"] == pytest.approx(mine.reward)
+    samples = assign_advantages(samples, cfg)
+    record_advantages(episodes, samples)
+    generator_advantages = [e.turns[0].reward_breakdown["advantage"] for e in episodes]
+    assert generator_advantages[0] > 0 > generator_advantages[1]  # a candidate beats none
+    logged = episode_to_dict(episodes[0])["turns"][0]
+    assert logged["reward"] == pytest.approx(episodes[0].turns[0].reward)
+    assert logged["reward_breakdown"]["advantage"] == pytest.approx(generator_advantages[0])
+
+
 def _trainer(tmp_path, policy, compile_only=True, **cfg):
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig

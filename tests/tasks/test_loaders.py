@@ -459,6 +459,24 @@ def test_plus_joins_specs_in_order_and_refuses_overlaps(tmp_path):
         p.name for p in load_problems("builtin:relu")]
 
 
+def test_star_n_weighs_a_part_by_repeating_it():
+    """``A*N`` is the explicit way to weigh problems (overlapping parts stay an error)."""
+    tier1 = load_problems("builtin:tier1:train")
+    mix = load_problems("builtin:tier0:train+builtin:tier1:train*2+builtin:breadth:shapes1")
+    tier0, breadth = load_problems("builtin:tier0:train"), load_problems("builtin:breadth:shapes1")
+    assert [p.name for p in mix] == [p.name for p in tier0 + tier1 + tier1 + breadth]
+    assert [p.name for p in load_problems(" builtin:relu * 3 ")] == [
+        p.name for p in load_problems("builtin:relu")] * 3
+    assert [p.name for p in load_problems("builtin:relu*1")] == [
+        p.name for p in load_problems("builtin:relu")]
+    with pytest.raises(ProblemError, match="must be >= 1"):
+        load_problems("builtin:relu*0")
+    with pytest.raises(ProblemError, match="no spec before"):
+        load_problems("*2")
+    with pytest.raises(ProblemError, match="weigh a part with"):
+        load_problems("builtin:relu*2+builtin:tier0")
+
+
 def test_shapes_n_keeps_the_first_n_shapes_of_each_family():
     """``:shapesN`` sizes an SFT mix (e.g. one shape per breadth family, so the breadth
     families do not crowd out tier 1); the held-out spec is untouched by it."""

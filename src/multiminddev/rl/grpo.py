@@ -153,6 +153,10 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
     ``reward/<component>`` = mean of each reward component over agent turns. An episode with an
     infrastructure error (a crowded GPU, a worker that would not start) is left out of both:
     its reward says nothing about the policy (``infra_error_episodes`` counts them).
+
+    Each scored agent turn also gets its reward written on it (``turn.reward``: the immediate
+    reward; ``turn.reward_breakdown``: its components and ``credited``), so the episode log
+    (episodes.jsonl) shows what every turn was trained on.
     """
     groups: dict[Any, int] = {}
     samples: list[TurnSample] = []
@@ -168,17 +172,23 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
         group = groups.setdefault(key, len(groups))
         roles = [AgentRole(t.role) for t in episode.turns]
         immediate = []
-        for turn, role in zip(episode.turns, roles):
+        breakdowns: dict[int, dict[str, float]] = {}
+        for t_idx, (turn, role) in enumerate(zip(episode.turns, roles)):
             if not role.trainable:
                 immediate.append(0.0)
                 continue
             breakdown = compute_reward(turn.eval_result, cfg.reward,
                                        getattr(turn, "candidate_source", None))
             immediate.append(breakdown.total)
+            breakdowns[t_idx] = dict(breakdown.components)
             for name, value in breakdown.components.items():
                 components.setdefault(name, []).append(value)
         credited = assign_turn_rewards(roles, immediate, cfg.credit)
         agent = [i for i, r in enumerate(roles) if r.trainable]
+        for i in agent:
+            turn = episode.turns[i]
+            turn.reward = immediate[i]
+            turn.reward_breakdown = {**breakdowns[i], "credited": credited[i]}
         episode_rewards.append(max((immediate[i] for i in agent), default=0.0))
         for k, i in enumerate(agent):
             turn = episode.turns[i]
@@ -227,6 +237,14 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
     if cfg.filter_zero_variance:
         return [s for s in samples if s.advantage != 0.0]
     return samples
+
+
+def record_advantages(episodes: list[Any], samples: list[TurnSample]) -> None:
+    """Write each trained turn's advantage into its ``reward_breakdown`` (the episode log);
+    a turn left out of the update (no reply, DAPO's zero-variance filter) has none."""
+    for s in samples:
+        agent_turns = [t for t in episodes[s.episode].turns if AgentRole(t.role).trainable]
+        agent_turns[s.turn_index].reward_breakdown["advantage"] = s.advantage
 
 
 # --------------------------------------------------------------------------- update phase
@@ -337,6 +355,7 @@ class GRPOTrainer:
                 self.record_curriculum(episodes)
             with timer("advantage"):
                 samples = assign_advantages(samples, self.cfg)
+                record_advantages(episodes, samples)
             with timer("update"):
                 update_stats = self.update(samples)
             self.step += 1

@@ -642,8 +642,11 @@ _SPEC_HELP = (
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
     "or a path to a .py problem, "
     "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump; "
-    "join specs with '+' to load several (builtin:tier0,tier1:train:allshapes+builtin:breadth)"
+    "join specs with '+' to load several (builtin:tier0,tier1:train:allshapes+builtin:breadth); "
+    "a part ending in *N is repeated N times, to weigh it in SFT data or a curriculum "
+    "(builtin:tier0:train+builtin:tier1:train*2)"
 )
+_WEIGHT_RE = re.compile(r"^(.*?)\s*\*\s*(\d+)$")
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
 _SHAPES_RE = re.compile(r"^shapes(\d+)$", re.IGNORECASE)
@@ -750,13 +753,30 @@ def load_problems(spec: str) -> list[Problem]:
 
     ``A+B`` loads each spec and concatenates them in order (a path that exists is taken
     whole, '+' and all); a problem name that two parts both give is an error, since a
-    combined list with one problem twice would weigh it double without anyone asking."""
+    combined list with one problem twice would weigh it double without anyone asking.
+    Weighing is asked for explicitly: a part ``A*N`` is repeated N times (an SFT mix that
+    keeps tier 1's share while other problems join it: ``builtin:tier1:train*2+...``)."""
     spec = spec.strip()
     if not spec:
         raise ProblemError(f"empty problem spec; valid specs: {_SPEC_HELP}")
-    if "+" in spec and not Path(spec).exists():
+    if Path(spec).exists():
+        return _load_one(spec)
+    if "+" in spec or _WEIGHT_RE.match(spec):
         return _load_joined(spec)
     return _load_one(spec)
+
+
+def _split_weight(part: str) -> tuple[str, int]:
+    """``'builtin:tier1*2'`` -> (``'builtin:tier1'``, 2); no ``*N``: weight 1."""
+    m = _WEIGHT_RE.match(part)
+    if m is None or Path(part).exists():
+        return part, 1
+    weight = int(m.group(2))
+    if weight < 1:
+        raise ProblemError(f"spec part {part!r}: the weight after '*' must be >= 1")
+    if not m.group(1).strip():
+        raise ProblemError(f"spec part {part!r} has a weight but no spec before '*'")
+    return m.group(1).strip(), weight
 
 
 def _load_joined(spec: str) -> list[Problem]:
@@ -766,15 +786,17 @@ def _load_joined(spec: str) -> list[Problem]:
         if not part.strip():
             raise ProblemError(f"spec {spec!r} has an empty part between '+'; valid specs: "
                                f"{_SPEC_HELP}")
-        for problem in _load_one(part.strip()):
+        part_spec, weight = _split_weight(part.strip())
+        loaded = _load_one(part_spec)
+        for problem in loaded:
             if problem.name in first_from:
                 raise ProblemError(
                     f"spec {spec!r}: problem {problem.name!r} comes from both "
                     f"{first_from[problem.name]!r} and {part.strip()!r}; join specs that do "
-                    "not overlap"
+                    "not overlap (weigh a part with *N instead)"
                 )
             first_from[problem.name] = part.strip()
-            problems.append(problem)
+        problems.extend(loaded * weight)
     return problems
 
 
