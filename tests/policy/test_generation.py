@@ -101,11 +101,12 @@ def test_stop_strings_end_the_text(policy):
 def test_length_limit_is_reported(policy):
     backend = HFGenerationBackend(policy)
     out = backend.generate_sync(_prompts(policy)[:1], SamplingParams(max_new_tokens=3, seed=4), G)[0]
-    eos = policy.tokenizer.eos_token_id
+    stops = backend.stop_token_ids
+    assert policy.tokenizer.eos_token_id in stops
     if out.finish_reason is FinishReason.LENGTH:
-        assert len(out.token_ids) == 3 and eos not in out.token_ids
+        assert len(out.token_ids) == 3 and not set(out.token_ids) & set(stops)
     else:
-        assert out.finish_reason is FinishReason.EOS and out.token_ids[-1] == eos
+        assert out.finish_reason is FinishReason.EOS and out.token_ids[-1] in stops
 
 
 def test_seeded_sampling_is_reproducible_and_async_works(policy):
@@ -253,3 +254,31 @@ def test_compiled_decoding_on_the_gpu_matches_eager_decoding():
         want_lp, got_lp = torch.tensor(a.logprobs[:8]), torch.tensor(b.logprobs[:8])
         assert torch.allclose(want_lp, got_lp, atol=0.3)
         assert abs(float(want_lp.mean() - got_lp.mean())) < 0.05
+
+
+def test_generation_stops_at_the_chat_templates_end_of_turn_even_when_eos_names_another_token():
+    # One transformers version read SmolLM2's GGUF EOS as <|im_start|>: the model wrote
+    # <|im_end|> and generation ran on to the length limit. A model that always writes
+    # <|im_end|> must stop after one token whatever the tokenizer calls EOS.
+    import copy
+
+    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
+    from multiminddev.policy import PolicyConfig, build_policy
+
+    tokenizer = copy.deepcopy(gguf_tokenizer())
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    tokenizer.eos_token = "<|im_start|>"
+    assert tokenizer.eos_token_id != im_end
+    base = tiny_base_model(3)
+    head = torch.nn.Linear(base.lm_head.in_features, base.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(base.lm_head.weight)
+        head.bias.zero_()
+        head.bias[im_end] = 1e4
+    base.lm_head = head
+    policy = build_policy(base, tokenizer, PolicyConfig(model="default", lora_rank=4, lora_alpha=8))
+    backend = HFGenerationBackend(policy)
+    assert im_end in backend.stop_token_ids
+    out = backend.generate_sync(_prompts(policy)[:1], SamplingParams(max_new_tokens=8, seed=0), G)[0]
+    assert out.token_ids == [im_end] and out.finish_reason is FinishReason.EOS
+    assert out.text == "" and len(out.logprobs) == 1

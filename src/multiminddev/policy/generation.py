@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.policy.chat import end_of_turn_ids
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,17 @@ class GenerationBackend(Protocol):
         ...
 
 
+@functools.cache
+def _warn_eos_differs_once(eos: str, stops: str) -> None:
+    log.warning("the tokenizer's EOS is %s but its chat template ends a reply with another "
+                "token; generation stops at any of %s", eos, stops)
+
+
+def _warn_eos_differs(tokenizer: Any, stop_ids: tuple[int, ...]) -> None:
+    names = [f"{tokenizer.convert_ids_to_tokens(i)} ({i})" for i in stop_ids]
+    _warn_eos_differs_once(names[0], ", ".join(names))
+
+
 class HFGenerationBackend:
     """``model.generate`` with the role's adapter active, batched with left padding."""
 
@@ -140,6 +152,9 @@ class HFGenerationBackend:
             raise ValueError("HFGenerationBackend.max_batch_size must be >= 1")
         self.policy = policy
         self.tokenizer = policy.tokenizer
+        self.stop_token_ids = end_of_turn_ids(policy.tokenizer)
+        if len(self.stop_token_ids) > 1:
+            _warn_eos_differs(policy.tokenizer, self.stop_token_ids)
         self.max_batch_size = max_batch_size
         self.logprob_source = LogprobSource(logprob_source)
         self._lock = threading.Lock()  # one generate at a time on the shared model
@@ -209,7 +224,7 @@ class HFGenerationBackend:
         kwargs: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,
             "pad_token_id": self._pad_id,
-            "eos_token_id": self.tokenizer.eos_token_id,
+            "eos_token_id": list(self.stop_token_ids),
             "return_dict_in_generate": True,
             "output_logits": self.logprob_source is LogprobSource.SAMPLER,
         }
@@ -268,15 +283,15 @@ class HFGenerationBackend:
         return pad if pad is not None else self.tokenizer.eos_token_id
 
     def _cut(self, tokens: list[int], sampling: SamplingParams) -> tuple[list[int], FinishReason]:
-        """The tokens actually sampled: up to the first stop string or EOS (padding dropped)."""
-        eos = self.tokenizer.eos_token_id
-        end = tokens.index(eos) + 1 if eos in tokens else len(tokens)
-        head = tokens[:end]
+        """The tokens actually sampled: up to the first stop string or end-of-turn token
+        (padding dropped)."""
+        end = next((i + 1 for i, t in enumerate(tokens) if t in self.stop_token_ids), None)
+        head = tokens[:end] if end is not None else list(tokens)
         if sampling.stop:
             stop_at = _stop_prefix_length(head, sampling.stop, self.tokenizer)
             if stop_at is not None:
                 return head[:stop_at], FinishReason.STOP
-        if eos in tokens:
+        if end is not None:
             return head, FinishReason.EOS
         return head, FinishReason.LENGTH
 
