@@ -66,6 +66,9 @@ class BenchArgs:
     aggregate_only: bool = False
     aggregate_partial: bool = False
     sft_only: bool = False  # stop after SFT's held-out evaluation (an SFT-data comparison)
+    sft_learning_rate: float = 2e-4  # SFTConfig's default
+    lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
+    sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -81,6 +84,14 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--eval-problems", type=int, default=39, help="held-out problems per evaluation")
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--sft-batch-size", type=int, default=8)
+    p.add_argument("--sft-learning-rate", type=float, default=2e-4,
+                   help="SFT's learning rate (SFTConfig.learning_rate; for --sft-full-finetune "
+                        "something like 2e-5)")
+    p.add_argument("--lora-rank", type=int, default=16,
+                   help="the agents' LoRA rank (PolicyConfig.lora_rank), alpha twice the rank")
+    p.add_argument("--sft-full-finetune", action="store_true",
+                   help="fine-tune one full copy of the model per agent (separate models) "
+                        "instead of LoRA adapters; GRPO then trains those copies")
     p.add_argument("--rl-steps", type=int, default=20)
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="GRPO's KL reference: the pre-trained base or the SFT agents")
@@ -215,13 +226,21 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     out = args.output_dir / (BASE_DIR if args.base_only else f"seed{seed}")
     torch.manual_seed(seed)
-    policy = load_policy(PolicyConfig(model=args.model,
-                                      compiled_decoding=args.compiled_decoding))
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
                      kl_reference=args.kl_reference, temperature=args.rl_temperature,
                      eval_every=0, seed=seed)
+    sft_dir = out / "sft_checkpoints"
+    # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
+    saved_file = "config.json" if args.sft_full_finetune else "adapter_config.json"
+    sft_done = all((sft_dir / role.value / saved_file).is_file() for role in cfg.train_roles)
+    policy = load_policy(PolicyConfig(
+        model=args.model, compiled_decoding=args.compiled_decoding, lora_rank=args.lora_rank,
+        lora_alpha=2 * args.lora_rank, separate_models=args.sft_full_finetune,
+        # separate models load their fine-tuned weights at start; adapters load below
+        adapter_paths=({role.value: str(sft_dir / role.value) for role in cfg.train_roles}
+                       if sft_done and args.sft_full_finetune else {})))
     caps = ({"generator": args.generator_max_new_tokens} if args.generator_max_new_tokens
             else {})
     train_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
@@ -241,12 +260,15 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     partial = _read_json(out / "partial.json") or {}
     rows: dict[str, Any] = dict(partial.get("rows", {}))
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
+    sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
+    recipe = sft_recipe(args)
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
 
     def save_partial() -> None:
         (out / "partial.json").write_text(json.dumps(
-            {"seed": seed, "sft_problems": args.sft_problems, "rows": rows, "seconds": seconds,
-             **shared_base}, default=str))
+            {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
+             "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base},
+            default=str))
 
     def evaluate(stage: str) -> None:
         if stage in rows:
@@ -273,25 +295,36 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         print("base: " + ", ".join(f"{k} {v:.3f}" for k, v in
                                    stage_metrics(rows["base"], compile_only).items()), flush=True)
         return {"seed": seed, "rows": rows, "seconds": seconds}
-    sft_dir = out / "sft_checkpoints"
-    if all((sft_dir / role.value / "adapter_config.json").is_file() for role in cfg.train_roles):
+    if sft_done:
         print(f"seed {seed}: SFT finished earlier, loading {sft_dir}", flush=True)
-        policy.load_adapters({role.value: str(sft_dir / role.value) for role in cfg.train_roles})
+        if not args.sft_full_finetune:
+            policy.load_adapters({role.value: str(sft_dir / role.value)
+                                  for role in cfg.train_roles})
     else:
         t = time.perf_counter()
         for role in cfg.train_roles:
-            run_sft(role, policy.config,
-                    sft_data(role, train if sft is None else sft, seed, args.generator_variants),
-                    SFTConfig(output_dir=out, max_steps=args.sft_steps,
-                              batch_size=args.sft_batch_size,
-                              loss_eval_examples=1 if args.sft_steps < 5 else 8, seed=seed,
-                              report_to=()), policy=policy)
+            done = run_sft(role, policy.config,
+                           sft_data(role, train if sft is None else sft, seed,
+                                    args.generator_variants),
+                           SFTConfig(output_dir=out, max_steps=args.sft_steps,
+                                     batch_size=args.sft_batch_size,
+                                     learning_rate=args.sft_learning_rate,
+                                     full_finetune=args.sft_full_finetune,
+                                     loss_eval_examples=1 if args.sft_steps < 5 else 8,
+                                     seed=seed, report_to=()), policy=policy)
+            # how far SFT fitted its data: the first examples' loss before and after, and
+            # the mean training loss (memorising the families is one suspect for held-out misses)
+            sft_losses[role.value] = {"examples": done.num_examples, "before": done.loss_before,
+                                      "after": done.loss_after, "train": done.train_loss}
+            print(f"seed {seed}: SFT {role.value}: {done.num_examples} examples, loss "
+                  f"{done.loss_before:.3f} -> {done.loss_after:.3f} (train mean "
+                  f"{done.train_loss:.3f})", flush=True)
         seconds["sft"] = time.perf_counter() - t
         save_partial()  # SFT's time survives a cut during the evaluation that follows
     evaluate("sft")
     if args.sft_only:  # no seed_result.json: a later full run goes on from here to GRPO
-        return {"seed": seed, "sft_problems": args.sft_problems, "rows": rows,
-                "seconds": seconds, **shared_base}
+        return {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
+                "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base}
     if "grpo" not in rows:
         if (out / "rl_checkpoints" / "latest").is_dir():
             trainer.resume(out)
@@ -314,12 +347,20 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                        for s, m in metrics.items()), flush=True)
     evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
     # Seeds may be run in separate sessions and aggregated later: each records its SFT data.
-    result = {"seed": seed, "sft_problems": args.sft_problems, "metrics": metrics, "rows": rows,
+    result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
+              "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
               "seconds": seconds, **shared_base,
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def sft_recipe(args: BenchArgs) -> dict[str, Any]:
+    """How SFT trained, beside its data spec, so seeds of different recipes are told apart."""
+    return {"steps": args.sft_steps, "batch_size": args.sft_batch_size,
+            "learning_rate": args.sft_learning_rate,
+            "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}"}
 
 
 def grpo_marks(rl_steps: int, every: int) -> list[int]:

@@ -12,7 +12,7 @@
 # PARTS: tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation gen-profile gen-compiled
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
-#        sft-mixes-start (SFT data mixes, SFT only; SFT_MIXES="SPEC SPEC", then learning-wait)
+#        sft-mixes-start (SFT recipes, SFT only; SFT_MIXES="SPEC[@--option=value...] ...", then learning-wait)
 #        tests-qlora (no model; carry .stage/bnb)
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
@@ -93,7 +93,7 @@ LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/lea
   --rl-learning-rate ${RL_LR:-2e-5} --kl-reference ${KL_REF:-base} --rl-temperature ${RL_TEMP:-0.8} \
   --compiled-decoding ${COMPILED:-on} --grpo-eval-every ${GRPO_EVAL_EVERY:-4} \
   --problems-per-step 4 --group-size 4 \
-  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2"
+  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2 ${LEARN_EXTRA:-}"
 
 for part in "$@"; do
   echo "== $part $(date -u +%T)"
@@ -174,20 +174,32 @@ DRIVER
                setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
                echo "learning started (driver pid $!)" > "$RES/$part.log" ;;
   sft-mixes-start)
-               # SFT data mixes compared on the held-out set, SFT only (--sft-only): for each
-               # space-separated spec in SFT_MIXES, seeds 0-2 in parallel into
-               # /root/learning/mixN, one mix after the other; detached like learning-start and
-               # waited on with learning-wait. Eager decoding: at 39 held-out problems and one
-               # evaluation per seed, compiling cost more than it saved (seventh session).
-               mkdir -p /root/learning
+               # SFT recipes compared on the held-out set, SFT only (--sft-only): each
+               # space-separated entry of SFT_MIXES is a problem spec, optionally followed by
+               # bench_learning options joined with '@' (builtin:tier0:train@--lora-rank=64@--sft-steps=100);
+               # seeds MIX_SEEDS (0 1 2) of each into /root/learning/mixN. One mix after the
+               # other, or all at once with MIX_CONCURRENT=1 (2 seeds x 2 mixes fit an H200's
+               # memory). Detached like learning-start, waited on with learning-wait. Eager
+               # decoding: at 39 held-out problems and one evaluation per seed, compiling cost
+               # more than it saved (seventh session).
+               # Each start begins from empty mix folders: a finished SFT left there from an
+               # earlier start would be loaded instead of trained (2026-11-24 04:17 UTC).
+               rm -rf /root/learning/mix* && mkdir -p /root/learning
                : > /root/learning/driver.sh
                i=0
-               for mix in ${SFT_MIXES:?SFT_MIXES=\"SPEC SPEC ...\"}; do
+               for entry in ${SFT_MIXES:?SFT_MIXES=\"SPEC[@OPTION...] ...\"}; do
                  i=$((i + 1)); d=/root/learning/mix$i
-                 for seed in 0 1 2; do
-                   echo "$LEARN --output-dir $d --sft-problems '$mix' --compiled-decoding off --sft-only --skip-base --seeds $seed > /root/learning/mix$i-seed$seed.log 2>&1 &" >> /root/learning/driver.sh
+                 mix=${entry%%@*}; extra=""
+                 [ "$mix" != "$entry" ] && extra=$(echo "${entry#*@}" | tr '@' ' ')
+                 echo "mix$i: $mix $extra" >> /root/learning/mixes.txt
+                 for seed in ${MIX_SEEDS:-0 1 2}; do
+                   echo "$LEARN --output-dir $d --sft-problems '$mix' $extra --compiled-decoding off --sft-only --skip-base --seeds $seed > /root/learning/mix$i-seed$seed.log 2>&1 &" >> /root/learning/driver.sh
                  done
-                 echo "wait; $LEARN --output-dir $d --seeds 0 1 2 --aggregate-partial > /root/learning/mix$i.log 2>&1" >> /root/learning/driver.sh
+                 [ -n "${MIX_CONCURRENT:-}" ] || echo "wait" >> /root/learning/driver.sh
+               done
+               echo "wait" >> /root/learning/driver.sh
+               for j in $(seq 1 $i); do
+                 echo "$LEARN --output-dir /root/learning/mix$j --seeds ${MIX_SEEDS:-0 1 2} --aggregate-partial > /root/learning/mix$j.log 2>&1" >> /root/learning/driver.sh
                done
                echo 'echo 0 > /root/learning/DONE' >> /root/learning/driver.sh
                rm -f /root/learning/DONE

@@ -120,6 +120,13 @@ def test_sft_problems_default_to_the_training_problems(bench):
     assert smoke.sft_problems == smoke.train_problems == "builtin:tier0:train"
 
 
+def test_the_sft_recipe_records_steps_rate_and_method(bench):
+    lora = bench.sft_recipe(bench.parse_args(["--sft-steps", "500", "--lora-rank", "64"]))
+    assert lora == {"steps": 500, "batch_size": 8, "learning_rate": 2e-4, "method": "lora r64"}
+    full = bench.sft_recipe(bench.parse_args(["--sft-full-finetune", "--sft-learning-rate", "2e-5"]))
+    assert (full["method"], full["learning_rate"]) == ("full", 2e-5)
+
+
 def test_the_note_names_sft_data_only_where_it_differs(bench):
     train = "builtin:tier0,tier1:train"
     spec = "builtin:tier0,tier1:train:allshapes+builtin:breadth"
