@@ -49,6 +49,7 @@ class BenchArgs:
     problems_per_step: int
     group_size: int
     max_turns: int
+    eval_max_turns: int | None  # held-out episodes' turns; None: max_turns
     max_new_tokens: int
     eval_temperature: float
     eval_workers: int
@@ -118,6 +119,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--eval-max-turns", type=int, default=None,
+                   help="turns of the held-out episodes (default: --max-turns); each row "
+                        "records the turn that first compiled and first passed, so fewer "
+                        "turns' rates can be read from the same episodes")
     p.add_argument("--max-new-tokens", type=int, default=768)
     p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--eval-workers", type=int, default=2)
@@ -170,9 +175,16 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
 
     results = [t.eval_result for t in episode.turns if t.eval_result is not None]
     speeds = [r.speedup for r in results if r.correct]
+
+    def first_turn(passed: Any) -> int:  # 1-based; 0: no turn did
+        return next((i for i, t in enumerate(episode.turns, 1)
+                     if t.eval_result is not None and passed(t.eval_result)), 0)
+
     return {"problem": episode.problem.name, "tier": episode.problem.tier,
             "compiled": any(r.compiled for r in results), "correct": bool(speeds),
             "speedup": max(speeds) if speeds else 0.0, "reward": reward,
+            "turns": len(episode.turns), "compiled_turn": first_turn(lambda r: r.compiled),
+            "correct_turn": first_turn(lambda r: r.correct),
             # the evaluation failed on our side (after its retries): counted as a failure here,
             # and reported, so a crowded GPU cannot pass for a worse policy unnoticed
             "infra_error": any(r.status is EvalStatus.INFRA_ERROR for r in results)}
@@ -246,7 +258,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     train_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
                                    sampling=SamplingParams(temperature=cfg.temperature,
                                                            max_new_tokens=args.max_new_tokens))
-    eval_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
+    eval_episodes = EpisodeConfig(max_turns=args.eval_max_turns or args.max_turns,
+                                  max_new_tokens_by_role=caps,
                                   sampling=SamplingParams(temperature=args.eval_temperature,
                                                           max_new_tokens=args.max_new_tokens))
     trainer = GRPOTrainer(cfg, policy=policy,
@@ -447,7 +460,20 @@ def stage_summary(per_seed: list[dict[str, Any]], stage: str,
         out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                     "ci95": list(ci), "per_seed": values}
+    # Episodes longer than two turns also say what two turns reached (earlier sessions' protocol)
+    if pooled and all("correct_turn" in r for r in pooled) and max(r["turns"] for r in pooled) > 2:
+        for metric in ("compile_rate", "correct_rate"):
+            values = [rate_within_turns(s["rows"][stage], metric, 2) for s in per_seed]
+            out[f"{stage}/{metric}_within_2_turns"] = {
+                "mean": statistics.fmean(values),
+                "std": statistics.stdev(values) if len(values) > 1 else 0.0, "per_seed": values}
     return out
+
+
+def rate_within_turns(rows: list[dict[str, Any]], metric: str, turns: int) -> float:
+    """The share of episodes whose first compiled (or correct) turn came within ``turns``."""
+    key = {"compile_rate": "compiled_turn", "correct_rate": "correct_turn"}[metric]
+    return sum(0 < r[key] <= turns for r in rows) / max(len(rows), 1)
 
 
 def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str) -> dict[str, Any]:
@@ -536,6 +562,13 @@ def plot_learning(summary: dict[str, Any], path: Path, note: str) -> None:
     plt.close(fig)
 
 
+def within_two_turns_lines(summary: dict[str, Any]) -> list[str]:
+    """The rates two turns reached, where the held-out episodes ran longer."""
+    return [f"- {key.replace('/', ' ')}: {e['mean']:.3f} ± {e['std']:.3f}; per seed "
+            f"{[round(x, 3) for x in e['per_seed']]}"
+            for key, e in summary.items() if key.endswith("_within_2_turns")]
+
+
 def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path, note: str) -> None:
     lines = [f"Measured on: {note}", "", "| stage | " + " | ".join(METRICS) + " |",
              "|---|" + "---|" * len(METRICS)]
@@ -550,6 +583,7 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
         g = summary[f"gain/{m}"]
         lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} (std over seeds {g['std']:.3f}); "
                      f"per seed {[round(x, 3) for x in g['per_seed']]}")
+    lines += within_two_turns_lines(summary)
     lines.append("- Episodes with an infrastructure error (counted as failures above), per seed: "
                  + "; ".join(f"{stage} {summary.get(f'{stage}/infra_errors', 'not recorded')}"
                              for stage in STAGES))
@@ -584,7 +618,7 @@ def write_partial_results(args: BenchArgs) -> int:
         lines.append(f"| {stage} | " + " | ".join(
             f"{summary[f'{stage}/{m}']['mean']:.3f} ± {summary[f'{stage}/{m}']['std']:.3f}"
             for m in METRICS) + " |")
-    lines += ["", "mean ± std over seeds", ""]
+    lines += ["", "mean ± std over seeds", "", *within_two_turns_lines(summary)]
     for key, g in summary.items():
         if key.startswith("gain/"):
             lines.append(f"- {key.removeprefix('gain/')} minus SFT: {g['mean']:+.3f} (std "

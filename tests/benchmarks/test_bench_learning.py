@@ -41,6 +41,23 @@ def test_stage_metrics_count_episodes(bench):
     assert bench.stage_metrics(rows, compile_only=True)["fast_1"] == 0.0
 
 
+def test_longer_episodes_also_report_what_two_turns_reached(bench):
+    def row(compiled_turn, correct_turn, turns):
+        return {**_row(compiled_turn > 0, correct_turn > 0, 1.0, 0.0),
+                "compiled_turn": compiled_turn, "correct_turn": correct_turn, "turns": turns}
+
+    rows = [row(1, 1, 3), row(1, 3, 4), row(2, 0, 3), row(3, 0, 3)]
+    assert bench.rate_within_turns(rows, "correct_rate", 2) == 0.25
+    assert bench.rate_within_turns(rows, "compile_rate", 2) == 0.75
+    seeds = [{"rows": {"sft": rows}, "metrics": {"sft": bench.stage_metrics(rows, False)}}] * 2
+    summary = bench.stage_summary(seeds, "sft", compile_only=False)
+    assert summary["sft/correct_rate"]["mean"] == 0.5
+    assert summary["sft/correct_rate_within_2_turns"]["mean"] == 0.25
+    two_turn = [{**r, "turns": 2} for r in rows]  # nothing to add when no episode ran longer
+    seeds = [{"rows": {"sft": two_turn}, "metrics": {"sft": bench.stage_metrics(two_turn, False)}}]
+    assert "sft/correct_rate_within_2_turns" not in bench.stage_summary(seeds, "sft", False)
+
+
 def test_seeds_without_a_base_stage_borrow_it(bench):
     base = [(False, False, 0.0, -0.1), (True, False, 0.0, 0.0)]
     later = {"sft": [(True, True, 1.5, 0.5)] * 2, "grpo": [(True, True, 2.0, 0.8)] * 2}
