@@ -184,6 +184,11 @@ def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     caches = _cache_dirs()  # before HOME changes: the caches' real locations
+    for cache in caches.values():
+        # Created now: afterwards the hook would refuse creating their parents (~/.cache on
+        # a fresh machine), and every compile would silently go uncached.
+        with contextlib.suppress(OSError):
+            cache.mkdir(parents=True, exist_ok=True)
     prepare_sandbox(policy)
     _scrub_environment(workdir, caches)
     os.chdir(workdir)
