@@ -70,6 +70,7 @@ class BenchArgs:
     sft_learning_rate: float = 2e-4  # SFTConfig's default
     lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
+    optimizer_repair: bool = False  # add repair pairs (tasks.repair_data) to the Optimizer's SFT
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -93,6 +94,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-full-finetune", action="store_true",
                    help="fine-tune one full copy of the model per agent (separate models) "
                         "instead of LoRA adapters; GRPO then trains those copies")
+    p.add_argument("--optimizer-repair", action="store_true",
+                   help="add repair pairs to the Optimizer's SFT data: a broken kernel (a "
+                        "misspelt math function, an undeclared variable, the other precision's "
+                        "kernel), the Tester's real report on it, and the correct kernel")
     p.add_argument("--rl-steps", type=int, default=20)
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="GRPO's KL reference: the pre-trained base or the SFT agents")
@@ -275,6 +280,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
     sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     recipe = sft_recipe(args)
+    if "optimizer_repair" in recipe:  # counted when SFT ran; a resumed seed keeps the count
+        recipe["optimizer_repair"] = partial.get("sft_recipe", {}).get("optimizer_repair", {})
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
 
     def save_partial() -> None:
@@ -318,7 +325,9 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         for role in cfg.train_roles:
             done = run_sft(role, policy.config,
                            sft_data(role, train if sft is None else sft, seed,
-                                    args.generator_variants),
+                                    args.generator_variants,
+                                    repair_evaluator=evaluator if args.optimizer_repair else None,
+                                    repair_counts=recipe),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      learning_rate=args.sft_learning_rate,
@@ -373,7 +382,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
     """How SFT trained, beside its data spec, so seeds of different recipes are told apart."""
     return {"steps": args.sft_steps, "batch_size": args.sft_batch_size,
             "learning_rate": args.sft_learning_rate,
-            "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}"}
+            "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
+            **({"optimizer_repair": {}} if args.optimizer_repair else {})}
 
 
 def grpo_marks(rl_steps: int, every: int) -> list[int]:
@@ -383,20 +393,32 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
     return [*marks, rl_steps]
 
 
-def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str]) -> Any:
+def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
+             repair_evaluator: Any = None, repair_counts: dict[str, Any] | None = None) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
-    column dict, since run_sft reads only the ``messages`` column."""
+    column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
+    Optimizer's data gains repair pairs, their counts per defect written to
+    ``repair_counts["optimizer_repair"]``."""
     import random
 
     from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.repair_data import optimizer_repair_examples, repair_kinds
     from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
 
-    kwargs = {"variants": tuple(generator_variants)} if role is AgentRole.GENERATOR else {}
+    kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
+                              if role is AgentRole.GENERATOR else {})
+    if role is AgentRole.OPTIMIZER and repair_evaluator is not None:
+        extra = optimizer_repair_examples(train, repair_evaluator.evaluate)
+        print(f"optimizer repair pairs: {repair_kinds(extra)}", flush=True)
+        if repair_counts is not None:
+            repair_counts["optimizer_repair"] = repair_kinds(extra)
+        kwargs["extra_examples"] = extra
     try:
         return build_sft_dataset(role, train, seed=seed, **kwargs)
     except ImportError as exc:
         print(f"note: {exc}; using a plain column dict", flush=True)
-        examples = sft_examples(role, train, **kwargs)
+        extra = kwargs.pop("extra_examples", [])
+        examples = sft_examples(role, train, **kwargs) + list(extra)
         random.Random(seed).shuffle(examples)
         return {"messages": [e.messages for e in examples]}
 

@@ -164,6 +164,28 @@ def test_sft_data_of_the_sft_spec_holds_breadth_and_fp16_problems(bench):
         assert {"neg_4096x4096", "relu_4095x8191_fp16"} <= set(data["problem"])
 
 
+def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(bench):
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.loaders import load_problems
+
+    args = bench.parse_args(["--optimizer-repair"])
+    recipe = bench.sft_recipe(args)
+    assert recipe["optimizer_repair"] == {}  # filled in when the pairs are built
+    problems = [p for p in load_problems("builtin:tier0,tier1:train") if p.family == "relu"]
+    plain = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"])
+    with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:
+        data = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"],
+                              repair_evaluator=evaluator, repair_counts=recipe)
+        generator = bench.sft_data(AgentRole.GENERATOR, problems, 0, ["naive"],
+                                   repair_evaluator=evaluator, repair_counts=recipe)
+    added = sum(recipe["optimizer_repair"].values())
+    assert added >= 2 and len(data["messages"]) == len(plain["messages"]) + added
+    assert len(generator["messages"]) == len(problems)  # the Generator's data is untouched
+    if "variant" in getattr(data, "column_names", ()):
+        assert sum(v.startswith("repair:") for v in data["variant"]) == added
+
+
 def test_grpo_marks_pause_every_k_steps_and_end_at_the_last(bench):
     assert bench.grpo_marks(12, 4) == [4, 8, 12]
     assert bench.grpo_marks(10, 4) == [4, 8, 10]

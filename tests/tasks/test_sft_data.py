@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -247,6 +248,15 @@ def test_build_sft_dataset_has_messages_and_provenance_columns():
     assert len(ds) == 3 and set(ds["role"]) == {"generator"}
     for messages in ds["messages"]:
         assert_well_formed(messages)
+
+
+def test_build_sft_dataset_takes_extra_examples_of_its_own_role_only():
+    gen = generator_examples(PROBLEMS, solution=solution)
+    extra = [dataclasses.replace(gen[0], variant="repair:test")]
+    ds = build_sft_dataset("generator", PROBLEMS, solution=solution, extra_examples=extra)
+    assert len(ds) == len(gen) + 1 and ds["variant"].count("repair:test") == 1
+    with pytest.raises(ValueError, match="another role"):
+        build_sft_dataset("optimizer", PROBLEMS, solution=solution, extra_examples=extra)
 
 
 def test_build_sft_dataset_shuffles_deterministically():

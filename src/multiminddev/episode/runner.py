@@ -168,6 +168,13 @@ def history_lines(episode: Episode) -> list[str]:
     return [outcome_line(t) for t in episode.turns]
 
 
+def optimizer_context(episode: Episode) -> tuple[list[str], list[str]]:
+    """(history lines, trailing lines) the Optimizer's next prompt shows after the kernel."""
+    failed = list(episode.failed_strategies)
+    tail = [f"strategies tried without improvement: {', '.join(failed)}"] if failed else []
+    return history_lines(episode), tail
+
+
 def build_prompt(
     episode: Episode, role: AgentRole, tokenizer: Any, config: EpisodeConfig
 ) -> tuple[list[dict[str, str]], list[int], int] | None:
@@ -176,9 +183,7 @@ def build_prompt(
         messages = generator_messages(episode.problem)
         ids = encode_chat(tokenizer, messages)
         return (messages, ids, 0) if len(ids) <= config.max_prompt_tokens else None
-    history = history_lines(episode)
-    failed = [s for s in episode.failed_strategies]
-    tail = [f"strategies tried without improvement: {', '.join(failed)}"] if failed else []
+    history, tail = optimizer_context(episode)
     feedback = episode.current_feedback
     omitted = 0
     while True:

@@ -348,13 +348,15 @@ def build_sft_dataset(
     *,
     seed: int = 0,
     sakana_records: Iterable[SakanaRecord] | None = None,
+    extra_examples: Iterable[SFTExample] = (),
     **kwargs: Any,
 ) -> datasets.Dataset:
     """A ``datasets.Dataset`` with a ``messages`` column (chat SFT format) and provenance
     columns ``role``, ``problem``, ``origin``, ``variant``; shuffled deterministically by seed.
 
     ``kwargs`` go to ``generator_examples`` / ``optimizer_examples`` (``variants``,
-    ``solution``, ``prompt``, ``feedback``)."""
+    ``solution``, ``prompt``, ``feedback``). ``extra_examples`` (e.g. the Optimizer's repair
+    pairs, ``tasks.repair_data``) join them before the shuffle."""
     try:
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets ships with the train extra
@@ -362,6 +364,10 @@ def build_sft_dataset(
             "build_sft_dataset needs `datasets`: pip install 'multiminddev[train]'"
         ) from exc
     examples = sft_examples(role, problems, sakana_records=sakana_records, **kwargs)
+    extra = list(extra_examples)
+    if any(e.role is not AgentRole(role) for e in extra):
+        raise ValueError(f"extra_examples for another role than {AgentRole(role).value}")
+    examples += extra
     if not examples:
         raise ValueError(
             f"no {AgentRole(role).value} SFT example: none of the problems has a solution "

@@ -1,0 +1,180 @@
+"""Optimizer repair pairs: a broken kernel and the Tester's real report on it -> a correct kernel.
+
+Why: the Optimizer's SFT pairs (``sft_data.optimizer_examples``) all start from a correct kernel.
+In the held-out episodes of 2026-11-24 (docs/BENCHMARKS.md) the Optimizer never repaired a
+failed Generator kernel: it resubmitted the same defect turn after turn (an undefined ``absf``,
+a ``float*`` kernel for float16 tensors). These pairs show it defects, the Tester's report on
+them, and the fix.
+
+Every report is the one the Tester really writes: each broken kernel goes through the caller's
+evaluator, and a variant the Tester did not fail (the mutation still compiled, or nothing could
+run it) is dropped, so no report is invented. Defects:
+
+- ``misspelt_math``: a CUDA math function renamed to one that does not exist (NVRTC error);
+- ``undeclared_variable``: a local used under a name never declared (NVRTC error);
+- ``float16_kernel``: the family's float16 kernel submitted for a float32 problem (static
+  rejection);
+- ``float32_kernel``: the family's float32 kernel submitted for a float16 problem. It compiles
+  and passes the static checks, so only an evaluator with a GPU reports it (the kernel reads
+  the tensors with the wrong element size); on a CPU machine it is dropped.
+
+The reply is the problem's correct naive kernel: correct first.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable
+
+from multiminddev.agents.roles import AgentRole
+from multiminddev.env.results import EvalResult, EvalStatus
+from multiminddev.tasks.problem import Problem
+from multiminddev.tasks.sft_data import (
+    NAIVE,
+    OptimizerPrompt,
+    SFTExample,
+    SolutionFn,
+    _builtin_solution,
+    _conversation,
+    _default_optimizer_prompt,
+    _origin,
+)
+
+log = logging.getLogger(__name__)
+
+# Real CUDA math functions and names a small model writes for them (``absf`` was seen on the GPU).
+MISSPELLINGS = (
+    ("fabsf", "absf"), ("expf", "exp_f"), ("fmaxf", "maxf"), ("fminf", "minf"),
+    ("tanhf", "tanh_f"), ("log1pf", "log1p_f"), ("expm1f", "expm1_f"), ("sqrtf", "sqrt_f"),
+    ("rsqrtf", "rsqrt_f"), ("erff", "erf_f"), ("sinf", "sin_f"), ("atanf", "atan_f"),
+    ("__half2float", "half2float"), ("__float2half", "float2half"),
+    ("__shfl_down_sync", "shfl_down_sync"), ("__shfl_xor_sync", "shfl_xor_sync"),
+)
+# Names used for a variable that the kernel never declared (``ssum``, ``vec``, ``cols`` were seen).
+UNDECLARED_NAMES = ("ssum", "acc", "val", "total", "vec", "cols", "rows", "idx", "sum")
+_CUDA_BLOCK = re.compile(r"r'''(.*?)'''|r\"\"\"(.*?)\"\"\"", re.DOTALL)
+_DECLARATION = re.compile(
+    r"\b(?:float|double|int|long|unsigned|size_t|int64_t)\s+([A-Za-z_]\w*)\s*(?:=|;)"
+)
+REPAIRABLE = (EvalStatus.COMPILE_ERROR, EvalStatus.REJECTED, EvalStatus.RUNTIME_ERROR,
+              EvalStatus.INCORRECT)
+
+Evaluate = Callable[[Problem, str], EvalResult]
+
+
+def _cuda_spans(source: str) -> list[tuple[int, int]]:
+    return [m.span(1) if m.group(1) is not None else m.span(2) for m in _CUDA_BLOCK.finditer(source)]
+
+
+def misspelt_math(source: str) -> str | None:
+    """The first CUDA math call renamed to a function that does not exist, or None."""
+    for start, end in _cuda_spans(source):
+        cuda = source[start:end]
+        hits = [(m.start(), real, wrong) for real, wrong in MISSPELLINGS
+                if (m := re.search(rf"\b{re.escape(real)}\s*\(", cuda))]
+        if hits:
+            at, real, wrong = min(hits)
+            return source[:start + at] + wrong + source[start + at + len(real):]
+    return None
+
+
+def undeclared_variable(source: str) -> str | None:
+    """The last use of the kernel's first declared local renamed to a name never declared."""
+    for start, end in _cuda_spans(source):
+        cuda = source[start:end]
+        for decl in _DECLARATION.finditer(cuda):
+            name = decl.group(1)
+            uses = [m.start() for m in re.finditer(rf"\b{re.escape(name)}\b", cuda)
+                    if m.start() > decl.end()]
+            wrong = next((w for w in UNDECLARED_NAMES
+                          if w != name and not re.search(rf"\b{w}\b", cuda)), None)
+            if uses and wrong is not None:
+                at = start + uses[-1]
+                return source[:at] + wrong + source[at + len(name):]
+    return None
+
+
+def broken_variants(problem: Problem, source: str, problems: Iterable[Problem],
+                    solution: SolutionFn) -> list[tuple[str, str]]:
+    """(defect, broken source) pairs for one problem's correct ``source``."""
+    out = [(kind, broken) for kind, broken in (("misspelt_math", misspelt_math(source)),
+                                               ("undeclared_variable", undeclared_variable(source)))
+           if broken is not None and broken != source]
+    # the same family's kernel for the other precision
+    other = {"float32": "float16", "float16": "float32"}.get(problem.dtype)
+    twin = next((p for p in problems if p.family == problem.family and p.dtype == other), None)
+    if twin is not None and (twin_source := solution(twin, NAIVE)) is not None:
+        out.append((f"{other}_kernel", twin_source))
+    return out
+
+
+def optimizer_repair_examples(
+    problems: Iterable[Problem],
+    evaluate: Evaluate,
+    *,
+    solution: SolutionFn | None = None,
+    prompt: OptimizerPrompt | None = None,
+    feedback_chars: int = 1500,
+) -> list[SFTExample]:
+    """Broken kernel + the Tester's report -> the correct naive kernel, for every problem with a
+    naive solution and every defect the Tester caught (see the module docstring)."""
+    from multiminddev.agents.pitfalls import candidate_strategies
+    from multiminddev.agents.tester import tester_feedback
+    from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
+    from multiminddev.episode.state import Episode, Turn
+
+    solution = solution or _builtin_solution
+    prompt = prompt or _default_optimizer_prompt()
+    problems = list(problems)
+    out: list[SFTExample] = []
+    kept: dict[str, int] = {}
+    results: dict[tuple[str, str], EvalResult] = {}  # a weighted spec repeats problems
+    for problem in problems:
+        correct = solution(problem, NAIVE)
+        if correct is None:
+            continue
+        for kind, broken in broken_variants(problem, correct, problems, solution):
+            if (problem.name, broken) not in results:
+                results[problem.name, broken] = evaluate(problem, broken)
+            result = results[problem.name, broken]
+            if result.status not in REPAIRABLE:
+                continue
+            # The state after a failed Generator turn, through the runner's own bookkeeping, so
+            # the prompt is the one the Optimizer sees in an episode.
+            episode = Episode(problem=problem)
+            turn = Turn(index=0, role=AgentRole.GENERATOR, candidate_source=broken,
+                        eval_result=result,
+                        feedback=tester_feedback(result, broken, max_chars=feedback_chars),
+                        strategies=[s.value for s in candidate_strategies(broken)])
+            record_turn(episode, turn, EpisodeConfig())
+            history, tail = optimizer_context(episode)
+            messages = _conversation(prompt(problem, episode.current_source or broken,
+                                            episode.current_feedback, history + tail), correct)
+            if messages is None:
+                continue
+            out.append(SFTExample(role=AgentRole.OPTIMIZER, messages=messages,
+                                  problem=problem.name, origin=_origin(problem),
+                                  variant=f"repair:{kind}"))
+            kept[kind] = kept.get(kind, 0) + 1
+    log.info("optimizer repair pairs: %s", kept or "none")
+    return out
+
+
+def repair_kinds(examples: Iterable[SFTExample]) -> dict[str, int]:
+    """How many pairs of each defect (for logs and records)."""
+    counts: dict[str, int] = {}
+    for e in examples:
+        kind = e.variant.removeprefix("repair:")
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+__all__ = [
+    "MISSPELLINGS",
+    "broken_variants",
+    "misspelt_math",
+    "optimizer_repair_examples",
+    "repair_kinds",
+    "undeclared_variable",
+]

@@ -1,0 +1,102 @@
+"""Optimizer repair pairs: real defects, the Tester's real report through the evaluator, the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from multiminddev.agents.parsing import parse_candidate
+from multiminddev.agents.roles import AgentRole
+from multiminddev.tasks.loaders import load_problems
+from multiminddev.tasks.repair_data import (
+    broken_variants,
+    misspelt_math,
+    optimizer_repair_examples,
+    repair_kinds,
+    undeclared_variable,
+)
+from multiminddev.tasks.sft_data import NAIVE, _builtin_solution
+
+MODULE = '''import torch
+kernels = compile_kernels(r"""
+extern "C" __global__ void k(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    float v = x[i];
+    if (i < n) y[i] = fmaxf(expf(v), 0.0f) + v;
+}
+""")
+'''
+
+
+def test_misspelt_math_renames_the_first_math_call_inside_the_cuda_source_only():
+    broken = misspelt_math(MODULE)
+    assert broken is not None and "fmaxf(exp_f(v)" not in broken
+    assert "maxf(expf(v), 0.0f)" in broken and "fmaxf" not in broken
+    assert broken.replace("maxf(", "fmaxf(") == MODULE
+    assert misspelt_math("import torch\nx = torch.expf(1)\n") is None  # no CUDA block
+
+
+def test_undeclared_variable_renames_only_the_last_use_of_the_first_local():
+    broken = undeclared_variable(MODULE)
+    assert broken is not None
+    # ``i``'s last use (``y[i]``) becomes a name the kernel never declared
+    assert "if (i < n) y[ssum]" in broken
+    assert broken.count("ssum") == 1 and broken.replace("y[ssum]", "y[i]") == MODULE
+
+
+def test_broken_variants_pair_each_precision_with_its_twin_kernel():
+    problems = load_problems("builtin:tier0:train:allshapes")
+    fp32 = next(p for p in problems if p.name == "add_4096x4096")
+    fp16 = next(p for p in problems if p.name == "add_8192x4096_fp16")
+    kinds32 = dict(broken_variants(fp32, _builtin_solution(fp32, NAIVE), problems,
+                                   _builtin_solution))
+    kinds16 = dict(broken_variants(fp16, _builtin_solution(fp16, NAIVE), problems,
+                                   _builtin_solution))
+    assert kinds32["float16_kernel"] == _builtin_solution(fp16, NAIVE)
+    assert kinds16["float32_kernel"] == _builtin_solution(fp32, NAIVE)
+    assert {"misspelt_math", "undeclared_variable"} <= set(kinds16)
+
+
+@pytest.fixture(scope="module")
+def repair_pairs():
+    """Built through the real evaluation service (NVRTC compiles, static checks)."""
+    from multiminddev.env import EvalConfig, Evaluator
+
+    problems = load_problems("builtin:tier0:train:allshapes")
+    problems = [p for p in problems if p.family in ("add", "relu", "gelu_tanh")]
+    config = EvalConfig(num_workers=2, compile_baseline=False, timeout_s=600.0,
+                        compile_timeout_s=300.0, setup_timeout_s=300.0)
+    with Evaluator(config) as evaluator:
+        return problems, optimizer_repair_examples(problems, evaluator.evaluate)
+
+
+def test_every_pair_shows_the_testers_real_report_and_replies_with_the_correct_kernel(
+        repair_pairs):
+    problems, pairs = repair_pairs
+    by_name = {p.name: p for p in problems}
+    kinds = repair_kinds(pairs)
+    assert kinds["misspelt_math"] >= 3 and kinds["undeclared_variable"] >= 3
+    assert kinds["float16_kernel"] >= 3  # add, relu, gelu_tanh fp32 problems
+    for pair in pairs:
+        assert pair.role is AgentRole.OPTIMIZER
+        user, reply = pair.messages[-2]["content"], pair.messages[-1]["content"]
+        problem = by_name[pair.problem]
+        assert parse_candidate(reply).source == _builtin_solution(problem, NAIVE)
+        assert "Tester report:" in user and "turn 1 (generator)" in user
+        if pair.variant == "repair:misspelt_math":
+            assert "Status: compile_error" in user and "is undefined" in user
+        elif pair.variant == "repair:undeclared_variable":
+            assert "Status: compile_error" in user and 'identifier "ssum" is undefined' in user
+        elif pair.variant == "repair:float16_kernel":
+            assert "Status: rejected" in user and "low_precision_kernel" in user
+        else:
+            assert pair.variant == "repair:float32_kernel" and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the float32 kernel")
+def test_a_defect_the_tester_cannot_report_without_a_gpu_is_left_out(repair_pairs):
+    problems, pairs = repair_pairs
+    fp16 = {p.name for p in problems if p.dtype == "float16"}
+    assert fp16  # the float32 twin compiles and passes static checks: no report on a CPU
+    assert not [p for p in pairs if p.variant == "repair:float32_kernel"]
+    assert {p.problem for p in pairs} & fp16  # their compile errors still count
