@@ -27,7 +27,12 @@
 #   call 2 (.stage/b .stage/whl .scratch/base):   learning-start learning-wait   (~580 s)
 #   call 3 (.stage/whl):                          learning-wait                  (~580 s)
 #   call 4 (.stage/whl), if still needed:         learning-wait, then bench-eval tests-*
-# and issue each call the moment the last returns. Three seeds at once need an H200 (ask for kind
+# and issue each call the moment the last returns (2026-11-24 12:38 UTC a run was lost to a
+# call that came more than 30 s after the last one returned: send it before reading results).
+# Measured 2026-11-24 (one H200, 3 seeds at once, MIX2 SFT data, LEARN_EXTRA='--eval-max-turns 4',
+# RL_STEPS=8): SFT 238 s (~445 s with --optimizer-repair, which evaluates ~190 broken kernels
+# per seed), 4-turn held-out evaluation ~300-360 s, GRPO ~30-45 s per step, final evaluation
+# ~100-190 s; the whole run ~20 min held, i.e. ~10 min of device time at the 50% count. Three seeds at once need an H200 (ask for kind
 # nvidia-h200): on an H100's 80 GiB the third seed's SFT ran out of memory (fifth session), so
 # there run LEARN_SEEDS="0 1" on one machine and LEARN_SEEDS="2" on the next. On a second machine: bench-eval twice
 # (BENCH_EVAL_MODE= BENCH_EVAL_ONLY="full_eval throughput defenses", with and without
