@@ -70,7 +70,7 @@ class BenchArgs:
     sft_learning_rate: float = 2e-4  # SFTConfig's default
     lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
-    optimizer_repair: bool = False  # add repair pairs (tasks.repair_data) to the Optimizer's SFT
+    optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -94,10 +94,15 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-full-finetune", action="store_true",
                    help="fine-tune one full copy of the model per agent (separate models) "
                         "instead of LoRA adapters; GRPO then trains those copies")
-    p.add_argument("--optimizer-repair", action="store_true",
-                   help="add repair pairs to the Optimizer's SFT data: a broken kernel (a "
-                        "misspelt math function, an undeclared variable, the other precision's "
-                        "kernel), the Tester's real report on it, and the correct kernel")
+    from multiminddev.tasks.repair_data import KINDS as REPAIR_KINDS
+
+    p.add_argument("--optimizer-repair", nargs="*", default=None, metavar="KIND",
+                   choices=REPAIR_KINDS,
+                   help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
+                        "Tester's real report on it, and the correct kernel; KINDs from "
+                        "multiminddev.tasks.repair_data.KINDS (misspelt_math, "
+                        "undeclared_variable, float16_kernel, float32_kernel, wrong_operation; "
+                        "the last two need a GPU to be reported), none given: all")
     p.add_argument("--rl-steps", type=int, default=20)
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="GRPO's KL reference: the pre-trained base or the SFT agents")
@@ -326,8 +331,9 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             done = run_sft(role, policy.config,
                            sft_data(role, train if sft is None else sft, seed,
                                     args.generator_variants,
-                                    repair_evaluator=evaluator if args.optimizer_repair else None,
-                                    repair_counts=recipe),
+                                    repair_evaluator=(evaluator if args.optimizer_repair
+                                                      is not None else None),
+                                    repair_kinds=args.optimizer_repair, repair_counts=recipe),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      learning_rate=args.sft_learning_rate,
@@ -383,7 +389,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
     return {"steps": args.sft_steps, "batch_size": args.sft_batch_size,
             "learning_rate": args.sft_learning_rate,
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
-            **({"optimizer_repair": {}} if args.optimizer_repair else {})}
+            **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all"}
+               if args.optimizer_repair is not None else {})}
 
 
 def grpo_marks(rl_steps: int, every: int) -> list[int]:
@@ -394,24 +401,27 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
 
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
-             repair_evaluator: Any = None, repair_counts: dict[str, Any] | None = None) -> Any:
+             repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
+             repair_counts: dict[str, Any] | None = None) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
-    Optimizer's data gains repair pairs, their counts per defect written to
+    Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
+    written to
     ``repair_counts["optimizer_repair"]``."""
     import random
 
     from multiminddev.agents.roles import AgentRole
-    from multiminddev.tasks.repair_data import optimizer_repair_examples, repair_kinds
+    from multiminddev.tasks import repair_data
     from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
 
     kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
                               if role is AgentRole.GENERATOR else {})
     if role is AgentRole.OPTIMIZER and repair_evaluator is not None:
-        extra = optimizer_repair_examples(train, repair_evaluator.evaluate)
-        print(f"optimizer repair pairs: {repair_kinds(extra)}", flush=True)
+        extra = repair_data.optimizer_repair_examples(train, repair_evaluator.evaluate,
+                                                      kinds=repair_kinds or repair_data.KINDS)
+        print(f"optimizer repair pairs: {repair_data.repair_kinds(extra)}", flush=True)
         if repair_counts is not None:
-            repair_counts["optimizer_repair"] = repair_kinds(extra)
+            repair_counts["optimizer_repair"] = repair_data.repair_kinds(extra)
         kwargs["extra_examples"] = extra
     try:
         return build_sft_dataset(role, train, seed=seed, **kwargs)

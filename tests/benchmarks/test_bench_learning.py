@@ -172,6 +172,12 @@ def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(
     args = bench.parse_args(["--optimizer-repair"])
     recipe = bench.sft_recipe(args)
     assert recipe["optimizer_repair"] == {}  # filled in when the pairs are built
+    assert recipe["optimizer_repair_kinds"] == "all"
+    assert "optimizer_repair" not in bench.sft_recipe(bench.parse_args([]))
+    some = bench.parse_args(["--optimizer-repair", "misspelt_math", "wrong_operation"])
+    assert bench.sft_recipe(some)["optimizer_repair_kinds"] == ["misspelt_math", "wrong_operation"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--optimizer-repair", "typo_kind"])
     problems = [p for p in load_problems("builtin:tier0,tier1:train") if p.family == "relu"]
     plain = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"])
     with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:

@@ -14,6 +14,7 @@ from multiminddev.tasks.repair_data import (
     optimizer_repair_examples,
     repair_kinds,
     undeclared_variable,
+    wrong_operation,
 )
 from multiminddev.tasks.sft_data import NAIVE, _builtin_solution
 
@@ -57,6 +58,31 @@ def test_broken_variants_pair_each_precision_with_its_twin_kernel():
     assert {"misspelt_math", "undeclared_variable"} <= set(kinds16)
 
 
+def test_wrong_operation_is_another_familys_kernel_with_the_same_interface():
+    problems = load_problems("builtin:tier0:train:allshapes")
+    relu = next(p for p in problems if p.name == "relu_4096x4096")
+    wrong = wrong_operation(relu, _builtin_solution(relu, NAIVE), problems, _builtin_solution)
+    donors = {p.family: _builtin_solution(p, NAIVE) for p in problems
+              if p.family != "relu" and p.dtype == "float32"}
+    assert wrong in donors.values() and "__global__ void unary_naive" in wrong
+    again = wrong_operation(relu, _builtin_solution(relu, NAIVE), problems, _builtin_solution)
+    assert again == wrong  # chosen by the problem's name, not at random
+    # no other family with the interface: nothing to offer
+    assert wrong_operation(relu, _builtin_solution(relu, NAIVE), [relu], _builtin_solution) is None
+
+
+def test_broken_variants_keep_the_asked_kinds_and_refuse_unknown_ones():
+    problems = load_problems("builtin:tier0:train:allshapes")
+    add = next(p for p in problems if p.name == "add_4096x4096")
+    source = _builtin_solution(add, NAIVE)
+    assert set(dict(broken_variants(add, source, problems, _builtin_solution))) == {
+        "undeclared_variable", "float16_kernel", "wrong_operation"}  # add calls no math function
+    only = broken_variants(add, source, problems, _builtin_solution, kinds=["wrong_operation"])
+    assert [k for k, _ in only] == ["wrong_operation"]
+    with pytest.raises(ValueError, match="unknown repair kinds"):
+        broken_variants(add, source, problems, _builtin_solution, kinds=["typo"])
+
+
 @pytest.fixture(scope="module")
 def repair_pairs():
     """Built through the real evaluation service (NVRTC compiles, static checks)."""
@@ -89,14 +115,24 @@ def test_every_pair_shows_the_testers_real_report_and_replies_with_the_correct_k
             assert "Status: compile_error" in user and 'identifier "ssum" is undefined' in user
         elif pair.variant == "repair:float16_kernel":
             assert "Status: rejected" in user and "low_precision_kernel" in user
+        elif pair.variant == "repair:float32_kernel":
+            assert "Status: runtime_error" in user and torch.cuda.is_available()
         else:
-            assert pair.variant == "repair:float32_kernel" and torch.cuda.is_available()
+            assert pair.variant == "repair:wrong_operation" and torch.cuda.is_available()
+            assert "Status: incorrect" in user
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the float32 kernel")
-def test_a_defect_the_tester_cannot_report_without_a_gpu_is_left_out(repair_pairs):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs these kernels")
+def test_defects_the_tester_cannot_report_without_a_gpu_are_left_out(repair_pairs):
     problems, pairs = repair_pairs
     fp16 = {p.name for p in problems if p.dtype == "float16"}
     assert fp16  # the float32 twin compiles and passes static checks: no report on a CPU
-    assert not [p for p in pairs if p.variant == "repair:float32_kernel"]
+    assert not [p for p in pairs if p.variant in ("repair:float32_kernel",
+                                                  "repair:wrong_operation")]
     assert {p.problem for p in pairs} & fp16  # their compile errors still count
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_wrong_operations_and_precisions_get_the_testers_run_reports(repair_pairs):
+    kinds = repair_kinds(repair_pairs[1])
+    assert kinds.get("wrong_operation", 0) >= 3 and kinds.get("float32_kernel", 0) >= 1

@@ -15,8 +15,14 @@ run it) is dropped, so no report is invented. Defects:
 - ``float16_kernel``: the family's float16 kernel submitted for a float32 problem (static
   rejection);
 - ``float32_kernel``: the family's float32 kernel submitted for a float16 problem. It compiles
-  and passes the static checks, so only an evaluator with a GPU reports it (the kernel reads
-  the tensors with the wrong element size); on a CPU machine it is dropped.
+  and passes the static checks, so only an evaluator with a GPU reports it (the launcher
+  refuses float16 tensors for ``float*`` parameters); on a CPU machine it is dropped;
+- ``wrong_operation``: another family's kernel with the same interface (a memorised operation
+  in place of the asked one, the Generator's most common held-out miss). Only a GPU run reports
+  its wrong outputs; on a CPU machine it is dropped.
+
+The first two are one-token edits: trained on alone, with ``float16_kernel``, they taught the
+Optimizer to resubmit its input unchanged (docs/BENCHMARKS.md, twelfth session).
 
 The reply is the problem's correct naive kernel: correct first.
 """
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import re
+import zlib
 from collections.abc import Callable, Iterable
 
 from multiminddev.agents.roles import AgentRole
@@ -95,18 +102,53 @@ def undeclared_variable(source: str) -> str | None:
     return None
 
 
+def _interface(source: str) -> tuple[tuple[str, ...], str]:
+    """Kernel names and ``forward``'s parameters: two solutions with the same interface differ
+    only in what they compute."""
+    kernels = tuple(sorted(re.findall(r"__global__\s+void\s+(\w+)", source)))
+    forward = re.search(r"def forward\(([^)]*)\)", source)
+    return kernels, forward.group(1).replace(" ", "") if forward else ""
+
+
+def wrong_operation(problem: Problem, source: str, problems: Iterable[Problem],
+                    solution: SolutionFn) -> str | None:
+    """Another family's naive kernel with this one's interface and dtype (the Generator's common
+    held-out miss: a memorised operation's body), chosen by the problem's name; or None."""
+    interface = _interface(source)
+    others: dict[str, str] = {}
+    for p in problems:
+        if p.family != problem.family and p.dtype == problem.dtype and p.family not in others:
+            other = solution(p, NAIVE)
+            if other is not None and other != source and _interface(other) == interface:
+                others[p.family] = other
+    if not interface[0] or not others:
+        return None
+    pick = sorted(others)[zlib.crc32(problem.name.encode()) % len(others)]
+    return others[pick]
+
+
+KINDS = ("misspelt_math", "undeclared_variable", "float16_kernel", "float32_kernel",
+         "wrong_operation")
+
+
 def broken_variants(problem: Problem, source: str, problems: Iterable[Problem],
-                    solution: SolutionFn) -> list[tuple[str, str]]:
-    """(defect, broken source) pairs for one problem's correct ``source``."""
-    out = [(kind, broken) for kind, broken in (("misspelt_math", misspelt_math(source)),
-                                               ("undeclared_variable", undeclared_variable(source)))
-           if broken is not None and broken != source]
+                    solution: SolutionFn,
+                    kinds: Iterable[str] = KINDS) -> list[tuple[str, str]]:
+    """(defect, broken source) pairs for one problem's correct ``source``, of the given kinds."""
+    problems, kinds = list(problems), set(kinds)
+    if unknown := kinds - set(KINDS):
+        raise ValueError(f"unknown repair kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    out = [("misspelt_math", misspelt_math(source)),
+           ("undeclared_variable", undeclared_variable(source))]
     # the same family's kernel for the other precision
     other = {"float32": "float16", "float16": "float32"}.get(problem.dtype)
     twin = next((p for p in problems if p.family == problem.family and p.dtype == other), None)
-    if twin is not None and (twin_source := solution(twin, NAIVE)) is not None:
-        out.append((f"{other}_kernel", twin_source))
-    return out
+    if twin is not None:
+        out.append((f"{other}_kernel", solution(twin, NAIVE)))
+    if "wrong_operation" in kinds:
+        out.append(("wrong_operation", wrong_operation(problem, source, problems, solution)))
+    return [(kind, broken) for kind, broken in out
+            if kind in kinds and broken is not None and broken != source]
 
 
 def optimizer_repair_examples(
@@ -116,6 +158,7 @@ def optimizer_repair_examples(
     solution: SolutionFn | None = None,
     prompt: OptimizerPrompt | None = None,
     feedback_chars: int = 1500,
+    kinds: Iterable[str] = KINDS,
 ) -> list[SFTExample]:
     """Broken kernel + the Tester's report -> the correct naive kernel, for every problem with a
     naive solution and every defect the Tester caught (see the module docstring)."""
@@ -134,7 +177,7 @@ def optimizer_repair_examples(
         correct = solution(problem, NAIVE)
         if correct is None:
             continue
-        for kind, broken in broken_variants(problem, correct, problems, solution):
+        for kind, broken in broken_variants(problem, correct, problems, solution, kinds):
             if (problem.name, broken) not in results:
                 results[problem.name, broken] = evaluate(problem, broken)
             result = results[problem.name, broken]
@@ -171,10 +214,12 @@ def repair_kinds(examples: Iterable[SFTExample]) -> dict[str, int]:
 
 
 __all__ = [
+    "KINDS",
     "MISSPELLINGS",
     "broken_variants",
     "misspelt_math",
     "optimizer_repair_examples",
     "repair_kinds",
     "undeclared_variable",
+    "wrong_operation",
 ]
