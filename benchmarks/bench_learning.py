@@ -21,6 +21,7 @@ printed, never assumed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -71,6 +72,7 @@ class BenchArgs:
     lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
     optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
+    repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -103,6 +105,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "multiminddev.tasks.repair_data.KINDS (misspelt_math, "
                         "undeclared_variable, float16_kernel, float32_kernel, wrong_operation; "
                         "the last two need a GPU to be reported), none given: all")
+    p.add_argument("--repeat-penalty", type=float, default=0.0,
+                   help="GRPO's reward loses this for a turn that resubmits a kernel of an "
+                        "earlier turn unchanged (RewardConfig.repeat_penalty); held-out rewards "
+                        "are scored without it, so runs stay comparable")
     p.add_argument("--rl-steps", type=int, default=20)
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="GRPO's KL reference: the pre-trained base or the SFT agents")
@@ -195,6 +201,8 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
             "speedup": max(speeds) if speeds else 0.0, "reward": reward,
             "turns": len(episode.turns), "compiled_turn": first_turn(lambda r: r.compiled),
             "correct_turn": first_turn(lambda r: r.correct),
+            # Optimizer turns that resubmitted a kernel of an earlier turn unchanged
+            "repeats": sum(getattr(t, "repeat_of", None) is not None for t in episode.turns),
             # the evaluation failed on our side (after its retries): counted as a failure here,
             # and reported, so a crowded GPU cannot pass for a worse policy unnoticed
             "infra_error": any(r.status is EvalStatus.INFRA_ERROR for r in results)}
@@ -216,9 +224,12 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
         trainer.backend = training_backend
     if save is not None:  # the full conversations, kernels and EvalResults, for inspection
         write_episodes_jsonl(episodes, save)
+    # Held-out rewards without the repeat penalty, so runs with and without it compare.
+    scoring = dataclasses.replace(
+        trainer.cfg, reward=dataclasses.replace(trainer.cfg.reward, repeat_penalty=0.0))
     rows = []
     for episode in episodes:
-        _, stats = score_episodes([episode], trainer.cfg)
+        _, stats = score_episodes([episode], scoring)
         rows.append(episode_row(episode, stats["reward_mean"]))
     return rows
 
@@ -230,7 +241,9 @@ def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, f
             "reward_mean": sum(r["reward"] for r in rows) / n,
             "fast_1": 0.0 if compile_only else sum(r["correct"] and r["speedup"] > 1.0
                                                    for r in rows) / n,
-            "infra_errors": float(sum(r.get("infra_error", False) for r in rows))}
+            "infra_errors": float(sum(r.get("infra_error", False) for r in rows)),
+            # episodes whose Optimizer resubmitted an earlier kernel (rows from before: none)
+            "repeat_episodes": float(sum(r.get("repeats", 0) > 0 for r in rows))}
 
 
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
@@ -241,6 +254,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, PolicyConfig, SamplingParams, load_policy
     from multiminddev.report.plots import plot_training_curves
+    from multiminddev.rewards import RewardConfig
     from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
     from multiminddev.tasks.curriculum import Curriculum
     from multiminddev.train.metrics import read_metrics
@@ -252,6 +266,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
                      kl_reference=args.kl_reference, temperature=args.rl_temperature,
+                     reward=RewardConfig(repeat_penalty=args.repeat_penalty),
                      eval_every=0, seed=seed)
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
@@ -527,6 +542,9 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
         if all("infra_error" in r for r in rows):  # older records do not say
             out[f"{stage}/infra_errors"] = [sum(r["infra_error"] for r in s["rows"][stage])
                                             for s in per_seed]
+        if rows and all("repeats" in r for r in rows):  # the Optimizer resubmitted a kernel
+            out[f"{stage}/repeat_episodes"] = [sum(r["repeats"] > 0 for r in s["rows"][stage])
+                                               for s in per_seed]
     for metric in ("reward_mean", "fast_1"):
         out[f"gain/{metric}"] = gain_summary(per_seed, "grpo", metric)
     return out
@@ -619,6 +637,10 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
     lines.append("- Episodes with an infrastructure error (counted as failures above), per seed: "
                  + "; ".join(f"{stage} {summary.get(f'{stage}/infra_errors', 'not recorded')}"
                              for stage in STAGES))
+    if any(f"{stage}/repeat_episodes" in summary for stage in STAGES):
+        lines.append("- Episodes whose Optimizer resubmitted an earlier kernel unchanged, per seed: "
+                     + "; ".join(f"{stage} {summary.get(f'{stage}/repeat_episodes', 'not recorded')}"
+                                 for stage in STAGES))
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     path.write_text("\n".join(lines) + "\n")
 

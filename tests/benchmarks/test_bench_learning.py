@@ -34,11 +34,24 @@ def test_stage_metrics_count_episodes(bench):
             _row(False, False, 0.0, -0.1), _row(True, True, 0.5, 0.3)]
     m = bench.stage_metrics(rows, compile_only=False)
     assert m == {"compile_rate": 0.75, "correct_rate": 0.5, "reward_mean": pytest.approx(0.3),
-                 "fast_1": 0.25, "infra_errors": 0.0}
+                 "fast_1": 0.25, "infra_errors": 0.0, "repeat_episodes": 0.0}
     rows[2]["infra_error"] = True  # a failed evaluation of ours still counts as a failure
     assert bench.stage_metrics(rows, compile_only=False)["infra_errors"] == 1.0
     assert bench.stage_metrics(rows, compile_only=False)["compile_rate"] == 0.75
     assert bench.stage_metrics(rows, compile_only=True)["fast_1"] == 0.0
+
+
+def test_episodes_with_a_resubmitted_kernel_are_counted_per_seed(bench):
+    rows = [{**_row(True, True, 1.0, 0.5), "repeats": n} for n in (0, 2, 1)]
+    assert bench.stage_metrics(rows, compile_only=False)["repeat_episodes"] == 2.0
+    seeds = [{"seed": s, "rows": {stage: rows for stage in bench.STAGES},
+              "metrics": {stage: bench.stage_metrics(rows, False) for stage in bench.STAGES}}
+             for s in (0, 1)]
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["sft/repeat_episodes"] == [2, 2]
+    old = [{k: v for k, v in r.items() if k != "repeats"} for r in rows]  # older records
+    seeds = [{**s, "rows": {stage: old for stage in bench.STAGES}} for s in seeds]
+    assert "sft/repeat_episodes" not in bench.aggregate(seeds, compile_only=False)
 
 
 def test_longer_episodes_also_report_what_two_turns_reached(bench):

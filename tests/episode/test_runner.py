@@ -171,6 +171,11 @@ def test_episodes_with_the_real_evaluator(evaluator):
     assert fixed.best_turn == 1 and fixed.best_source.strip() == RELU_KERNEL.strip()
     assert fixed.compile_only is (not GPU)
     assert fixed.turns[2].cached and fixed.turns[2].eval_result is fixed.turns[1].eval_result
+    # the resubmission is named as one: to the next turn, in the history and in the log
+    assert [t.repeat_of for t in fixed.turns[:3]] == [None, None, 1]
+    assert fixed.turns[2].feedback.startswith("Unchanged: this is the kernel of turn 2 again")
+    assert "turn 3 (optimizer): turn 2's kernel again:" in fixed.turns[3].messages[-1]["content"]
+    assert fixed.turns[2].reward == fixed.turns[1].reward  # repeat_penalty is off by default
     assert "line" in fixed.turns[0].feedback and "0.0f)" in fixed.turns[0].feedback
     assert all(t.reward is not None and t.reward_breakdown for t in fixed.turns)
     assert fixed.turns[1].reward > fixed.turns[0].reward
@@ -180,6 +185,18 @@ def test_episodes_with_the_real_evaluator(evaluator):
     assert all(t.eval_result.status is EvalStatus.REJECTED for t in hacked.turns)
     assert "torch_compute" in hacked.turns[0].feedback
     assert hacked.turns[0].reward < 0
+
+
+def test_a_repeat_penalty_lowers_only_the_resubmitted_turns(evaluator):
+    backend = ReplayBackend(gguf_tokenizer(), lambda role, call, i: fenced(RELU_KERNEL))
+    config = EpisodeConfig(max_turns=3, patience=0, reward=RewardConfig(repeat_penalty=0.25))
+    episode = run_episodes([relu_problem()], backend, evaluator, config)[0]
+    first, *repeats = episode.turns
+    assert first.repeat_of is None and "repeat" not in first.reward_breakdown
+    assert [t.repeat_of for t in repeats] == [0, 0]
+    for turn in repeats:
+        assert turn.reward_breakdown["repeat"] == -0.25
+        assert turn.reward == pytest.approx(first.reward - 0.25)
 
 
 def test_format_failures_end_the_episode(evaluator):

@@ -289,3 +289,22 @@ def test_cooperative_groups_and_warp_reduce_count_as_shuffles():
 
 def test_commented_out_shuffle_earns_nothing():
     assert not uses_warp_shuffle("// TODO: v += __shfl_down_sync(0xffffffff, v, 16);\n/* __shfl_xor_sync( */")
+
+
+@pytest.mark.parametrize("kind", list(RewardKind))
+def test_a_repeated_kernel_loses_exactly_the_repeat_penalty(kind):
+    plain = RewardConfig(kind=kind)
+    penalised = RewardConfig(kind=kind, repeat_penalty=0.2)
+    for result in (ok_result(speedup=1.5), failed_result(EvalStatus.INCORRECT, compiled=True),
+                   failed_result(EvalStatus.COMPILE_ERROR, compiled=False), None):
+        base = compute_reward(result, plain, COALESCED_SHFL)
+        assert compute_reward(result, plain, COALESCED_SHFL, repeated=True) == base  # off
+        assert compute_reward(result, penalised, COALESCED_SHFL) == base  # not a repeat
+        again = compute_reward(result, penalised, COALESCED_SHFL, repeated=True)
+        assert again.total == pytest.approx(base.total - 0.2)
+        assert again.components == {**base.components, "repeat": -0.2}
+
+
+def test_repeat_penalty_is_a_magnitude():
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        RewardConfig(repeat_penalty=-0.1)

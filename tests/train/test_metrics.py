@@ -77,6 +77,17 @@ def test_compile_only_reports_no_speedups():
     assert m["geomean_speedup"] == 0.0 and m["fast_1"] == 0.0
 
 
+def test_repeat_rate_counts_optimizer_turns_that_resubmitted_a_kernel():
+    ok = _result(EvalStatus.OK, 1.0)
+    copied = _episode(ok, ok, ok)
+    for turn, source, repeat in zip(copied.turns, ("a", "a", "b"), (None, 0, None)):
+        turn.candidate_source, turn.repeat_of = source, repeat
+    formatless = _episode(ok, None)  # an Optimizer turn without a candidate is not counted
+    formatless.turns[0].candidate_source = "a"
+    assert rollout_metrics([copied, formatless], compile_only=False)["repeat_rate"] == 0.5
+    assert rollout_metrics([_episode(ok)], compile_only=False)["repeat_rate"] == 0.0
+
+
 def test_phase_timer_reports_every_phase():
     timer = PhaseTimer()
     with timer("rollout"):

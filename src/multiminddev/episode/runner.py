@@ -132,12 +132,27 @@ def source_hash(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
+def repeated_turn(episode: Episode, source: str | None) -> int | None:
+    """The first earlier turn of ``episode`` that wrote exactly ``source``, or None."""
+    if source is None:
+        return None
+    return next((t.index for t in episode.turns if t.candidate_source == source), None)
+
+
+def repeat_note(index: int) -> str:
+    """The Tester's first line for a resubmitted kernel (``index``: the turn that wrote it)."""
+    return (f"Unchanged: this is the kernel of turn {index + 1} again, so its result below is "
+            "that turn's. Resubmitting it cannot do better; change the kernel.")
+
+
 def outcome_line(turn: Turn) -> str:
     """One line for the history: what the turn tried and what came of it."""
     if turn.format_failed:
         what = f"format failure ({turn.parse_failure.value})"  # type: ignore[union-attr]
     else:
         what = _result_summary(turn.eval_result)
+    if turn.repeat_of is not None:
+        what = f"turn {turn.repeat_of + 1}'s kernel again: {what}"
     tags = f"; used {', '.join(turn.strategies)}" if turn.strategies else ""
     best = " -> new best" if turn.improved else ""
     return f"turn {turn.index + 1} ({turn.role.value}): {what}{tags}{best}"
@@ -309,13 +324,17 @@ async def _evaluate_turn(episode: Episode, turn: Turn, cache: _EvalCache, config
         else:
             turn.eval_result, turn.cached = await cache.get(episode.problem, turn.candidate_source)
             episode.compile_cache[key] = turn.eval_result
+        turn.repeat_of = repeated_turn(episode, turn.candidate_source)
         turn.feedback = tester_feedback(turn.eval_result, turn.candidate_source,
                                         max_chars=config.feedback_chars)
+        if turn.repeat_of is not None:
+            turn.feedback = repeat_note(turn.repeat_of) + "\n" + turn.feedback
     turn.eval_seconds = time.perf_counter() - start
     if config.reward is not None:
         from multiminddev.rewards.functions import compute_reward
 
-        breakdown = compute_reward(turn.eval_result, config.reward, turn.candidate_source)
+        breakdown = compute_reward(turn.eval_result, config.reward, turn.candidate_source,
+                                   repeated=turn.repeat_of is not None)
         turn.reward, turn.reward_breakdown = breakdown.total, dict(breakdown.components)
 
 

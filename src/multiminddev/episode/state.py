@@ -48,6 +48,7 @@ class Turn:
     parse_detail: str = ""
     eval_result: EvalResult | None = None  # None: nothing to evaluate (format failure)
     cached: bool = False  # eval_result reused from the episode's compile cache
+    repeat_of: int | None = None  # index of an earlier turn of this episode with the same kernel
     feedback: str = ""  # the Tester's report on this turn's candidate
     reward: float | None = None
     reward_breakdown: dict[str, float] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from typing import Any
 
 TRAINING_PANELS = (
     ("Reward", ("reward_mean",), "reward_std"),
-    ("Compile / pass rate", ("compile_rate", "pass_rate", "hack_rate"), None),
+    ("Compile / pass rate", ("compile_rate", "pass_rate", "hack_rate", "repeat_rate"), None),
     ("KL to reference", ("kl",), None),
     ("Throughput", ("tokens_per_s", "evals_per_s"), None),
 )

@@ -81,6 +81,11 @@ class RewardConfig:
     rejected_reward: float = -0.5
     infra_error_reward: float = 0.0
     require_all_trials: bool = True  # gate: every trial passed (False: at least one)
+    # Subtracted when a turn resubmits a kernel an earlier turn of its episode wrote. Without it
+    # a copied correct kernel earns what writing it earned, so copying is the safe policy: with
+    # repair pairs in its SFT data the Optimizer resubmitted its input in most turns
+    # (docs/BENCHMARKS.md, twelfth session). Off by default: its effect on GRPO is unmeasured.
+    repeat_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RewardKind):
@@ -103,7 +108,7 @@ class RewardConfig:
             self.weights = {k: float(v) for k, v in self.weights.items()}
         for name in ("reg_pressure_penalty", "smem_over_penalty", "shuffle_bonus",
                      "coalesced_bonus", "compile_credit", "timeout_penalty",
-                     "runtime_error_penalty"):
+                     "runtime_error_penalty", "repeat_penalty"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} is a magnitude and must be >= 0 (got {getattr(self, name)})")
         if self.rejected_reward > 0:
@@ -138,12 +143,23 @@ class RewardBreakdown:
 
 
 def compute_reward(
-    result: EvalResult | None, cfg: RewardConfig, source: str | None = None
+    result: EvalResult | None, cfg: RewardConfig, source: str | None = None, *,
+    repeated: bool = False,
 ) -> RewardBreakdown:
     """Reward of one evaluated candidate; ``None`` means the reply had no usable candidate.
 
     ``source`` is the candidate's text, used only by the gated kind's source bonuses.
+    ``repeated``: an earlier turn of the episode wrote the same kernel (``repeat_penalty``).
     """
+    reward = _reward_of_result(result, cfg, source)
+    if repeated and cfg.repeat_penalty > 0:
+        return _breakdown({**reward.components, "repeat": -cfg.repeat_penalty})
+    return reward
+
+
+def _reward_of_result(
+    result: EvalResult | None, cfg: RewardConfig, source: str | None
+) -> RewardBreakdown:
     if result is None:
         return _breakdown({"format_failure": cfg.format_failure_reward})
     if result.status is EvalStatus.REJECTED:

@@ -178,7 +178,8 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
                 immediate.append(0.0)
                 continue
             breakdown = compute_reward(turn.eval_result, cfg.reward,
-                                       getattr(turn, "candidate_source", None))
+                                       getattr(turn, "candidate_source", None),
+                                       repeated=getattr(turn, "repeat_of", None) is not None)
             immediate.append(breakdown.total)
             breakdowns[t_idx] = dict(breakdown.components)
             for name, value in breakdown.components.items():

@@ -33,6 +33,7 @@ STEP_KEYS = (
     "compile_rate",
     "pass_rate",
     "hack_rate",
+    "repeat_rate",
     "geomean_speedup",
     "fast_1",
     "kl",
@@ -182,7 +183,17 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
         "fast_1": 0.0 if compile_only or not episodes
         else sum(1 for s in best if s is not None and s > 1.0) / len(episodes),
         "num_evaluations": float(len(results)),
+        # Optimizer turns that resubmitted a kernel of an earlier turn unchanged
+        "repeat_rate": _repeat_rate(episodes),
     }
+
+
+def _repeat_rate(episodes: list[Any]) -> float:
+    from multiminddev.agents.roles import AgentRole
+
+    turns = [t for e in episodes for t in e.turns
+             if AgentRole(t.role) is AgentRole.OPTIMIZER and getattr(t, "candidate_source", None)]
+    return sum(getattr(t, "repeat_of", None) is not None for t in turns) / max(len(turns), 1)
 
 
 def best_result(episode: Any) -> Any:
