@@ -305,8 +305,8 @@ def _reasons_table(summaries: Mapping[str, Any]) -> list[str]:
 def _training_table(records: Sequence[Mapping[str, Any]], training_run: Path | None) -> list[str]:
     last = records[-1]
     keys = [k for k in ("step", "episodes", "reward_mean", "reward_std", "compile_rate", "pass_rate",
-                        "hack_rate", "repeat_rate", "geomean_speedup", "fast_1", "kl", "entropy", "clip_fraction",
-                        "tokens_per_s", "evals_per_s") if k in last]
+                        "hack_rate", "repeat_rate", "geomean_speedup", "fast_1", "kl", "entropy",
+                        "clip_fraction", "tokens_per_s", "evals_per_s") if k in last]
     rows = [[k, last[k]] for k in keys]
     head = (f"<h2>Training run: last step</h2><p class='note'>{_e(str(training_run))}, "
             f"{len(records)} logged steps.</p>")
