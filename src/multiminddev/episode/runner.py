@@ -319,12 +319,12 @@ async def _evaluate_turn(episode: Episode, turn: Turn, cache: _EvalCache, config
             max_chars=config.feedback_chars)
     else:
         key = source_hash(turn.candidate_source)
-        if key in episode.compile_cache:
+        if key in episode.compile_cache:  # an earlier turn of this episode wrote this kernel
             turn.eval_result, turn.cached = episode.compile_cache[key], True
+            turn.repeat_of = repeated_turn(episode, turn.candidate_source)
         else:
             turn.eval_result, turn.cached = await cache.get(episode.problem, turn.candidate_source)
             episode.compile_cache[key] = turn.eval_result
-        turn.repeat_of = repeated_turn(episode, turn.candidate_source)
         turn.feedback = tester_feedback(turn.eval_result, turn.candidate_source,
                                         max_chars=config.feedback_chars)
         if turn.repeat_of is not None:

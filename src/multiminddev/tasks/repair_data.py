@@ -34,7 +34,9 @@ import re
 import zlib
 from collections.abc import Callable, Iterable
 
+from multiminddev.agents.pitfalls import candidate_strategies, extract_cuda_sources
 from multiminddev.agents.roles import AgentRole
+from multiminddev.cuda.signature import KernelSignature, parse_kernel_signatures
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.tasks.problem import Problem
 from multiminddev.tasks.sft_data import (
@@ -60,7 +62,6 @@ MISSPELLINGS = (
 )
 # Names used for a variable that the kernel never declared (``ssum``, ``vec``, ``cols`` were seen).
 UNDECLARED_NAMES = ("ssum", "acc", "val", "total", "vec", "cols", "rows", "idx", "sum")
-_CUDA_BLOCK = re.compile(r"r'''(.*?)'''|r\"\"\"(.*?)\"\"\"", re.DOTALL)
 _DECLARATION = re.compile(
     r"\b(?:float|double|int|long|unsigned|size_t|int64_t)\s+([A-Za-z_]\w*)\s*(?:=|;)"
 )
@@ -70,42 +71,51 @@ REPAIRABLE = (EvalStatus.COMPILE_ERROR, EvalStatus.REJECTED, EvalStatus.RUNTIME_
 Evaluate = Callable[[Problem, str], EvalResult]
 
 
-def _cuda_spans(source: str) -> list[tuple[int, int]]:
-    return [m.span(1) if m.group(1) is not None else m.span(2) for m in _CUDA_BLOCK.finditer(source)]
+def _mutate_cuda(source: str, mutate: Callable[[str], str | None]) -> str | None:
+    """``source`` with its first CUDA string that ``mutate`` changes replaced, or None."""
+    for cuda in extract_cuda_sources(source):
+        broken = mutate(cuda)
+        if broken is not None and cuda in source:  # a raw string: its text is its value
+            return source.replace(cuda, broken, 1)
+    return None
+
+
+def _misspell(cuda: str) -> str | None:
+    hits = [(m.start(), real, wrong) for real, wrong in MISSPELLINGS
+            if (m := re.search(rf"\b{re.escape(real)}\s*\(", cuda))]
+    if not hits:
+        return None
+    at, real, wrong = min(hits)
+    return cuda[:at] + wrong + cuda[at + len(real):]
+
+
+def _undeclare(cuda: str) -> str | None:
+    for decl in _DECLARATION.finditer(cuda):
+        name = decl.group(1)
+        uses = [m.start() for m in re.finditer(rf"\b{re.escape(name)}\b", cuda)
+                if m.start() > decl.end()]
+        wrong = next((w for w in UNDECLARED_NAMES
+                      if w != name and not re.search(rf"\b{w}\b", cuda)), None)
+        if uses and wrong is not None:
+            return cuda[:uses[-1]] + wrong + cuda[uses[-1] + len(name):]
+    return None
 
 
 def misspelt_math(source: str) -> str | None:
     """The first CUDA math call renamed to a function that does not exist, or None."""
-    for start, end in _cuda_spans(source):
-        cuda = source[start:end]
-        hits = [(m.start(), real, wrong) for real, wrong in MISSPELLINGS
-                if (m := re.search(rf"\b{re.escape(real)}\s*\(", cuda))]
-        if hits:
-            at, real, wrong = min(hits)
-            return source[:start + at] + wrong + source[start + at + len(real):]
-    return None
+    return _mutate_cuda(source, _misspell)
 
 
 def undeclared_variable(source: str) -> str | None:
     """The last use of the kernel's first declared local renamed to a name never declared."""
-    for start, end in _cuda_spans(source):
-        cuda = source[start:end]
-        for decl in _DECLARATION.finditer(cuda):
-            name = decl.group(1)
-            uses = [m.start() for m in re.finditer(rf"\b{re.escape(name)}\b", cuda)
-                    if m.start() > decl.end()]
-            wrong = next((w for w in UNDECLARED_NAMES
-                          if w != name and not re.search(rf"\b{w}\b", cuda)), None)
-            if uses and wrong is not None:
-                at = start + uses[-1]
-                return source[:at] + wrong + source[at + len(name):]
-    return None
+    return _mutate_cuda(source, _undeclare)
 
 
-def _interface(source: str) -> tuple[tuple[str, ...], str]:
-    """Kernel names and ``forward``'s parameters: two solutions with the same interface differ
-    only in what they compute."""
-    kernels = tuple(sorted(re.findall(r"__global__\s+void\s+(\w+)", source)))
+def _interface(source: str) -> tuple[tuple[KernelSignature, ...], str]:
+    """Kernel signatures and ``forward``'s parameters: two solutions with the same interface
+    differ only in what they compute."""
+    kernels = tuple(sig for cuda in extract_cuda_sources(source)
+                    for sig in parse_kernel_signatures(cuda).values())
     forward = re.search(r"def forward\(([^)]*)\)", source)
     return kernels, forward.group(1).replace(" ", "") if forward else ""
 
@@ -162,12 +172,18 @@ def optimizer_repair_examples(
 ) -> list[SFTExample]:
     """Broken kernel + the Tester's report -> the correct naive kernel, for every problem with a
     naive solution and every defect the Tester caught (see the module docstring)."""
-    from multiminddev.agents.pitfalls import candidate_strategies
     from multiminddev.agents.tester import tester_feedback
     from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
     from multiminddev.episode.state import Episode, Turn
 
-    solution = solution or _builtin_solution
+    render = solution or _builtin_solution
+    rendered: dict[tuple[str, str], str | None] = {}
+
+    def solution(p: Problem, variant: str) -> str | None:  # each rendered once, not per pair
+        if (p.name, variant) not in rendered:
+            rendered[p.name, variant] = render(p, variant)
+        return rendered[p.name, variant]
+
     prompt = prompt or _default_optimizer_prompt()
     problems = list(problems)
     out: list[SFTExample] = []
