@@ -61,6 +61,10 @@ class BenchArgs:
     rl_learning_rate: float = 2e-5
     kl_reference: str = "base"
     rl_temperature: float = 1.0  # GRPO's rollout sampling temperature
+    # GRPO's curriculum: the tier it starts on (None: the first) and the share of each batch
+    # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
+    curriculum_start_tier: int | None = None
+    review_fraction: float = 0.2  # CurriculumConfig's default
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
     skip_base: bool = False
@@ -117,6 +121,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--rl-temperature", type=float, default=1.0,
                    help="GRPO's rollout sampling temperature (GRPOConfig.temperature); the "
                         "held-out evaluations stay greedy (--eval-temperature)")
+    p.add_argument("--curriculum-start-tier", type=int, default=None, metavar="TIER",
+                   help="the GRPO curriculum's first tier (CurriculumConfig.start_tier); earlier "
+                        "tiers are then drawn as review. Default: the lowest tier. With 8 steps "
+                        "the default curriculum never left tier 0 (eleventh session)")
+    p.add_argument("--review-fraction", type=float, default=0.2,
+                   help="share of each GRPO batch drawn from tiers before the current one "
+                        "(CurriculumConfig.review_fraction)")
     p.add_argument("--grpo-eval-every", type=int, default=0, metavar="K",
                    help="also evaluate the held-out set after every K GRPO steps (stages "
                         "'grpo@K' in partial.json), so a run cut before its end still compares "
@@ -246,6 +257,14 @@ def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, f
             "repeat_episodes": float(sum(r.get("repeats", 0) > 0 for r in rows))}
 
 
+def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
+    """GRPO's problem sampler over ``train``, started where the arguments say."""
+    from multiminddev.tasks.curriculum import Curriculum, CurriculumConfig
+
+    return Curriculum.from_problems(train, CurriculumConfig(
+        start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction))
+
+
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
              compile_only: bool, sft: list[Any] | None = None) -> dict[str, Any]:
     """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems)."""
@@ -256,7 +275,6 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.report.plots import plot_training_curves
     from multiminddev.rewards import RewardConfig
     from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
-    from multiminddev.tasks.curriculum import Curriculum
     from multiminddev.train.metrics import read_metrics
     from multiminddev.train.sft import SFTConfig, run_sft
 
@@ -289,7 +307,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                                           max_new_tokens=args.max_new_tokens))
     trainer = GRPOTrainer(cfg, policy=policy,
                           backend=HFGenerationBackend(policy, max_batch_size=args.max_batch_size),
-                          evaluator=evaluator, curriculum=Curriculum.from_problems(train),
+                          evaluator=evaluator,
+                          curriculum=grpo_curriculum(args, train),
                           episode_config=eval_episodes, output_dir=out,
                           compile_only=compile_only)
     # Stage-level resume: a seed cut short (a device call's time limit, a crash) continues from

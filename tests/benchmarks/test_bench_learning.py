@@ -262,3 +262,23 @@ def test_sft_only_aggregates_the_sft_stage_and_names_its_data(bench, tmp_path):
     assert summary["stages"] == ["sft"]
     assert summary["sft/correct_rate"]["per_seed"] == pytest.approx([0.5, 1.0])
     assert f"SFT data {mix}" in (tmp_path / "results_partial.md").read_text()
+
+
+def test_grpo_curriculum_starts_on_the_default_first_tier(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    train = load_problems("builtin:tier0,tier1:train")
+    curriculum = bench.grpo_curriculum(bench.parse_args([]), train)
+    assert curriculum.current_tier == 0
+    assert {p.tier for p in curriculum.sample(40, 0)} == {0}  # tier 0 has nothing to review
+
+
+def test_grpo_curriculum_can_train_both_tiers_from_the_first_step(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    train = load_problems("builtin:tier0,tier1:train")
+    args = bench.parse_args(["--curriculum-start-tier", "1", "--review-fraction", "0.5"])
+    curriculum = bench.grpo_curriculum(args, train)
+    tiers = [p.tier for p in curriculum.sample(200, 0)]
+    assert curriculum.current_tier == 1
+    assert 0.35 < tiers.count(0) / len(tiers) < 0.65  # half review of tier 0

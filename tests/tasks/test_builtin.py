@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import math
 
 import pytest
 import torch
@@ -273,3 +274,50 @@ def test_every_solution_clears_the_evaluator_up_to_the_gpu():
     bad = {label: (r.status.value, r.message) for label, r in zip(labels, results, strict=True)
            if r.status.value != "no_gpu"}
     assert not bad
+
+
+# --------------------------------------------------------------------------- resized shapes
+
+def _train_shapes(family: Family) -> list:
+    from multiminddev.tasks.splits import Split, SplitConfig, assign_splits
+
+    splits = assign_splits(FAMILIES, SplitConfig(seed=0))[family.name]
+    return [s for s, sp in zip(family.shapes, splits, strict=True) if sp is Split.TRAIN]
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.tier <= 1], ids=lambda f: f.name)
+def test_resized_shapes_are_new_distinct_and_no_larger_than_the_corpus(family: Family):
+    from multiminddev.tasks.builtin.resize import resized_shapes
+
+    bases = _train_shapes(family) or list(family.shapes)
+    shapes = resized_shapes(family, bases, 5, seed=0)
+    tags = [s.tag for s in shapes]
+    assert len(shapes) == 5 * len({b.dtype for b in bases})
+    assert len(set(tags)) == len(tags)
+    assert not set(tags) & {s.tag for s in family.shapes}  # never a corpus (or held-out) shape
+    largest = max(math.prod(v for _, v in s.sizes) for s in family.shapes)
+    assert all(math.prod(v for _, v in s.sizes) <= largest for s in shapes)
+    assert collections.Counter(s.dtype for s in shapes) == collections.Counter(
+        {dt: 5 for dt in {b.dtype for b in bases}})
+    assert resized_shapes(family, bases, 5, seed=0) == shapes  # deterministic
+    assert resized_shapes(family, bases, 3, seed=0) == [  # the first N of more, per dtype
+        s for dt in dict.fromkeys(b.dtype for b in bases)
+        for s in [x for x in shapes if x.dtype == dt][:3]]
+
+
+def test_resized_problems_render_loadable_sources_with_the_familys_solution():
+    plain = {p.name for p in builtin_problems(tiers=[0, 1], split="train", shapes_per_family=None)}
+    problems = builtin_problems(tiers=[0, 1], split="train", shapes_per_family=None, resized=1)
+    added = [p for p in problems if p.name not in plain]
+    assert added
+    for problem in added:
+        family = get_family(problem.family)
+        assert load_problem_source(problem.source, name=problem.name).name == problem.name
+        assert reference_solution(problem) == family.render_solution("naive", problem.dtype)
+
+
+def test_resized_problems_need_the_training_split():
+    with pytest.raises(ValueError, match="split='train'"):
+        builtin_problems(tiers=[0], split="heldout", resized=2)
+    with pytest.raises(ValueError, match="split='train'"):
+        builtin_problems(tiers=[0], resized=2)

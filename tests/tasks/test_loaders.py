@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import os
 import subprocess
@@ -492,3 +493,23 @@ def test_shapes_n_keeps_the_first_n_shapes_of_each_family():
         load_problems("builtin:tier0:train:allshapes:shapes1")
     with pytest.raises(ProblemError, match="shapes0"):
         load_problems("builtin:breadth:shapes0")
+
+
+def test_resized_n_adds_new_sizes_of_training_families_only():
+    """``:resizedN`` (with ``:train``) adds N new sizes per training family and dtype; the
+    held-out set is untouched and shares no problem with it."""
+    plain = load_problems("builtin:tier0,tier1:train:allshapes")
+    resized = load_problems("builtin:tier0,tier1:train:allshapes:resized2")
+    heldout = load_problems("builtin:tier0,tier1:heldout:allshapes")
+    assert {p.name for p in plain} < {p.name for p in resized}
+    added = [p for p in resized if p.name not in {q.name for q in plain}]
+    per_family_dtype = collections.Counter((p.family, p.dtype) for p in added)
+    assert set(per_family_dtype.values()) == {2}
+    assert set(per_family_dtype) == {(p.family, p.dtype) for p in plain}
+    assert not {p.name for p in resized} & {p.name for p in heldout}
+    assert not {p.source for p in resized} & {p.source for p in heldout}
+    assert {p.split for p in added} == {"train"}
+    with pytest.raises(ProblemError, match="add :train"):
+        load_problems("builtin:tier0:resized2")
+    with pytest.raises(ProblemError, match="add :train"):
+        load_problems("builtin:tier0:heldout:resized2")

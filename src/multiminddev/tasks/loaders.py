@@ -636,7 +636,8 @@ def save_jsonl(
 _SPEC_HELP = (
     "builtin, builtin:tier1, builtin:train, builtin:heldout, builtin:small, builtin:FAMILY "
     "(parts combine: builtin:tier0,tier1:train; add :allshapes for every shape of each family "
-    "instead of the first 2 of the split, or :shapesN for the first N), "
+    "instead of the first 2 of the split, or :shapesN for the first N; with :train, :resizedN "
+    "adds N new sizes per training family and dtype, none of them a corpus shape), "
     "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small, "
     "builtin:breadth:shapes1), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
@@ -650,6 +651,7 @@ _WEIGHT_RE = re.compile(r"^(.*?)\s*\*\s*(\d+)$")
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
 _SHAPES_RE = re.compile(r"^shapes(\d+)$", re.IGNORECASE)
+_RESIZED_RE = re.compile(r"^resized(\d+)$", re.IGNORECASE)
 
 
 def _builtin(parts: list[str]) -> list[Problem]:
@@ -677,6 +679,8 @@ def _builtin(parts: list[str]) -> list[Problem]:
                 raise ProblemError("shapes0 selects nothing: use shapes1 or more")
         elif part.lower() == "breadth":  # the SFT-only families (tasks/builtin/breadth.py)
             breadth = True
+        elif m := _RESIZED_RE.match(part):  # new sizes of training families (builtin/resize.py)
+            kwargs["resized"] = int(m.group(1))
         else:
             families.append(part)
     if tiers:
@@ -696,6 +700,9 @@ def _builtin(parts: list[str]) -> list[Problem]:
             )
         return breadth_problems(small=bool(kwargs.get("small")),
                                 shapes_per_family=kwargs.get("shapes_per_family"))
+    if kwargs.get("resized") and kwargs.get("split") != "train":
+        raise ProblemError(f"spec {spec!r}: resizedN makes training data; add :train "
+                           "(builtin:tier0,tier1:train:resized3)")
     try:
         problems = builtin_problems(**kwargs)
     except KeyError as exc:  # an unknown family name

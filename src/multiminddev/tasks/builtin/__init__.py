@@ -32,6 +32,7 @@ from multiminddev.tasks.builtin.rows import (
     tier2_row_families,
     tier3_row_families,
 )
+from multiminddev.tasks.builtin.resize import resized_shapes
 from multiminddev.tasks.builtin.spec import ORIGIN, Family, Shape, Variant
 from multiminddev.tasks.problem import Problem, load_problem_source
 
@@ -84,18 +85,24 @@ def builtin_problems(
     seed: int = 0,
     shapes_per_family: int | None = 2,
     small: bool = False,
+    resized: int = 0,
 ) -> list[Problem]:
     """Problems of the built-in corpus, deterministic for a given seed.
 
     ``split`` ("train" | "heldout" | None for both) filters by the seed's split; then at most
     ``shapes_per_family`` shapes per family are kept (None: all). ``small=True`` gives one tiny
     problem per family (for CPU tests), labelled with its family's split.
+    ``resized=N`` (with ``split="train"`` only) adds, per training family and dtype, N shapes
+    that are not in the corpus (``resize.resized_shapes``), after the family's own.
     """
     from multiminddev.tasks.splits import Split, SplitConfig, assign_splits, heldout_families
 
     wanted_split = Split(split) if split is not None else None
     if shapes_per_family is not None and shapes_per_family < 1:
         raise ValueError(f"shapes_per_family must be >= 1 or None, got {shapes_per_family}")
+    if resized and (wanted_split is not Split.TRAIN or small):
+        raise ValueError("resized shapes are training data: use them with split='train' and "
+                         "full-size shapes (not small)")
     selected = _select(tiers, families)
     config = SplitConfig(seed=seed)
     assignment = assign_splits(FAMILIES, config)
@@ -110,6 +117,11 @@ def builtin_problems(
         if shapes_per_family is not None:
             points = points[:shapes_per_family]
         problems.extend(make_problem(family, s, sp.value) for s, sp in points)
+        if resized and family.name not in held:
+            bases = [s for s, sp in zip(family.shapes, assignment[family.name], strict=True)
+                     if sp is Split.TRAIN]
+            problems.extend(make_problem(family, s, Split.TRAIN.value)
+                            for s in resized_shapes(family, bases, resized, seed=seed))
     return problems
 
 

@@ -1,0 +1,79 @@
+"""Resized training shapes: more sizes of a training family, none of them a corpus shape.
+
+Why: after SFT on the training split, the embedded 135M model got a training family wrong at
+its held-out *size* in 8-9 of 39 held-out problems on every seed (eleventh GPU session:
+``argmax_dim``, ``cumsum``, ``max_dim``, ``matvec``, ``embedding``, ``transpose`` and the
+float16 ``add`` / ``relu``). Its reply named the right family in its docstring and then wrote
+the kernel of a sibling family that had trained at that size (``sum_dim`` at 4096x4096), or the
+float32 kernel for float16 tensors. A reference solution does not depend on the sizes, so a
+prompt should not either: SFT (or GRPO) on the same families at other sizes teaches the model
+to read the operation and the dtype, not the numbers.
+
+What keeps the held-out set clean: only training families are resized (a held-out family never
+is), and a resized shape is never one of the family's corpus shapes (its held-out one
+included). A resized shape keeps its base shape's dtype; each size is scaled by a factor in
+[0.5, 2] and may be made odd, so tails are exercised; the element count stays within the
+family's largest corpus shape, so memory and run time stay as the corpus's tests bound them.
+Deterministic: each shape comes from its own ``random.Random`` seeded with a sha256 of the
+split seed, the family, the dtype and the shape's index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+
+from multiminddev.tasks.builtin.spec import Family, Shape
+
+_FACTORS = (0.5, 0.625, 0.75, 1.25, 1.5, 2.0)
+_ODD_FROM = 64  # sizes from here up may get a +-1 offset (a tail); batch-like sizes keep theirs
+_TRIES = 64  # per shape: draws that collide with a corpus shape or exceed the cap are redrawn
+
+
+def _rng(seed: int, family: str, dtype: str, index: int) -> random.Random:
+    digest = hashlib.sha256(f"{seed}:{family}:{dtype}:resized:{index}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def _elements(s: Shape) -> int:
+    return math.prod(int(v) for _, v in s.sizes)
+
+
+def _draw(base: Shape, rng: random.Random) -> Shape:
+    sizes = []
+    for name, value in base.sizes:
+        new = max(1, round(int(value) * rng.choice(_FACTORS)))
+        if new >= _ODD_FROM and rng.random() < 0.5:
+            new += rng.choice((-1, 1))
+        sizes.append((name, new))
+    return Shape(tuple(sizes), base.dtype)
+
+
+def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: int = 0) -> list[Shape]:
+    """``count`` new shapes per dtype of ``bases`` (the family's training shapes).
+
+    Every returned shape differs from each of ``family.shapes`` and from every other one, and
+    holds at most as many elements as the family's largest corpus shape."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    cap = max(_elements(s) for s in family.shapes)
+    taken = {s.tag for s in family.shapes}
+    out: list[Shape] = []
+    for dtype in dict.fromkeys(b.dtype for b in bases):
+        of_dtype = [b for b in bases if b.dtype == dtype]
+        for index in range(count):
+            rng = _rng(seed, family.name, dtype, index)
+            for _ in range(_TRIES):
+                s = _draw(of_dtype[index % len(of_dtype)], rng)
+                if s.tag not in taken and _elements(s) <= cap:
+                    break
+            else:  # only a family with tiny sizes could exhaust its draws: say which
+                raise RuntimeError(
+                    f"family {family.name!r}: no new {dtype} shape in {_TRIES} draws for resized "
+                    f"shape {index}; ask for fewer resized shapes"
+                )
+            taken.add(s.tag)
+            out.append(s)
+    return out
