@@ -64,6 +64,8 @@ class BenchArgs:
     # GRPO's curriculum: the tier it starts on (None: the first) and the share of each batch
     # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
     curriculum_start_tier: int | None = None
+    mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
+    grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     review_fraction: float = 0.2  # CurriculumConfig's default
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
@@ -125,6 +127,12 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="the GRPO curriculum's first tier (CurriculumConfig.start_tier); earlier "
                         "tiers are then drawn as review. Default: the lowest tier. With 8 steps "
                         "the default curriculum never left tier 0 (eleventh session)")
+    p.add_argument("--mini-batch-size", type=int, default=8,
+                   help="agent turns per GRPO optimizer step (GRPOConfig.mini_batch_size); with "
+                        "Adam every step moves each weight by about the learning rate, so fewer, "
+                        "larger steps move the policy less on noisy gradients")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
                    help="share of each GRPO batch drawn from tiers before the current one "
                         "(CurriculumConfig.review_fraction)")
@@ -285,6 +293,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      max_new_tokens=args.max_new_tokens, learning_rate=args.rl_learning_rate,
                      kl_reference=args.kl_reference, temperature=args.rl_temperature,
                      reward=RewardConfig(repeat_penalty=args.repeat_penalty),
+                     mini_batch_size=args.mini_batch_size, grad_accum=args.grad_accum,
                      eval_every=0, seed=seed)
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.

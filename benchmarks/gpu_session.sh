@@ -166,13 +166,18 @@ for part in "$@"; do
                # busy (it goes back after 30 s idle) and bring back what has finished so far.
                # A base record measured earlier in the session (.scratch/base/partial.json, the
                # greedy base is seed-independent) spares the GPU the base process.
+               # Each seed has a time limit (SEED_LIMIT, s): on 2026-11-24 18:55 UTC one seed hung
+               # for good after a CUDA "illegal memory access" warning in its own process, and the
+               # driver waited on it until the machine went back; a seed cut by the limit leaves
+               # its finished stages, which --aggregate-partial compares.
                mkdir -p /root/learning/base
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
-for seed in ${LEARN_SEEDS:-0 1 2}; do $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
+for seed in ${LEARN_SEEDS:-0 1 2}; do timeout ${SEED_LIMIT:-1560} $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
 wait
-$LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1
+$LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1 ||
+  $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1
 echo \$? > /root/learning/DONE
 DRIVER
                rm -f /root/learning/DONE

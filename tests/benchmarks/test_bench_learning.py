@@ -282,3 +282,13 @@ def test_grpo_curriculum_can_train_both_tiers_from_the_first_step(bench):
     tiers = [p.tier for p in curriculum.sample(200, 0)]
     assert curriculum.current_tier == 1
     assert 0.35 < tiers.count(0) / len(tiers) < 0.65  # half review of tier 0
+
+
+def test_grpo_batch_options_reach_the_grpo_config(bench):
+    args = bench.parse_args(["--mini-batch-size", "24", "--grad-accum", "3"])
+    assert (args.mini_batch_size, args.grad_accum) == (24, 3)
+    defaults = bench.parse_args([])
+    from multiminddev.rl.grpo import GRPOConfig
+
+    assert (defaults.mini_batch_size, defaults.grad_accum) == (
+        GRPOConfig.mini_batch_size, GRPOConfig.grad_accum)

@@ -11,9 +11,17 @@ to read the operation and the dtype, not the numbers.
 
 What keeps the held-out set clean: only training families are resized (a held-out family never
 is), and a resized shape is never one of the family's corpus shapes (its held-out one
-included). A resized shape keeps its base shape's dtype; each size is scaled by a factor in
-[0.5, 2] and may be made odd, so tails are exercised; the element count stays within the
-family's largest corpus shape, so memory and run time stay as the corpus's tests bound them.
+included). A resized shape keeps its base shape's dtype. Each large size (>= 64) is drawn
+log-uniformly from [1024, 16384], whatever the family, and may be made odd, so tails are
+exercised; small, batch-like sizes are scaled by a factor in [0.5, 2]. If the draw holds more
+elements than the family's largest corpus shape, its large sizes shrink together until it does
+not, so memory and run time stay as the corpus's tests bound them.
+
+Why a range that ignores the family's own sizes: the first version scaled each training size
+by 0.5-2x, so a family trained only on tall shapes (``argmax_dim`` at 16384x1024 and
+1024x16383) got only more tall shapes, and the held-out square one (4096x4096) still looked
+like its siblings' training shapes; SFT with it (twelfth-and-a-half session, docs/BENCHMARKS.md)
+did not fix a single held-out size of a training family.
 Deterministic: each shape comes from its own ``random.Random`` seeded with a sha256 of the
 split seed, the family, the dtype and the shape's index.
 """
@@ -27,8 +35,9 @@ from collections.abc import Sequence
 
 from multiminddev.tasks.builtin.spec import Family, Shape
 
-_FACTORS = (0.5, 0.625, 0.75, 1.25, 1.5, 2.0)
-_ODD_FROM = 64  # sizes from here up may get a +-1 offset (a tail); batch-like sizes keep theirs
+_FACTORS = (0.5, 0.625, 0.75, 1.25, 1.5, 2.0)  # for small, batch-like sizes
+_LARGE_FROM = 64  # sizes from here up are drawn from _LARGE_RANGE and may get a +-1 offset
+_LARGE_RANGE = (1024, 16384)
 _TRIES = 64  # per shape: draws that collide with a corpus shape or exceed the cap are redrawn
 
 
@@ -41,14 +50,21 @@ def _elements(s: Shape) -> int:
     return math.prod(int(v) for _, v in s.sizes)
 
 
-def _draw(base: Shape, rng: random.Random) -> Shape:
-    sizes = []
-    for name, value in base.sizes:
-        new = max(1, round(int(value) * rng.choice(_FACTORS)))
-        if new >= _ODD_FROM and rng.random() < 0.5:
-            new += rng.choice((-1, 1))
-        sizes.append((name, new))
-    return Shape(tuple(sizes), base.dtype)
+def _draw(base: Shape, rng: random.Random, cap: int) -> Shape:
+    lo, hi = (math.log(v) for v in _LARGE_RANGE)
+    large = [int(v) >= _LARGE_FROM for _, v in base.sizes]
+    sizes = [round(math.exp(rng.uniform(lo, hi))) if is_large
+             else max(1, round(int(v) * rng.choice(_FACTORS)))
+             for (_, v), is_large in zip(base.sizes, large, strict=True)]
+    total = math.prod(sizes)
+    if total > cap and any(large):  # shrink the large sizes together to fit the cap
+        shrink = (cap / total) ** (1.0 / sum(large))
+        sizes = [max(_LARGE_FROM, math.floor(v * shrink)) if is_large else v
+                 for v, is_large in zip(sizes, large, strict=True)]
+    sizes = [v + rng.choice((-1, 1)) if is_large and rng.random() < 0.5 else v
+             for v, is_large in zip(sizes, large, strict=True)]
+    return Shape(tuple((name, v) for (name, _), v in zip(base.sizes, sizes, strict=True)),
+                 base.dtype)
 
 
 def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: int = 0) -> list[Shape]:
@@ -66,7 +82,7 @@ def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: 
         for index in range(count):
             rng = _rng(seed, family.name, dtype, index)
             for _ in range(_TRIES):
-                s = _draw(of_dtype[index % len(of_dtype)], rng)
+                s = _draw(of_dtype[index % len(of_dtype)], rng, cap)
                 if s.tag not in taken and _elements(s) <= cap:
                     break
             else:  # only a family with tiny sizes could exhaust its draws: say which
