@@ -65,6 +65,7 @@ class BenchArgs:
     # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
     curriculum_start_tier: int | None = None
     mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
+    sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     review_fraction: float = 0.2  # CurriculumConfig's default
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
@@ -131,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="agent turns per GRPO optimizer step (GRPOConfig.mini_batch_size); with "
                         "Adam every step moves each weight by about the learning rate, so fewer, "
                         "larger steps move the policy less on noisy gradients")
+    p.add_argument("--sft-anchor", type=float, default=0.0, metavar="COEF",
+                   help="GRPOConfig.sft_coef: each GRPO optimizer step also takes SFT's loss on "
+                        "4 of the agent's SFT examples (the SFT data, without repair pairs), "
+                        "times COEF; 0: off")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
@@ -294,6 +299,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      kl_reference=args.kl_reference, temperature=args.rl_temperature,
                      reward=RewardConfig(repeat_penalty=args.repeat_penalty),
                      mini_batch_size=args.mini_batch_size, grad_accum=args.grad_accum,
+                     sft_coef=args.sft_anchor,
                      eval_every=0, seed=seed)
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
@@ -314,7 +320,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                   max_new_tokens_by_role=caps,
                                   sampling=SamplingParams(temperature=args.eval_temperature,
                                                           max_new_tokens=args.max_new_tokens))
-    trainer = GRPOTrainer(cfg, policy=policy,
+    anchor = (sft_anchor_examples(policy.tokenizer, cfg.train_roles,
+                                  train if sft is None else sft, seed, args.generator_variants)
+              if args.sft_anchor > 0 else None)
+    trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
                           backend=HFGenerationBackend(policy, max_batch_size=args.max_batch_size),
                           evaluator=evaluator,
                           curriculum=grpo_curriculum(args, train),
@@ -441,6 +450,17 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
     last (``every`` <= 0: the last only)."""
     marks = list(range(every, rl_steps, every)) if every > 0 else []
     return [*marks, rl_steps]
+
+
+def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
+                        generator_variants: list[str]) -> dict[Any, list[dict[str, list[int]]]]:
+    """Per role, the SFT data tokenized as SFT tokenizes it: GRPO's SFT anchor."""
+    from multiminddev.train.sft import SFTConfig, tokenize_chat
+
+    max_len = SFTConfig.max_seq_length
+    return {role: [tokenize_chat(tokenizer, m, max_len)
+                   for m in sft_data(role, problems, seed, generator_variants)["messages"]]
+            for role in roles}
 
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],

@@ -292,3 +292,20 @@ def test_grpo_batch_options_reach_the_grpo_config(bench):
 
     assert (defaults.mini_batch_size, defaults.grad_accum) == (
         GRPOConfig.mini_batch_size, GRPOConfig.grad_accum)
+
+
+def test_sft_anchor_examples_are_the_sft_data_tokenized_per_role(bench):
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.loaders import load_problems
+    from tests.policy.helpers import gguf_tokenizer
+
+    problems = load_problems("builtin:relu")
+    tokenizer = gguf_tokenizer()
+    anchor = bench.sft_anchor_examples(tokenizer, [AgentRole.GENERATOR, AgentRole.OPTIMIZER],
+                                       problems, 0, ["naive"])
+    for role in (AgentRole.GENERATOR, AgentRole.OPTIMIZER):
+        data = bench.sft_data(role, problems, 0, ["naive"])
+        assert len(anchor[role]) == len(data["messages"]) > 0
+        assert all(any(label != -100 for label in e["labels"]) for e in anchor[role])
+    args = bench.parse_args(["--sft-anchor", "0.5"])
+    assert args.sft_anchor == 0.5 and bench.parse_args([]).sft_anchor == 0.0

@@ -145,7 +145,7 @@ def test_scored_turns_carry_their_reward_credit_and_advantage_into_the_episode_l
     assert logged["reward_breakdown"]["advantage"] == pytest.approx(generator_advantages[0])
 
 
-def _trainer(tmp_path, policy, compile_only=True, **cfg):
+def _trainer(tmp_path, policy, compile_only=True, sft_anchor=None, **cfg):
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, SamplingParams
@@ -159,7 +159,8 @@ def _trainer(tmp_path, policy, compile_only=True, **cfg):
     return GRPOTrainer(config, policy=policy, backend=HFGenerationBackend(policy),
                        evaluator=Evaluator(EvalConfig(num_workers=1)),
                        curriculum=Curriculum.from_problems(problems()),
-                       episode_config=episode_cfg, output_dir=tmp_path, compile_only=compile_only)
+                       episode_config=episode_cfg, output_dir=tmp_path, compile_only=compile_only,
+                       sft_anchor=sft_anchor)
 
 
 def test_update_changes_only_the_active_roles_adapter(tmp_path):
@@ -306,3 +307,47 @@ def test_a_resumed_run_keeps_the_start_reference_it_began_with(tmp_path):
     assert torch.allclose(_generator_logprobs(resumed.policy, ids), trained)
     assert torch.allclose(_generator_logprobs(resumed.policy, ids, reference=True), start)
     assert not torch.allclose(trained, start)
+
+
+def _anchor_examples(policy, n: int = 4):
+    from multiminddev.train.sft import tokenize_chat
+
+    messages = [[{"role": "user", "content": f"write kernel {i}"},
+                 {"role": "assistant", "content": f"```python\nx = {i}\n```"}] for i in range(n)]
+    return [tokenize_chat(policy.tokenizer, m, 256) for m in messages]
+
+
+def test_sft_anchor_needs_examples_and_a_valid_weight(tmp_path):
+    with pytest.raises(ValueError, match="sft_coef >= 0"):
+        GRPOConfig(sft_coef=-0.1)
+    with pytest.raises(ValueError, match="sft_anchor="):
+        _trainer(tmp_path, tiny_policy(), sft_coef=0.5)
+
+
+def test_sft_anchor_trains_toward_the_sft_examples_without_any_advantage(tmp_path):
+    """With every advantage 0 the policy loss has no gradient; the anchor alone lowers SFT's
+    loss on the role's examples, and the step reports it."""
+    from multiminddev.train.sft import mean_assistant_loss
+
+    policy = tiny_policy()
+    examples = _anchor_examples(policy)
+    trainer = _trainer(tmp_path, policy, sft_coef=1.0, sft_batch_size=4, kl_coef=0.0,
+                       learning_rate=1e-2, sft_anchor={AgentRole.GENERATOR: examples})
+    pad = policy.tokenizer.pad_token_id or 0
+    with policy.use(AgentRole.GENERATOR) as model:
+        before = mean_assistant_loss(model, examples, pad)
+    samples = [sample(AgentRole.GENERATOR, [1, 2, 3, 4], [5, 6, 7], 0.0) for _ in range(2)]
+    stats = {}
+    for _ in range(3):
+        stats = trainer.update_role(AgentRole.GENERATOR, samples)
+    with policy.use(AgentRole.GENERATOR) as model:
+        after = mean_assistant_loss(model, examples, pad)
+    assert "sft_loss" in stats and after < before
+
+
+def test_without_the_anchor_no_sft_examples_are_drawn(tmp_path):
+    policy = tiny_policy()
+    trainer = _trainer(tmp_path, policy, sft_anchor={AgentRole.GENERATOR: _anchor_examples(policy)})
+    state = trainer.rng.getstate()
+    assert trainer.anchor_examples(AgentRole.GENERATOR) == []
+    assert trainer.rng.getstate() == state  # sft_coef 0: the random stream is untouched

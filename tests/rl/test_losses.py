@@ -10,6 +10,7 @@ import torch
 from multiminddev.rl.losses import (
     LossAgg,
     aggregate_loss,
+    assistant_nll,
     clipped_policy_loss,
     entropy_from_logits,
     grpo_loss,
@@ -212,3 +213,20 @@ def test_k3_matches_verl_low_var_kl():
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     new, ref = torch.randn(4, 6), torch.randn(4, 6)
     assert torch.allclose(kl_k3(new, ref), core_algos.kl_penalty(new, ref, "low_var_kl"))
+
+
+def test_assistant_nll_matches_a_loop_over_labelled_tokens():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 6, 11, generator=g)
+    labels = torch.tensor([[-100, -100, 4, 7, -100, 2], [-100, 1, 1, -100, -100, -100]])
+    terms = [-torch.log_softmax(logits[b, t - 1], -1)[labels[b, t]]
+             for b in range(2) for t in range(1, 6) if labels[b, t] != -100]
+    assert float(assistant_nll(logits, labels)) == pytest.approx(float(sum(terms) / len(terms)),
+                                                                  rel=1e-5)
+
+
+def test_assistant_nll_without_labels_is_zero_with_a_zero_gradient():
+    logits = torch.randn(1, 4, 5, requires_grad=True)
+    loss = assistant_nll(logits, torch.full((1, 4), -100))
+    loss.backward()
+    assert float(loss) == 0.0 and torch.count_nonzero(logits.grad) == 0

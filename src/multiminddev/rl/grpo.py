@@ -26,6 +26,7 @@ import inspect
 import math
 import random
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,12 @@ class GRPOConfig:
     # agents is 0.7-0.9 per token from the first step (docs/BENCHMARKS.md), so "start" keeps the
     # penalty on drift from the SFT agents instead.
     kl_reference: KLReference = KLReference.BASE
+    # SFT anchor (InstructGPT's PPO-ptx): each optimizer step also takes SFT's loss on
+    # sft_batch_size of the role's SFT examples, times sft_coef. Off by default. Why: GRPO after
+    # SFT on resized shapes lost, on every seed, exactly the held-out problems those shapes had
+    # fixed, while its own rewards held (docs/BENCHMARKS.md, thirteenth GPU session).
+    sft_coef: float = 0.0
+    sft_batch_size: int = 4
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
     advantage: AdvantageMode = AdvantageMode.TURN_LEVEL
     normalize_std: bool = True  # False: Dr.GRPO (no std scaling)
@@ -106,6 +113,9 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.learning_rate must be in (0, 1), got {self.learning_rate}")
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0 (0.2 / 0.2, or 0.2 / 0.28)")
+        if self.sft_coef < 0 or self.sft_batch_size < 1:
+            raise ValueError(f"GRPOConfig needs sft_coef >= 0 (0: no SFT anchor) and "
+                             f"sft_batch_size >= 1, got {self.sft_coef} and {self.sft_batch_size}")
         if self.kl_coef < 0 or self.temperature <= 0 or self.eval_every < 0:
             raise ValueError("kl_coef and eval_every must be >= 0 and temperature > 0 "
                              "(GRPO samples; greedy rollouts have no group variance)")
@@ -306,7 +316,12 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig, *, policy: Any, backend: Any, evaluator: Any,
                  curriculum: Any, episode_config: Any, output_dir: Path,
                  heldout: list[Any] | None = None, metrics: Any = None,
-                 compile_only: bool | None = None, console: Any = None) -> None:
+                 compile_only: bool | None = None, console: Any = None,
+                 sft_anchor: Mapping[AgentRole, Sequence[dict[str, list[int]]]] | None = None,
+                 ) -> None:
+        """``sft_anchor``: per role, tokenized SFT examples (``train.sft.tokenize_chat``'s
+        ``input_ids`` / ``labels``) for ``cfg.sft_coef``; a role without any trains on GRPO's
+        loss alone."""
         import torch
 
         from multiminddev.train.metrics import MetricsConfig, MetricsLogger
@@ -334,6 +349,10 @@ class GRPOTrainer:
         self.best_episode: int | None = None
         self.history: list[dict[str, Any]] = []
         self.console = console
+        self.sft_anchor = {AgentRole(r): list(v) for r, v in (sft_anchor or {}).items() if v}
+        if config.sft_coef > 0 and not self.sft_anchor:
+            raise ValueError("GRPOConfig.sft_coef > 0 needs SFT examples: pass sft_anchor= "
+                             "(tokenized SFT examples per role), or set sft_coef=0")
         torch.manual_seed(config.seed)
 
     # ---------------------------------------------------------------- the loop (one screen)
@@ -446,14 +465,24 @@ class GRPOTrainer:
                 order = torch.randperm(len(samples), generator=generator)
                 for start in range(0, len(samples), cfg.mini_batch_size):
                     mini = order[start : start + cfg.mini_batch_size]
+                    anchor = self.anchor_examples(role)
                     for k, v in self.optimizer_step(model, _slice(batch, mini.to(batch.input_ids.device)),
-                                                    params, optimizer, temperature).items():
+                                                    params, optimizer, temperature, anchor).items():
                         stats.setdefault(k, []).append(v)
             model.eval()
         return {k: sum(v) / len(v) for k, v in stats.items()}
 
+    def anchor_examples(self, role: AgentRole) -> list[dict[str, list[int]]]:
+        """``cfg.sft_batch_size`` of the role's SFT examples for one optimizer step (none when
+        the anchor is off, so the trainer's random stream is as without it)."""
+        pool = self.sft_anchor.get(role, [])
+        if self.cfg.sft_coef <= 0 or not pool:
+            return []
+        return [pool[self.rng.randrange(len(pool))] for _ in range(self.cfg.sft_batch_size)]
+
     def optimizer_step(self, model: Any, mini: Batch, params: list[Any], optimizer: Any,
-                       temperature: float) -> dict[str, float]:
+                       temperature: float,
+                       anchor: Sequence[dict[str, list[int]]] = ()) -> dict[str, float]:
         import torch
 
         from multiminddev.policy import token_logprobs
@@ -470,9 +499,24 @@ class GRPOTrainer:
             (loss * weight).backward()
             for k, v in s.items():
                 stats[k] = stats.get(k, 0.0) + v * weight
+        if anchor:
+            stats["sft_loss"] = self.anchor_backward(model, anchor)
         stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm))
         optimizer.step()
         return stats
+
+    def anchor_backward(self, model: Any, examples: Sequence[dict[str, list[int]]]) -> float:
+        """Adds ``sft_coef`` times SFT's loss on ``examples`` to the step's gradients;
+        returns that loss (unweighted)."""
+        from multiminddev.rl.losses import assistant_nll
+        from multiminddev.train.sft import collate_examples
+
+        pad = self.policy.tokenizer.pad_token_id or 0
+        batch = {k: v.to(self.policy.device) for k, v in collate_examples(pad)(list(examples)).items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = assistant_nll(logits, batch["labels"])
+        (self.cfg.sft_coef * loss).backward()
+        return float(loss)
 
     def reference_logprobs(self, batch: Batch, temperature: float,
                            role: AgentRole | None = None) -> Any:

@@ -10,6 +10,8 @@ padding) and the aggregation modes of verl's ``agg_loss``:
   (``norm_len``, default ``T``), then mean over sequences: no length bias.
 
 Sequences with no unmasked token are left out of the sequence means (as in verl).
+
+``assistant_nll`` is SFT's loss, for an SFT anchor in GRPO's update (InstructGPT's PPO-ptx).
 """
 
 from __future__ import annotations
@@ -160,3 +162,18 @@ def grpo_loss(
         stats["kl"] = kl.item()
     stats["loss"] = loss.item()
     return loss, stats
+
+
+def assistant_nll(logits: Tensor, labels: Tensor, ignore_index: int = -100) -> Tensor:
+    """SFT's loss: mean next-token cross-entropy over the labelled (assistant) tokens.
+
+    Shapes: logits [B, T, V], labels [B, T] (``ignore_index`` where nothing is trained) ->
+    scalar. Position t's logits predict label t + 1, as in causal LM training. No labelled
+    token: 0 (with a gradient of zeros), not NaN.
+    """
+    targets = labels[:, 1:]
+    if not bool((targets != ignore_index).any()):
+        return logits.sum() * 0.0
+    return torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+        ignore_index=ignore_index)

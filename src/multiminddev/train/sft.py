@@ -108,7 +108,8 @@ def tokenize_chat(tokenizer, messages: list[dict[str, str]], max_len: int) -> di
     return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
 
 
-def _collate(pad_id: int):
+def collate_examples(pad_id: int):
+    """Pads tokenized examples (``tokenize_chat``'s) into a batch: ids, attention mask, labels."""
     import torch
 
     def collate(batch: list[dict[str, list[int]]]) -> dict[str, Any]:
@@ -131,7 +132,7 @@ def mean_assistant_loss(model, examples: list[dict[str, list[int]]], pad_id: int
     """Token-weighted mean cross-entropy on assistant tokens (no grad)."""
     import torch
 
-    collate = _collate(pad_id)
+    collate = collate_examples(pad_id)
     device = next(model.parameters()).device
     total, count = 0.0, 0
     was_training = model.training
@@ -207,7 +208,7 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     scored = examples[: cfg.loss_eval_examples]
     loss_before = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
     trainer = Trainer(model=model, args=_training_args(cfg, out_dir / "trainer"),
-                      train_dataset=_ListDataset(examples), data_collator=_collate(pad_id))
+                      train_dataset=_ListDataset(examples), data_collator=collate_examples(pad_id))
     output = trainer.train()
     release_cached_gpu_memory()  # evaluation workers on this GPU come next
     loss_after = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
