@@ -34,8 +34,8 @@
 # per seed), 4-turn held-out evaluation ~300-360 s, GRPO ~30-45 s per step, final evaluation
 # ~100-190 s; the whole run ~20 min held, i.e. ~10 min of device time at the 50% count
 # Thirteenth session (2026-11-24 19:18 UTC, RESIZED_MIX, 300 SFT steps, 2-turn evaluations,
-# 8 GRPO steps of 24 episodes): SFT 286-290 s, SFT evaluation 269-283 s, GRPO 226-251 s,
-# grpo@4 and final evaluations 60-180 s each; ~18 min held. The tree (17 MB) plus a 47 MiB
+# 8 GRPO steps of 24 episodes): SFT 286-290 s, SFT evaluation 269-283 s, GRPO 467-488 s,
+# grpo@4 and final evaluations 107-179 s each; ~19 min held. The tree (17 MB) plus a 47 MiB
 # model half (.stage/a, .stage/b re-split with split -b 47M) just fit the 64 MiB carry limit:
 # as the tree grows, split the model in three (see stage-a). Three seeds at once need an H200 (ask for kind
 # nvidia-h200): on an H100's 80 GiB the third seed's SFT ran out of memory (fifth session), so
