@@ -64,10 +64,10 @@ class BenchArgs:
     # GRPO's curriculum: the tier it starts on (None: the first) and the share of each batch
     # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
     curriculum_start_tier: int | None = None
-    mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
-    sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
-    grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     review_fraction: float = 0.2  # CurriculumConfig's default
+    mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
+    grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
+    sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
     skip_base: bool = False
