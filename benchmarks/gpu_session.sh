@@ -35,9 +35,10 @@
 # ~100-190 s; the whole run ~20 min held, i.e. ~10 min of device time at the 50% count
 # Thirteenth session (2026-11-24 19:18 UTC, RESIZED_MIX, 300 SFT steps, 2-turn evaluations,
 # 8 GRPO steps of 24 episodes): SFT 286-290 s, SFT evaluation 269-283 s, GRPO 467-488 s,
-# grpo@4 and final evaluations 107-179 s each; ~19 min held. The tree (17 MB) plus a 47 MiB
-# model half (.stage/a, .stage/b re-split with split -b 47M) just fit the 64 MiB carry limit:
-# as the tree grows, split the model in three (see stage-a). Three seeds at once need an H200 (ask for kind
+# grpo@4 and final evaluations 107-179 s each; ~19 min held. The tree (16.9 MB then) plus a
+# 47 MiB model half (split -b 47M) just fit the 64 MiB carry limit; with this session's results
+# the tree is 18.4 MB and two halves no longer fit. Split the model in three: split -b 33M, then
+# stage-a with part_aa in .stage/a, stage-a again with part_ab there, and run with part_ac in .stage/b. Three seeds at once need an H200 (ask for kind
 # nvidia-h200): on an H100's 80 GiB the third seed's SFT ran out of memory (fifth session), so
 # there run LEARN_SEEDS="0 1" on one machine and LEARN_SEEDS="2" on the next. On a second machine: bench-eval twice
 # (BENCH_EVAL_MODE= BENCH_EVAL_ONLY="full_eval throughput defenses", with and without
