@@ -132,6 +132,8 @@ def mean_assistant_loss(model, examples: list[dict[str, list[int]]], pad_id: int
     """Token-weighted mean cross-entropy on assistant tokens (no grad)."""
     import torch
 
+    from multiminddev.rl.losses import assistant_nll
+
     collate = collate_examples(pad_id)
     device = next(model.parameters()).device
     total, count = 0.0, 0
@@ -141,12 +143,9 @@ def mean_assistant_loss(model, examples: list[dict[str, list[int]]], pad_id: int
         for i in range(0, len(examples), batch_size):
             batch = {k: v.to(device) for k, v in collate(examples[i : i + batch_size]).items()}
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            targets = batch["labels"][:, 1:]
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                ignore_index=IGNORE_INDEX, reduction="sum")
-            total += float(loss)
-            count += int((targets != IGNORE_INDEX).sum())
+            n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+            total += float(assistant_nll(logits, batch["labels"], IGNORE_INDEX)) * n
+            count += n
     model.train(was_training)
     return total / max(count, 1)
 
