@@ -253,7 +253,52 @@ def test_sanitizer_exit_codes_separate_findings_from_a_failed_harness(tmp_path, 
         assert report["clean"] and "error" not in report
     elif expect == "finding":
         assert not report["clean"] and report["findings"] == [
-            "========= Invalid __global__ read of size 4 bytes"]
+            "Invalid __global__ read of size 4 bytes"]
+        assert "Invalid __global__ read" in report["output"]
     else:
         assert "harness failed" in report["error"] and "harness died" in report["stderr"]
         assert "clean" not in report
+
+
+# The layout of compute-sanitizer 2025's memcheck report (headlines after "========= ", details
+# indented further), with one kernel error and one host API error.
+MEMCHECK_REPORT = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at relu+0x70
+=========     by thread (255,0,0) in block (15,0,0)
+=========     Address 0x7f3a2c004000 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: [0x2c5a3f] in libcuda.so.1
+=========
+========= Program hit CUDA_ERROR_NOT_FOUND (error 500) due to "named symbol not found" on CUDA API call to cuGetProcAddress_v2.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_parse_sanitizer_findings_keeps_headlines_only():
+    from multiminddev.agents.tester import parse_sanitizer_findings
+
+    assert parse_sanitizer_findings(MEMCHECK_REPORT) == [
+        "Invalid __global__ write of size 4 bytes",
+        ('Program hit CUDA_ERROR_NOT_FOUND (error 500) due to "named symbol not found" on CUDA '
+         "API call to cuGetProcAddress_v2.")]
+    assert parse_sanitizer_findings("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == []
+
+
+@pytest.mark.parametrize(("kernel_error", "clean"), [(True, False), (False, True)])
+def test_host_api_errors_alone_leave_the_kernel_clean(tmp_path, monkeypatch, kernel_error, clean):
+    from multiminddev.agents.tester import _run_sanitizer
+
+    lines = MEMCHECK_REPORT.splitlines()
+    report_text = MEMCHECK_REPORT if kernel_error else "\n".join(lines[:1] + lines[8:])
+    (tmp_path / "report.txt").write_text(report_text)
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!/bin/sh\ncat {tmp_path / 'report.txt'}\nexit 3\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    report = _run_sanitizer(["python3", "harness.py"], "memcheck", timeout_s=30)
+    assert report["clean"] is clean
+    assert report["api_errors"] and report["api_errors"][0].startswith("Program hit CUDA_ERROR_NOT_FOUND")
+    assert report["findings"] == (["Invalid __global__ write of size 4 bytes"] if kernel_error else [])
