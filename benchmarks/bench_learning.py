@@ -693,6 +693,45 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
     path.write_text("\n".join(lines) + "\n")
 
 
+def turn_status(turn: dict[str, Any]) -> str:
+    """One turn's outcome: the evaluator's status, or why nothing was evaluated."""
+    if turn.get("eval_result"):
+        return turn["eval_result"]["status"]
+    return turn.get("parse_failure") or "not_evaluated"
+
+
+def outcome_table(output_dir: Path, seeds: list[int]) -> str:
+    """Per held-out problem, the status of each turn (generator>optimizer...) per stage and
+    seed, from the seeds' episodes_<stage>.jsonl: which problems a stage won or lost."""
+    def stage_key(stage: str) -> tuple[int, int]:
+        if stage.startswith("grpo@"):
+            return (2, int(stage.removeprefix("grpo@")))
+        return ({"base": 0, "sft": 1}.get(stage, 3), 0)
+
+    found = {p.stem.removeprefix("episodes_") for s in seeds
+             for p in (output_dir / f"seed{s}").glob("episodes_*.jsonl")}
+    columns = [(stage, s) for stage in sorted(found, key=stage_key) for s in seeds]
+    cells: dict[str, dict[tuple[str, int], str]] = {}
+    for stage, s in columns:
+        path = output_dir / f"seed{s}" / f"episodes_{stage}.jsonl"
+        if not path.is_file():
+            continue
+        for line in path.read_text().splitlines():
+            episode = json.loads(line)
+            cells.setdefault(episode["problem"]["name"], {})[(stage, s)] = ">".join(
+                turn_status(t) for t in episode["turns"])
+    lines = [("# held-out problem, then per stage and seed the status of each turn "
+              "(generator>optimizer...), from episodes_<stage>.jsonl"),
+             "\t".join(["problem", *(f"{stage}/s{s}" for stage, s in columns)])]
+    for problem, row in cells.items():
+        lines.append("\t".join([problem, *(row.get(c, "-") for c in columns)]))
+    return "\n".join(lines) + "\n"
+
+
+def write_outcomes(output_dir: Path, seeds: list[int]) -> None:
+    (output_dir / "outcomes.tsv").write_text(outcome_table(output_dir, seeds))
+
+
 def write_partial_results(args: BenchArgs) -> int:
     """--aggregate-partial: results_partial.{json,md} from the seeds' partial.json files."""
     per_seed = []
@@ -726,6 +765,7 @@ def write_partial_results(args: BenchArgs) -> int:
             lines.append(f"- {key.removeprefix('gain/')} minus SFT: {g['mean']:+.3f} (std "
                          f"{g['std']:.3f}); per seed {[round(x, 3) for x in g['per_seed']]}")
     (args.output_dir / "results_partial.md").write_text("\n".join(lines) + "\n")
+    write_outcomes(args.output_dir, args.seeds)
     print("\n".join(lines))
     return 0
 
@@ -802,6 +842,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.output_dir / "results.json").write_text(json.dumps(result, indent=2, default=str))
     write_markdown(summary, checks, args.output_dir / "results.md", note)
     plot_learning(summary, args.output_dir / "learning.png", note)
+    write_outcomes(args.output_dir, args.seeds)
     print((args.output_dir / "results.md").read_text())
     print(f"total {result['seconds'] / 60:.1f} min; results in {args.output_dir}")
     return 0

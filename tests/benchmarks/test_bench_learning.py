@@ -1,6 +1,7 @@
 """The learning benchmark's pure parts: per-stage metrics, base sharing, aggregation."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -309,3 +310,28 @@ def test_sft_anchor_examples_are_the_sft_data_tokenized_per_role(bench):
         assert all(any(label != -100 for label in e["labels"]) for e in anchor[role])
     args = bench.parse_args(["--sft-anchor", "0.5"])
     assert args.sft_anchor == 0.5 and bench.parse_args([]).sft_anchor == 0.0
+
+
+def _episode(problem, *turns):
+    """The fields of episode.write_episodes_jsonl's records that the outcome table reads."""
+    return json.dumps({"problem": {"name": problem}, "turns": [
+        {"eval_result": {"status": t}, "parse_failure": None} if t != "syntax_error"
+        else {"eval_result": None, "parse_failure": "syntax_error"} for t in turns]})
+
+
+def test_outcome_table_lists_each_problems_turns_per_stage_and_seed(bench, tmp_path):
+    for seed, (sft, grpo) in {0: ("ok", "incorrect"), 1: ("incorrect", "ok")}.items():
+        d = tmp_path / f"seed{seed}"
+        d.mkdir()
+        (d / "episodes_sft.jsonl").write_text(_episode("relu_4096", sft, "ok") + "\n"
+                                              + _episode("abs_4096", "syntax_error") + "\n")
+        (d / "episodes_grpo.jsonl").write_text(_episode("relu_4096", grpo) + "\n")
+        (d / "episodes_grpo@4.jsonl").write_text(_episode("relu_4096", "compile_error") + "\n")
+        (d / "episodes.jsonl").write_text(_episode("train_problem", "ok") + "\n")  # GRPO rollouts
+    lines = bench.outcome_table(tmp_path, [0, 1]).splitlines()
+    assert lines[1].split("\t") == ["problem", "sft/s0", "sft/s1", "grpo@4/s0", "grpo@4/s1",
+                                    "grpo/s0", "grpo/s1"]
+    assert lines[2].split("\t") == ["relu_4096", "ok>ok", "incorrect>ok", "compile_error",
+                                    "compile_error", "incorrect", "ok"]
+    assert lines[3].split("\t") == ["abs_4096", "syntax_error", "syntax_error", "-", "-", "-", "-"]
+    assert len(lines) == 4  # training rollouts (episodes.jsonl) are no held-out stage
