@@ -46,6 +46,15 @@
 # the model staged, tests-rest quickstart. learning-start detaches the run (setsid), so
 # no seed restarts between calls; learning-wait brings back only the small records until the
 # run has ended.
+# Fourteenth session (2026-11-24 20:21 UTC, the same recipe plus --sft-anchor 1.0, no grpo@4):
+# one seed finished in 1116 s (SFT 284 s, SFT evaluation 260 s, GRPO 410 s, final evaluation
+# 117 s); SEED_LIMIT=1140 cut the other two, one in its final evaluation and one still in GRPO
+# step 8 (GRPO ran 410-460 s or more). Keep SEED_LIMIT >= 1350 and
+# start the run by minute 3 of the machine. An earlier start was lost when the next call
+# reached the device 174 s after the last one ended (machines go back after 30 s idle).
+# tests-rest's Sakana test needs `datasets`, which the GPU image lacks: put its wheels in
+# .stage/whl too (pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux2014_x86_64 -d .stage/whl datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19).
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
