@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import json
 import math
 import statistics
@@ -68,6 +69,9 @@ class BenchArgs:
     mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
+    # any other GRPOConfig field, as given by --grpo-option KEY=VALUE (e.g. DAPO's clip_high=0.28
+    # and filter_zero_variance=true, Dr.GRPO's normalize_std=false)
+    grpo_options: list[str] = dataclasses.field(default_factory=list)
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
     skip_base: bool = False
@@ -136,6 +140,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="GRPOConfig.sft_coef: each GRPO optimizer step also takes SFT's loss on "
                         "4 of the agent's SFT examples (the SFT data, without repair pairs), "
                         "times COEF; 0: off")
+    p.add_argument("--grpo-option", dest="grpo_options", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="set a GRPOConfig field this script has no flag for, e.g. clip_high=0.28, "
+                        "filter_zero_variance=true, normalize_std=false, kl_coef=0.05, "
+                        "ppo_epochs=2, advantage=episode (repeatable)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
@@ -204,7 +213,67 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.sft_problems is None:  # resolved here, so results.json records the spec used
         a.sft_problems = a.train_problems
     a.compiled_decoding = a.compiled_decoding == "on"
+    grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
+
+
+# GRPOConfig fields that have their own flags here (or are set per seed): --grpo-option refuses
+# them, so no run has two values for one setting.
+_GRPO_FIELDS_WITH_FLAGS = {
+    "num_steps": "--rl-steps", "problems_per_step": "--problems-per-step",
+    "group_size": "--group-size", "max_turns": "--max-turns", "max_new_tokens": "--max-new-tokens",
+    "learning_rate": "--rl-learning-rate", "kl_reference": "--kl-reference",
+    "temperature": "--rl-temperature", "mini_batch_size": "--mini-batch-size",
+    "grad_accum": "--grad-accum", "sft_coef": "--sft-anchor", "eval_every": "--grpo-eval-every",
+    "seed": "--seeds", "reward": "--repeat-penalty", "credit": None, "train_roles": None}
+
+
+def grpo_overrides(options: list[str]) -> dict[str, Any]:
+    """--grpo-option KEY=VALUE strings -> GRPOConfig keyword arguments, each value converted to
+    the type of the field's default (true/false for flags, "none" for an optional number).
+    GRPOConfig itself then checks the values' ranges."""
+    from multiminddev.rl.grpo import GRPOConfig
+
+    defaults = {f.name: getattr(GRPOConfig(), f.name) for f in dataclasses.fields(GRPOConfig)}
+    out: dict[str, Any] = {}
+    for option in options:
+        key, sep, text = option.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or not key:
+            raise SystemExit(f"--grpo-option {option!r}: write KEY=VALUE, e.g. clip_high=0.28")
+        if key in _GRPO_FIELDS_WITH_FLAGS:
+            flag = _GRPO_FIELDS_WITH_FLAGS[key]
+            raise SystemExit(f"--grpo-option {key}: " + (f"use {flag}" if flag else
+                             "not settable from this script"))
+        if key not in defaults:
+            settable = sorted(set(defaults) - set(_GRPO_FIELDS_WITH_FLAGS))
+            raise SystemExit(f"--grpo-option {key}: GRPOConfig has no such field; settable: "
+                             + ", ".join(settable))
+        default = defaults[key]
+        try:
+            if isinstance(default, bool):
+                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError("expected true or false")
+                value: Any = text.lower() in ("true", "1", "yes")
+            elif default is None or isinstance(default, float):
+                value = None if text.lower() == "none" else float(text)
+            elif isinstance(default, int):
+                value = int(text)
+            elif isinstance(default, enum.Enum):
+                choices = [m.value for m in type(default)]
+                if text not in choices:
+                    raise ValueError(f"choose one of {', '.join(choices)}")
+                value = text
+            else:
+                value = text
+        except ValueError as exc:
+            raise SystemExit(f"--grpo-option {key}={text}: {exc}") from None
+        out[key] = value
+    try:
+        GRPOConfig(**out)
+    except ValueError as exc:
+        raise SystemExit(f"--grpo-option: {exc}") from None
+    return out
 
 
 # --------------------------------------------------------------------------- one seed
@@ -300,7 +369,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      reward=RewardConfig(repeat_penalty=args.repeat_penalty),
                      mini_batch_size=args.mini_batch_size, grad_accum=args.grad_accum,
                      sft_coef=args.sft_anchor,
-                     eval_every=0, seed=seed)
+                     eval_every=0, seed=seed, **grpo_overrides(args.grpo_options))
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
     saved_file = "config.json" if args.sft_full_finetune else "adapter_config.json"

@@ -335,3 +335,32 @@ def test_outcome_table_lists_each_problems_turns_per_stage_and_seed(bench, tmp_p
                                     "compile_error", "incorrect", "ok"]
     assert lines[3].split("\t") == ["abs_4096", "syntax_error", "syntax_error", "-", "-", "-", "-"]
     assert len(lines) == 4  # training rollouts (episodes.jsonl) are no held-out stage
+
+
+def test_grpo_options_set_config_fields_with_their_types(bench):
+    from multiminddev.rl.grpo import GRPOConfig
+
+    overrides = bench.grpo_overrides(["clip_high=0.28", "filter_zero_variance=true",
+                                      "normalize_std=False", "ppo_epochs=2", "dual_clip=none",
+                                      "advantage=leave_one_out"])
+    assert overrides == {"clip_high": 0.28, "filter_zero_variance": True, "normalize_std": False,
+                         "ppo_epochs": 2, "dual_clip": None, "advantage": "leave_one_out"}
+    cfg = GRPOConfig(**overrides)
+    assert cfg.filter_zero_variance and not cfg.normalize_std and cfg.advantage.value == "leave_one_out"
+    args = bench.parse_args(["--grpo-option", "kl_coef=0.05", "--grpo-option", "clip_high=0.28"])
+    assert args.grpo_options == ["kl_coef=0.05", "clip_high=0.28"]
+    assert bench.parse_args([]).grpo_options == []
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("clip_high", "write KEY=VALUE"),
+    ("learning_rate=1e-5", "use --rl-learning-rate"),
+    ("no_such_field=1", "no such field"),
+    ("kl_coef=lots", "could not convert"),
+    ("filter_zero_variance=maybe", "expected true or false"),
+    ("advantage=bogus", "choose one of group, turn_level, leave_one_out"),
+    ("clip_low=2", "clip_low"),  # GRPOConfig's own range check
+])
+def test_bad_grpo_options_stop_before_anything_runs(bench, option, message):
+    with pytest.raises(SystemExit, match=message):
+        bench.parse_args(["--grpo-option", option])
