@@ -303,6 +303,10 @@ def test_resized_shapes_are_new_distinct_and_no_larger_than_the_corpus(family: F
     assert resized_shapes(family, bases, 3, seed=0) == [  # the first N of more, per dtype
         s for dt in dict.fromkeys(b.dtype for b in bases)
         for s in [x for x in shapes if x.dtype == dt][:3]]
+    later = resized_shapes(family, bases, 2, seed=0, start=3)  # the 2 after the first 3
+    assert later == [s for dt in dict.fromkeys(b.dtype for b in bases)
+                     for s in [x for x in shapes if x.dtype == dt][3:5]]
+    assert not {s.tag for s in later} & {s.tag for s in resized_shapes(family, bases, 3, seed=0)}
 
 
 def test_resized_problems_render_loadable_sources_with_the_familys_solution():

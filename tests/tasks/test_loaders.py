@@ -513,3 +513,17 @@ def test_resized_n_adds_new_sizes_of_training_families_only():
         load_problems("builtin:tier0:resized2")
     with pytest.raises(ProblemError, match="add :train"):
         load_problems("builtin:tier0:heldout:resized2")
+
+
+def test_resized_n_from_k_gives_sizes_resized_k_never_had():
+    """``:resized3from2`` is the 3 sizes that follow the 2 of ``:resized2`` (GRPO on sizes SFT
+    never showed); together they are ``:resized5``."""
+    names = {spec: {p.name for p in load_problems(f"builtin:tier0,tier1:train:{spec}")}
+             for spec in ("allshapes", "allshapes:resized2", "allshapes:resized3from2",
+                          "allshapes:resized5")}
+    plain = names["allshapes"]
+    first, later = names["allshapes:resized2"] - plain, names["allshapes:resized3from2"] - plain
+    assert len(later) == 3 * len(first) // 2 and not first & later
+    assert names["allshapes:resized5"] == plain | first | later
+    assert {p.name for p in load_problems("builtin:tier0,tier1:train:allshapes:Resized3From2")} \
+        == names["allshapes:resized3from2"]  # parts are case-insensitive, as resizedN is

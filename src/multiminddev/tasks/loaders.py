@@ -637,7 +637,8 @@ _SPEC_HELP = (
     "builtin, builtin:tier1, builtin:train, builtin:heldout, builtin:small, builtin:FAMILY "
     "(parts combine: builtin:tier0,tier1:train; add :allshapes for every shape of each family "
     "instead of the first 2 of the split, or :shapesN for the first N; with :train, :resizedN "
-    "adds N new sizes per training family and dtype, none of them a corpus shape), "
+    "adds N new sizes per training family and dtype, none of them a corpus shape, and "
+    ":resizedNfromK the N after the first K, none of them a size :resizedK gives), "
     "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small, "
     "builtin:breadth:shapes1), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
@@ -651,7 +652,7 @@ _WEIGHT_RE = re.compile(r"^(.*?)\s*\*\s*(\d+)$")
 _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
 _SHAPES_RE = re.compile(r"^shapes(\d+)$", re.IGNORECASE)
-_RESIZED_RE = re.compile(r"^resized(\d+)$", re.IGNORECASE)
+_RESIZED_RE = re.compile(r"^resized(\d+)(?:from(\d+))?$", re.IGNORECASE)
 
 
 def _builtin(parts: list[str]) -> list[Problem]:
@@ -681,6 +682,8 @@ def _builtin(parts: list[str]) -> list[Problem]:
             breadth = True
         elif m := _RESIZED_RE.match(part):  # new sizes of training families (builtin/resize.py)
             kwargs["resized"] = int(m.group(1))
+            if m.group(2):  # resized8from4: 8 sizes after the 4 that resized4 gives
+                kwargs["resized_from"] = int(m.group(2))
         else:
             families.append(part)
     if tiers:

@@ -86,6 +86,7 @@ def builtin_problems(
     shapes_per_family: int | None = 2,
     small: bool = False,
     resized: int = 0,
+    resized_from: int = 0,
 ) -> list[Problem]:
     """Problems of the built-in corpus, deterministic for a given seed.
 
@@ -93,7 +94,9 @@ def builtin_problems(
     ``shapes_per_family`` shapes per family are kept (None: all). ``small=True`` gives one tiny
     problem per family (for CPU tests), labelled with its family's split.
     ``resized=N`` (with ``split="train"`` only) adds, per training family and dtype, N shapes
-    that are not in the corpus (``resize.resized_shapes``), after the family's own.
+    that are not in the corpus (``resize.resized_shapes``), after the family's own;
+    ``resized_from=K`` takes them after the first K of that sequence, so they share no size with
+    ``resized=K``.
     """
     from multiminddev.tasks.splits import Split, SplitConfig, assign_splits, heldout_families
 
@@ -121,7 +124,8 @@ def builtin_problems(
             bases = [s for s, sp in zip(family.shapes, assignment[family.name], strict=True)
                      if sp is Split.TRAIN]
             problems.extend(make_problem(family, s, Split.TRAIN.value)
-                            for s in resized_shapes(family, bases, resized, seed=seed))
+                            for s in resized_shapes(family, bases, resized, seed=seed,
+                                                    start=resized_from))
     return problems
 
 

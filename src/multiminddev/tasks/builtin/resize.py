@@ -68,19 +68,22 @@ def _draw(base: Shape, rng: random.Random, cap: int) -> Shape:
                  base.dtype)
 
 
-def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: int = 0) -> list[Shape]:
+def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: int = 0,
+                   start: int = 0) -> list[Shape]:
     """``count`` new shapes per dtype of ``bases`` (the family's training shapes).
 
     Every returned shape differs from each of ``family.shapes`` and from every other one, and
-    holds at most as many elements as the family's largest corpus shape."""
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+    holds at most as many elements as the family's largest corpus shape. ``start=K`` skips the
+    first K of each dtype's sequence: the shapes ``start + count`` would give after those K,
+    so none of them is one of the first K (GRPO on sizes SFT's ``resized K`` never showed)."""
+    if count < 0 or start < 0:
+        raise ValueError(f"count and start must be >= 0, got {count} and {start}")
     cap = max(_elements(s) for s in family.shapes)
     taken = {s.tag for s in family.shapes}
     out: list[Shape] = []
     for dtype in dict.fromkeys(b.dtype for b in bases):
         of_dtype = [b for b in bases if b.dtype == dtype]
-        for index in range(count):
+        for index in range(start + count):
             rng = _rng(seed, family.name, dtype, index)
             for _ in range(_TRIES):
                 s = _draw(of_dtype[index % len(of_dtype)], rng, cap)
@@ -92,5 +95,6 @@ def resized_shapes(family: Family, bases: Sequence[Shape], count: int, *, seed: 
                     f"shape {index}; ask for fewer resized shapes"
                 )
             taken.add(s.tag)
-            out.append(s)
+            if index >= start:
+                out.append(s)
     return out
