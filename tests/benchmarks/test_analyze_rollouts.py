@@ -1,0 +1,43 @@
+"""The rollout analysis's pure parts, on episodes in episode.write_episodes_jsonl's fields."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "analyze_rollouts.py"
+
+
+@pytest.fixture(scope="module")
+def analyze():
+    spec = importlib.util.spec_from_file_location("analyze_rollouts", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["analyze_rollouts"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _episode(problem, group, kernel, status, advantage):
+    source = None if kernel is None else f'extern "C" __global__ void {kernel}(float* x) {{}}'
+    return {"problem": {"name": problem}, "group": group,
+            "turns": [{"candidate_source": source, "reward_breakdown": {"advantage": advantage},
+                       "eval_result": None if status is None else {"status": status}}]}
+
+
+def test_template_credit_sums_generator_advantages_per_kernel(analyze):
+    episodes = [_episode("elu", 0, "unary_naive", "ok", 0.5),
+                _episode("elu", 0, "row_reduce_naive", "incorrect", -0.5),
+                _episode("sum_dim", 1, "row_reduce_naive", "ok", 1.0),
+                _episode("sum_dim", 1, None, None, -1.0)]
+    assert analyze.template_credit(episodes) == {
+        "row_reduce_naive": (2, 0.5), "unary_naive": (1, 0.5), "no_reply": (1, -1.0)}
+    assert analyze.kernel_template("int main() {}") == "no_kernel"
+
+
+def test_seen_versus_new_splits_prompts_by_sft_data(analyze):
+    episodes = [_episode("elu_a", 0, "k", "ok", 0), _episode("elu_a", 0, "k", "incorrect", 0),
+                _episode("elu_b", 1, "k", "ok", 0), _episode("elu_b", 1, "k", "ok", 0)]
+    out = analyze.seen_versus_new(episodes, {"elu_a"})
+    assert out["sft_prompts"] == {"episodes": 2, "correct": 0.5, "groups": 1, "mixed_groups": 1.0}
+    assert out["new_prompts"] == {"episodes": 2, "correct": 1.0, "groups": 1, "mixed_groups": 0.0}
