@@ -69,6 +69,9 @@ class BenchArgs:
     mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
+    # the anchor's problems (None: the SFT problems); e.g. sizes SFT never showed, where its
+    # loss is not already ~0 and drift on new sizes shows (fourteenth session)
+    sft_anchor_problems: str | None = None
     # any other GRPOConfig field, as given by --grpo-option KEY=VALUE (e.g. DAPO's clip_high=0.28
     # and filter_zero_variance=true, Dr.GRPO's normalize_std=false)
     grpo_options: list[str] = dataclasses.field(default_factory=list)
@@ -145,6 +148,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="set a GRPOConfig field this script has no flag for, e.g. clip_high=0.28, "
                         "filter_zero_variance=true, normalize_std=false, kl_coef=0.05, "
                         "ppo_epochs=2, advantage=episode (repeatable)")
+    p.add_argument("--sft-anchor-problems", default=None, metavar="SPEC",
+                   help="problems whose reference solutions make the SFT anchor's examples "
+                        "(default: --sft-problems). SFT's loss on its own data stayed at "
+                        "0.002-0.008 through GRPO (fourteenth session): sizes it never showed, "
+                        "e.g. builtin:tier0,tier1:train:resized4from12, may show the drift")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
@@ -214,6 +222,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         a.sft_problems = a.train_problems
     a.compiled_decoding = a.compiled_decoding == "on"
     grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
+    if a.sft_anchor_problems and not a.sft_anchor:
+        raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
 
 
@@ -389,9 +399,15 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                   max_new_tokens_by_role=caps,
                                   sampling=SamplingParams(temperature=args.eval_temperature,
                                                           max_new_tokens=args.max_new_tokens))
-    anchor = (sft_anchor_examples(policy.tokenizer, cfg.train_roles,
-                                  train if sft is None else sft, seed, args.generator_variants)
-              if args.sft_anchor > 0 else None)
+    if args.sft_anchor > 0:
+        from multiminddev.tasks.loaders import load_problems
+
+        anchor_problems = (load_problems(args.sft_anchor_problems) if args.sft_anchor_problems
+                           else train if sft is None else sft)
+        anchor = sft_anchor_examples(policy.tokenizer, cfg.train_roles, anchor_problems, seed,
+                                     args.generator_variants)
+    else:
+        anchor = None
     trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
                           backend=HFGenerationBackend(policy, max_batch_size=args.max_batch_size),
                           evaluator=evaluator,

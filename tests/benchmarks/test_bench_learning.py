@@ -364,3 +364,13 @@ def test_grpo_options_set_config_fields_with_their_types(bench):
 def test_bad_grpo_options_stop_before_anything_runs(bench, option, message):
     with pytest.raises(SystemExit, match=message):
         bench.parse_args(["--grpo-option", option])
+
+
+def test_sft_anchor_problems_need_the_anchor_on(bench):
+    args = bench.parse_args(["--sft-anchor", "1.0", "--sft-anchor-problems",
+                             "builtin:tier0:train:resized1from4"])
+    assert args.sft_anchor == 1.0 and args.sft_anchor_problems == "builtin:tier0:train:resized1from4"
+    assert bench.parse_args([]).sft_anchor_problems is None
+    with pytest.raises(SystemExit, match="needs --sft-anchor"):
+        bench.parse_args(["--sft-anchor-problems", "builtin:tier0:train"])
+
