@@ -43,10 +43,14 @@ def _honest() -> str:
     return (FIXTURES / "honest" / "relu_basic.py").read_text()
 
 
-def test_segfault_kills_only_the_worker(evaluator):
-    crashed = evaluator.evaluate(problem_named("1_relu"), SEGFAULT)
+def test_segfault_kills_only_the_worker(evaluator, caplog):
+    with caplog.at_level("WARNING", logger="multiminddev.env.pool"):
+        crashed = evaluator.evaluate(problem_named("1_relu"), SEGFAULT)
     assert crashed.status is EvalStatus.RUNTIME_ERROR and crashed.worker_restarted
     assert "SIGSEGV" in crashed.message
+    # the shared stderr says which worker faulted, on what, so its CUDA warnings are attributed
+    (record,) = [r for r in caplog.records if "replaced" in r.getMessage()]
+    assert "eval worker pid" in record.getMessage() and "on 1_relu" in record.getMessage()
     after = evaluator.evaluate(problem_named("1_relu"), _honest())
     assert after.status is EvalStatus.NO_GPU and not after.worker_restarted
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import multiprocessing
 import os
 import queue
@@ -25,6 +26,8 @@ from typing import Any
 
 from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -216,6 +219,15 @@ class WorkerPool:
         if faulted:
             outcome.worker_restarted = True
             self.restarts += 1
+            # A faulting candidate's CUDA warnings (e.g. "illegal memory access (~CUDAEvent)")
+            # reach the shared stderr unattributed: this line, with its time and pid, says whose.
+            reason = (f"timed out in {outcome.timed_out_stage}" if outcome.timed_out_stage
+                      else f"died in {outcome.died_in_stage}" if outcome.died_in_stage
+                      else "a fatal CUDA error")
+            _log.warning("%s eval worker pid %s (%s) %s on %s; replaced",
+                         time.strftime("%H:%M:%S", time.gmtime()), worker.process.pid,
+                         outcome.device or "cpu", reason,
+                         (job.get("problem") or {}).get("name") or "a candidate")
         if faulted or worker.jobs_done >= self.config.max_jobs_per_worker or self.closed:
             if faulted:
                 worker.kill()
