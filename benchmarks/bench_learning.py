@@ -75,6 +75,9 @@ class BenchArgs:
     # any other GRPOConfig field, as given by --grpo-option KEY=VALUE (e.g. DAPO's clip_high=0.28
     # and filter_zero_variance=true, Dr.GRPO's normalize_std=false)
     grpo_options: list[str] = dataclasses.field(default_factory=list)
+    # the agents GRPO updates (SFT always trains both); "optimizer" alone keeps the Generator at
+    # its SFT checkpoint, so greedy held-out first turns stay SFT's
+    grpo_roles: list[str] = dataclasses.field(default_factory=lambda: ["generator", "optimizer"])
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
     skip_base: bool = False
@@ -153,6 +156,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "(default: --sft-problems). SFT's loss on its own data stayed at "
                         "0.002-0.008 through GRPO (fourteenth session): sizes it never showed, "
                         "e.g. builtin:tier0,tier1:train:resized4from12, may show the drift")
+    p.add_argument("--grpo-roles", nargs="+", choices=["generator", "optimizer"],
+                   default=["generator", "optimizer"],
+                   help="the agents GRPO updates (SFT trains both). With optimizer alone the "
+                        "Generator stays at its SFT checkpoint: GRPO after SFT lost held-out "
+                        "problems through the Generator's first turn (fourteenth session)")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
@@ -235,7 +243,7 @@ _GRPO_FIELDS_WITH_FLAGS = {
     "learning_rate": "--rl-learning-rate", "kl_reference": "--kl-reference",
     "temperature": "--rl-temperature", "mini_batch_size": "--mini-batch-size",
     "grad_accum": "--grad-accum", "sft_coef": "--sft-anchor", "eval_every": "--grpo-eval-every",
-    "seed": "--seeds", "reward": "--repeat-penalty", "credit": None, "train_roles": None}
+    "seed": "--seeds", "reward": "--repeat-penalty", "credit": None, "train_roles": "--grpo-roles"}
 
 
 def grpo_overrides(options: list[str]) -> dict[str, Any]:
@@ -362,6 +370,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems)."""
     import torch
 
+    from multiminddev.agents.roles import AgentRole
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, PolicyConfig, SamplingParams, load_policy
     from multiminddev.report.plots import plot_training_curves
@@ -379,16 +388,19 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      reward=RewardConfig(repeat_penalty=args.repeat_penalty),
                      mini_batch_size=args.mini_batch_size, grad_accum=args.grad_accum,
                      sft_coef=args.sft_anchor,
-                     eval_every=0, seed=seed, **grpo_overrides(args.grpo_options))
+                     eval_every=0, seed=seed, train_roles=tuple(args.grpo_roles),
+                     **grpo_overrides(args.grpo_options))
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
     saved_file = "config.json" if args.sft_full_finetune else "adapter_config.json"
-    sft_done = all((sft_dir / role.value / saved_file).is_file() for role in cfg.train_roles)
+    # SFT trains both agents; GRPO trains --grpo-roles (cfg.train_roles) and only samples the rest
+    sft_roles = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
+    sft_done = all((sft_dir / role.value / saved_file).is_file() for role in sft_roles)
     policy = load_policy(PolicyConfig(
         model=args.model, compiled_decoding=args.compiled_decoding, lora_rank=args.lora_rank,
         lora_alpha=2 * args.lora_rank, separate_models=args.sft_full_finetune,
         # separate models load their fine-tuned weights at start; adapters load below
-        adapter_paths=({role.value: str(sft_dir / role.value) for role in cfg.train_roles}
+        adapter_paths=({role.value: str(sft_dir / role.value) for role in sft_roles}
                        if sft_done and args.sft_full_finetune else {})))
     caps = ({"generator": args.generator_max_new_tokens} if args.generator_max_new_tokens
             else {})
@@ -461,10 +473,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         print(f"seed {seed}: SFT finished earlier, loading {sft_dir}", flush=True)
         if not args.sft_full_finetune:
             policy.load_adapters({role.value: str(sft_dir / role.value)
-                                  for role in cfg.train_roles})
+                                  for role in sft_roles})
     else:
         t = time.perf_counter()
-        for role in cfg.train_roles:
+        for role in sft_roles:
             done = run_sft(role, policy.config,
                            sft_data(role, train if sft is None else sft, seed,
                                     args.generator_variants,

@@ -374,3 +374,12 @@ def test_sft_anchor_problems_need_the_anchor_on(bench):
     with pytest.raises(SystemExit, match="needs --sft-anchor"):
         bench.parse_args(["--sft-anchor-problems", "builtin:tier0:train"])
 
+
+
+def test_grpo_roles_default_to_both_agents_and_refuse_the_tester(bench):
+    assert bench.parse_args([]).grpo_roles == ["generator", "optimizer"]
+    assert bench.parse_args(["--grpo-roles", "optimizer"]).grpo_roles == ["optimizer"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--grpo-roles", "tester"])
+    with pytest.raises(SystemExit, match="use --grpo-roles"):
+        bench.parse_args(["--grpo-option", "train_roles=optimizer"])

@@ -198,6 +198,31 @@ def test_one_step_writes_metrics_and_seeds_checkpoint_layout(tmp_path):
     assert (rl / "latest" / "manifest.json").exists()
 
 
+def test_training_only_the_optimizer_leaves_the_generator_at_its_start(tmp_path):
+    """train_roles=(optimizer,): the Generator samples but never moves, and the checkpoints
+    still hold both agents (the untrained one as it was)."""
+    policy = tiny_policy()
+    trainer = _trainer(tmp_path, policy, train_roles=(AgentRole.OPTIMIZER,), kl_reference="start")
+    assert trainer.roles == [AgentRole.OPTIMIZER] and set(trainer.optimizers) == {AgentRole.OPTIMIZER}
+    gen = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.GENERATOR)]
+    opt = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.OPTIMIZER)]
+    # both agents' turns with real advantages: only the Optimizer's may move anything
+    trainer.update([sample(role, [1, 2, 3, 4], [5, 6, 7], a, turn=t)
+                    for t, role in enumerate((AgentRole.GENERATOR, AgentRole.OPTIMIZER))
+                    for a in (1.0, -1.0)])
+    assert all(torch.equal(a, b) for a, b in
+               zip(gen, policy.trainable_parameters(AgentRole.GENERATOR))), "generator moved"
+    assert any(not torch.equal(a, b) for a, b in
+               zip(opt, policy.trainable_parameters(AgentRole.OPTIMIZER))), "optimizer still"
+    trainer.train()
+    final = trainer.finish()
+    assert trainer.step == 1
+    best = next((tmp_path / "rl_checkpoints").glob("best_model_episode_*"))
+    for d in (best, final):
+        assert (d / "generator" / "adapter_config.json").exists()
+        assert (d / "optimizer" / "adapter_config.json").exists()
+
+
 def _params(policy):
     return [p.detach().clone() for r in policy.roles for p in policy.trainable_parameters(r)]
 

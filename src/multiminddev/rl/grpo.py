@@ -579,8 +579,9 @@ class GRPOTrainer:
         score = (eval_stats or record)["reward_mean"]
         if self.best_reward is None or score > self.best_reward:
             self.best_reward, self.best_episode = score, self.episodes_done
+            # every agent, trained or not, so the checkpoint is a whole team (seeds' layout)
             ck.save_best(self.rl_dir, episode=self.episodes_done, policy=self.policy,
-                         roles=self.roles, config=self.cfg.to_dict(),
+                         roles=self.policy.roles, config=self.cfg.to_dict(),
                          metrics={"reward_mean": score, "step": self.step,
                                   "compile_only": self.compile_only, "heldout": eval_stats is not None})
         if self.step % self.cfg.checkpoint_every == 0 or self.step == self.cfg.num_steps:
@@ -621,7 +622,7 @@ class GRPOTrainer:
         summary = {"steps": self.step, "episodes": self.episodes_done,
                    "best_reward": self.best_reward, "best_episode": self.best_episode,
                    "compile_only": self.compile_only, "history": self.history}
-        path = save_final(self.rl_dir, policy=self.policy, roles=self.roles,
+        path = save_final(self.rl_dir, policy=self.policy, roles=self.policy.roles,
                           training_metrics=summary)
         self.metrics.close()
         return path
