@@ -1,21 +1,13 @@
 """The rollout analysis's pure parts, on episodes in episode.write_episodes_jsonl's fields."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "analyze_rollouts.py"
+from tests.benchmarks.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def analyze():
-    spec = importlib.util.spec_from_file_location("analyze_rollouts", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["analyze_rollouts"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("analyze_rollouts")
 
 
 def _episode(problem, group, kernel, status, advantage):

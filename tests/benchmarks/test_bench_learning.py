@@ -1,22 +1,15 @@
 """The learning benchmark's pure parts: per-stage metrics, base sharing, aggregation."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_learning.py"
+from tests.benchmarks.helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_learning", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_learning"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_learning")
 
 
 def _row(compiled, correct, speedup, reward):
