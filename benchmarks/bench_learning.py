@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    metavar="KEY=VALUE",
                    help="set a GRPOConfig field this script has no flag for, e.g. clip_high=0.28, "
                         "filter_zero_variance=true, normalize_std=false, kl_coef=0.05, "
-                        "ppo_epochs=2, advantage=episode (repeatable)")
+                        "ppo_epochs=2, advantage=leave_one_out (repeatable)")
     p.add_argument("--sft-anchor-problems", default=None, metavar="SPEC",
                    help="problems whose reference solutions make the SFT anchor's examples "
                         "(default: --sft-problems). SFT's loss on its own data stayed at "
