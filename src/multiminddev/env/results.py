@@ -268,10 +268,11 @@ _NESTED = {
     "eager": TimingStats,
     "compiled": TimingStats,
 }
-_ENUMS = {
-    "status": None,  # resolved per class below
-    "reason": RejectReason,
-    "reject_reason": RejectReason,
+# Enum fields by class: a key alone does not say (Finding.reason is a RejectReason,
+# TrialMismatch.reason a plain string such as "allclose").
+_ENUMS: dict[tuple[type, str], type[enum.Enum]] = {
+    (Finding, "reason"): RejectReason,
+    (EvalResult, "reject_reason"): RejectReason,
 }
 
 
@@ -283,8 +284,8 @@ def _from_jsonable(cls: type, data: dict[str, Any]) -> Any:
             continue
         if key == "status" and value is not None:
             value = (EvalStatus if cls is EvalResult else StageStatus)(value)
-        elif key in _ENUMS and value is not None and _ENUMS[key] is not None:
-            value = _ENUMS[key](value)
+        elif (cls, key) in _ENUMS and value is not None:
+            value = _ENUMS[(cls, key)](value)
         elif key in _NESTED and value is not None:
             sub = _NESTED[key]
             if isinstance(value, list):
