@@ -323,7 +323,6 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
                    max_batch_size: int = 64) -> list[dict[str, Any]]:
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, LogprobSource
-    from multiminddev.rl.grpo import score_episodes
 
     # Evaluation trains nothing: the sampler's own log-probs spare the recomputation pass.
     training_backend = trainer.backend
@@ -335,14 +334,28 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
         trainer.backend = training_backend
     if save is not None:  # the full conversations, kernels and EvalResults, for inspection
         write_episodes_jsonl(episodes, save)
-    # Held-out rewards without the repeat penalty, so runs with and without it compare.
-    scoring = dataclasses.replace(
-        trainer.cfg, reward=dataclasses.replace(trainer.cfg.reward, repeat_penalty=0.0))
+    return stage_rows(episodes, trainer.cfg)
+
+
+def stage_rows(episodes: list[Any], cfg: Any) -> list[dict[str, Any]]:
+    """One row per held-out episode (``episode_row``), scored with ``cfg``'s reward (a
+    GRPOConfig) less the repeat penalty, so runs with and without it compare."""
+    from multiminddev.rl.grpo import score_episodes
+
+    scoring = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, repeat_penalty=0.0))
     rows = []
     for episode in episodes:
         _, stats = score_episodes([episode], scoring)
         rows.append(episode_row(episode, stats["reward_mean"]))
     return rows
+
+
+def heldout_eval_config(workers: int | None) -> Any:
+    """The evaluator settings of held-out evaluations (and of their re-measurement)."""
+    from multiminddev.env.config import EvalConfig
+
+    return EvalConfig(num_workers=workers, num_trials=3, compile_baseline=False,
+                      bench_budget_s=0.5)
 
 
 def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, float]:
@@ -870,7 +883,7 @@ def write_partial_results(args: BenchArgs) -> int:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.env import Evaluator
     from multiminddev.tasks.loaders import load_problems
 
     args = parse_args(argv)
@@ -907,9 +920,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"problems: {len(sft)} for SFT ({args.sft_problems}), {len(train)} for GRPO "
               f"({args.train_problems}), {len(heldout)} held-out", flush=True)
         start = time.perf_counter()
-        eval_cfg = EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
-                              bench_budget_s=0.5)
-        with Evaluator(eval_cfg) as evaluator:
+        with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
             per_seed = []
             for s in args.seeds:
                 if s in done:

@@ -14,6 +14,7 @@
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
 #        sft-mixes-start (SFT recipes, SFT only; SFT_MIXES="SPEC[@--option=value...] ...", then learning-wait)
 #        tests-qlora (no model; carry .stage/bnb)
+#        rescore (no model; carry .scratch/rescore: a learning run's held-out kernels re-timed)
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
 # bench-eval ~100 s quick / ~170 s full, tests-env ~130-180 s, tests-hacks ~140-190 s,
@@ -254,6 +255,19 @@ DRIVER
                tail -n 2 /root/learning/*.log > "$RES/$part.log" 2>&1
                [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
                                               exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;
+  rescore)     # a finished learning run's correct held-out kernels, re-timed on this quiet GPU
+               # (no model needed): carry slim copies of its seed*/episodes_<stage>.jsonl
+               # under .scratch/rescore/<run>/ (benchmarks/rescore_heldout.py says why)
+               rc_all=0
+               for dir in ${RESCORE_DIRS:-.scratch/rescore/*}; do
+                 name=$(basename "$dir"); mkdir -p "$RES/rescore/$name"
+                 timeout ${RESCORE_LIMIT:-280} python3 benchmarks/rescore_heldout.py "$dir" \
+                   --repeats ${RESCORE_REPEATS:-2} >> "$RES/$part.log" 2>&1 || rc_all=$?
+                 # a run cut by its limit still scores what it measured
+                 python3 benchmarks/rescore_heldout.py "$dir" --aggregate-only > /dev/null 2>&1
+                 cp "$dir"/rescored.* "$dir"/rescore_measurements.jsonl "$RES/rescore/$name/" 2>/dev/null
+               done
+               (exit $rc_all) ;;
   gen-compiled) # eager vs compiled decoding (static cache, CUDA graphs), one batch of rollouts
                timeout 300 python3 benchmarks/bench_generation.py --model "$GGUF" --batch 16 \
                  --new-tokens 512 --repeats 1 --compiled-decoding off on \
