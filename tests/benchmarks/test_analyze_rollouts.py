@@ -33,3 +33,19 @@ def test_seen_versus_new_splits_prompts_by_sft_data(analyze):
     out = analyze.seen_versus_new(episodes, {"elu_a"})
     assert out["sft_prompts"] == {"episodes": 2, "correct": 0.5, "groups": 1, "mixed_groups": 1.0}
     assert out["new_prompts"] == {"episodes": 2, "correct": 1.0, "groups": 1, "mixed_groups": 0.0}
+
+
+def _turns(*outcomes):
+    """(status, speedup) per turn, as episodes_<stage>.jsonl holds them."""
+    return {"problem": {"name": "p"}, "turns": [
+        {"eval_result": {"status": st, "benchmark": {"speedup_vs_eager": sp}}}
+        for st, sp in outcomes]}
+
+
+def test_optimizer_effect_counts_what_the_second_turn_did(analyze):
+    episodes = [_turns(("incorrect", 0.0), ("ok", 0.9)), _turns(("ok", 0.9), ("compile_error", 0.0)),
+                _turns(("ok", 0.61), ("ok", 0.97)), _turns(("ok", 0.97), ("ok", 0.6)),
+                _turns(("ok", 0.96), ("ok", 0.97)), _turns(("incorrect", 0.0), ("incorrect", 0.0)),
+                _turns(("ok", 0.5))]
+    assert analyze.optimizer_effect(episodes) == {
+        "fixed": 1, "broke": 1, "faster": 1, "slower": 1, "kept": 1, "still_failing": 1}

@@ -64,8 +64,8 @@ def _write_measurements(path, entries):
 
 
 def test_same_kernel_scores_the_same_in_every_stage_after_rescoring(rescore, tmp_path):
-    # the same Generator kernel, timed at 0.96x in SFT's evaluation and 0.61x in GRPO's (a
-    # crowded GPU), as in the fifteenth session
+    # the same kernel timed differently in SFT's and GRPO's evaluations (another moment on a
+    # shared GPU)
     ok, bad = EvalStatus.OK, EvalStatus.INCORRECT
     _write_run(tmp_path, {
         (0, "sft"): [[(KERNEL_A, ok, 0.96), (KERNEL_BAD, bad, 0.0)]],
