@@ -56,6 +56,10 @@
 # tests-rest's Sakana test needs `datasets`, which the GPU image lacks: put its wheels in
 # .stage/whl too (pip download --no-deps --only-binary=:all: --python-version 3.12
 # --platform manylinux2014_x86_64 -d .stage/whl datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19).
+# Fifteenth session: learning-start's driver now ends with rescore_heldout.py (the stages'
+# correct held-out kernels re-timed on the quiet GPU, ~60 distinct kernels per run, --repeats 1;
+# RESCORE=0 skips it). Its time is not measured yet: RESCORE_LIMIT (240 s) caps it, and DONE
+# waits for it, so leave it that much room in the machine's 30 minutes.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
@@ -200,7 +204,12 @@ for seed in ${LEARN_SEEDS:-0 1 2}; do timeout ${SEED_LIMIT:-1560} $LEARN --seeds
 wait
 $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1 ||
   $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1
-echo \$? > /root/learning/DONE
+rc=\$?
+# the stages' correct kernels re-timed on the now quiet GPU: a paired comparison (RESCORE=0: no)
+[ "${RESCORE:-1}" = 0 ] || timeout ${RESCORE_LIMIT:-240} python3 benchmarks/rescore_heldout.py \
+  /root/learning --seeds ${LEARN_SEEDS:-0 1 2} --repeats ${RESCORE_REPEATS:-1} > /root/learning/rescore.log 2>&1 ||
+  python3 benchmarks/rescore_heldout.py /root/learning --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only >> /root/learning/rescore.log 2>&1
+echo \$rc > /root/learning/DONE
 DRIVER
                rm -f /root/learning/DONE
                setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
@@ -254,6 +263,7 @@ DRIVER
                fi
                tail -n 2 /root/learning/*.log > "$RES/$part.log" 2>&1
                [ -f /root/learning/DONE ] && { cat /root/learning/aggregate.log >> "$RES/$part.log";
+                                              cat /root/learning/rescored.md >> "$RES/$part.log" 2>/dev/null;
                                               exit_rc=$(cat /root/learning/DONE); (exit "$exit_rc"); } ;;
   rescore)     # a finished learning run's correct held-out kernels, re-timed on this quiet GPU
                # (no model needed): carry slim copies of its seed*/episodes_<stage>.jsonl

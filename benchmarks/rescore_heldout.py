@@ -1,6 +1,7 @@
 """Re-measure a learning run's correct held-out kernels on a quiet GPU, so stages compare fairly.
 
     python3 benchmarks/rescore_heldout.py DIR [--seeds 0 1 2] [--repeats 2] [--workers 1]
+    python3 benchmarks/rescore_heldout.py DIR --write-slim .scratch/rescore/RUN   # to carry it
 
 DIR is bench_learning's --output-dir. Why: bench_learning runs its seeds at once on one GPU, so
 each stage's held-out evaluation times its kernels at another moment, while the other seeds
@@ -47,6 +48,35 @@ def stage_files(output_dir: Path, seeds: Iterable[int]) -> dict[tuple[int, str],
         for path in sorted((output_dir / f"seed{seed}").glob("episodes_*.jsonl")):
             found[(seed, path.stem.removeprefix("episodes_"))] = path
     return found
+
+
+# What a rescoring needs of an episode is its problem and each turn's kernel and result; the
+# tokens, log-probs and chat messages are most of a file's size.
+SLIM_DROPPED = ("prompt_ids", "response_ids", "logprobs", "messages", "text")
+
+
+def write_slim_copy(output_dir: Path, seeds: Iterable[int], dest: Path) -> int:
+    """Copy the held-out episode files (and note.txt) to ``dest`` without what rescoring does
+    not read: small enough to carry to a GPU machine. Returns the number of files written."""
+    files = stage_files(output_dir, seeds)
+    for (seed, _), path in files.items():
+        lines = []
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            episode = json.loads(line)
+            for turn in episode.get("turns", []):
+                for key in SLIM_DROPPED:
+                    turn.pop(key, None)
+            lines.append(json.dumps(episode))
+        target = dest / f"seed{seed}" / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("\n".join(lines) + "\n")
+    note = output_dir / "note.txt"
+    if note.is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "note.txt").write_text(note.read_text())
+    return len(files)
 
 
 def correct_kernels(episodes: Iterable[Any]) -> dict[Key, Any]:
@@ -201,11 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--order-seed", type=int, default=0)
     p.add_argument("--aggregate-only", action="store_true",
                    help="no GPU: score with the measurements already in the file")
+    p.add_argument("--write-slim", type=Path, metavar="DEST",
+                   help="only copy the episode files, without tokens and messages, to DEST "
+                        "(to carry them to a GPU machine), then stop")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.workers < 1:
         p.error("--repeats and --workers must be >= 1")
     from multiminddev.episode.state import read_episodes_jsonl
 
+    if args.write_slim is not None:
+        n = write_slim_copy(args.output_dir, args.seeds, args.write_slim)
+        print(f"{n} episode files copied to {args.write_slim}")
+        return 0 if n else 2
     files = stage_files(args.output_dir, args.seeds)
     if not files:
         print(f"no seed<k>/episodes_<stage>.jsonl under {args.output_dir} for seeds {args.seeds}",

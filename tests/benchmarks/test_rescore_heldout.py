@@ -129,3 +129,20 @@ def test_aggregate_only_writes_reports_and_a_cpu_run_refuses_to_measure(rescore,
     if not torch.cuda.is_available():
         assert rescore.main([str(tmp_path), "--seeds", "0"]) == 3
     assert rescore.main([str(tmp_path / "missing"), "--seeds", "0"]) == 2
+
+
+def test_slim_copy_scores_like_the_full_files(rescore, tmp_path):
+    ok = EvalStatus.OK
+    run, slim = tmp_path / "run", tmp_path / "slim"
+    _write_run(run, {(0, "sft"): [[(KERNEL_A, ok, 0.9), (KERNEL_B, ok, 0.95)]],
+                     (0, "grpo"): [[(KERNEL_A, ok, 0.8)]]})
+    for path in run.glob("seed0/*.jsonl"):  # a real file carries the tokens and the reply
+        data = json.loads(path.read_text())
+        data["turns"][0].update(prompt_ids=[1] * 500, response_ids=[2] * 300, text="x" * 900)
+        path.write_text(json.dumps(data) + "\n")
+    assert rescore.main([str(run), "--seeds", "0", "--write-slim", str(slim)]) == 0
+    assert (slim / "note.txt").read_text() == "test run\n"
+    full, small = run / "seed0/episodes_sft.jsonl", slim / "seed0/episodes_sft.jsonl"
+    assert small.stat().st_size < full.stat().st_size - 2000  # 800 token ids, 900 chars
+    assert "prompt_ids" not in json.loads(small.read_text())["turns"][0]
+    assert rescore.rescore(slim, [0], {})["per_seed"] == rescore.rescore(run, [0], {})["per_seed"]
