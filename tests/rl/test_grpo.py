@@ -14,6 +14,7 @@ from multiminddev.rl.grpo import (
     assign_advantages,
     batch_loss,
     build_batch,
+    checkpoint_score,
     score_episodes,
 )
 from tests.policy.helpers import tiny_policy
@@ -221,6 +222,27 @@ def test_training_only_the_optimizer_leaves_the_generator_at_its_start(tmp_path)
     for d in (best, final):
         assert (d / "generator" / "adapter_config.json").exists()
         assert (d / "optimizer" / "adapter_config.json").exists()
+
+
+def test_checkpoint_score_never_ranks_a_rollout_reward_against_a_heldout_one():
+    rollout, heldout = {"reward_mean": 0.9}, {"reward_mean": 0.3}
+    assert checkpoint_score(rollout, heldout, heldout_decides=True) == 0.3
+    assert checkpoint_score(rollout, None, heldout_decides=True) is None
+    assert checkpoint_score(rollout, None, heldout_decides=False) == 0.9
+
+
+def test_best_model_follows_heldout_evaluations_only(tmp_path):
+    trainer = _trainer(tmp_path, tiny_policy(), eval_every=2)
+    trainer.heldout = problems(1)
+    rl = tmp_path / "rl_checkpoints"
+    trainer.maybe_checkpoint({"reward_mean": 0.9}, None)  # a rollout step: ranks nothing
+    assert trainer.best_reward is None and not list(rl.glob("best_model_episode_*"))
+    trainer.episodes_done = 8
+    trainer.maybe_checkpoint({"reward_mean": 0.1}, {"reward_mean": 0.3})
+    trainer.episodes_done = 12
+    trainer.maybe_checkpoint({"reward_mean": 0.95}, None)  # higher, but not held-out
+    assert (trainer.best_reward, trainer.best_episode) == (0.3, 8)
+    assert [d.name for d in rl.glob("best_model_episode_*")] == ["best_model_episode_8"]
 
 
 def _params(policy):

@@ -155,6 +155,19 @@ class TurnSample:
 
 # --------------------------------------------------------------------------- reward phase
 
+def checkpoint_score(record: dict[str, Any], eval_stats: dict[str, float] | None, *,
+                     heldout_decides: bool) -> float | None:
+    """The reward that ranks a step for ``best_model_episode_N``; None: this step is not ranked.
+
+    A run that evaluates held-out problems ranks only its evaluated steps, by held-out reward:
+    a step's rollout reward is on other problems and, at temperature, another scale, so
+    comparing it with a held-out best picked steps by chance. Without held-out problems, the
+    rollout reward ranks every step."""
+    if eval_stats is not None:
+        return eval_stats["reward_mean"]
+    return None if heldout_decides else record["reward_mean"]
+
+
 def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSample], dict[str, float]]:
     """Rewards per agent turn (credit-assigned) as TurnSamples, plus reward statistics.
 
@@ -576,8 +589,9 @@ class GRPOTrainer:
     def maybe_checkpoint(self, record: dict[str, Any], eval_stats: dict[str, float] | None) -> None:
         from multiminddev.train import checkpoints as ck
 
-        score = (eval_stats or record)["reward_mean"]
-        if self.best_reward is None or score > self.best_reward:
+        score = checkpoint_score(record, eval_stats,
+                                 heldout_decides=bool(self.heldout) and self.cfg.eval_every > 0)
+        if score is not None and (self.best_reward is None or score > self.best_reward):
             self.best_reward, self.best_episode = score, self.episodes_done
             # every agent, trained or not, so the checkpoint is a whole team (seeds' layout)
             ck.save_best(self.rl_dir, episode=self.episodes_done, policy=self.policy,
