@@ -22,6 +22,7 @@ import argparse
 import collections
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,57 @@ def optimizer_effect(episodes: list[dict[str, Any]], margin: float = 0.05) -> di
     return out
 
 
+def turn_status(turn: dict[str, Any]) -> str:
+    return (turn.get("eval_result") or {}).get("status") or turn.get("parse_failure") or "no_eval"
+
+
+def optimizer_status_by_step(episodes: list[dict[str, Any]],
+                             step_ends: list[int]) -> list[collections.Counter[str]]:
+    """Per GRPO step (``step_ends``: cumulative episode counts, metrics.jsonl's ``episodes``),
+    the statuses of the Optimizer's first turn ("none": the episode ended before it). A step
+    where compile errors jump on every problem is a collapse (fifteenth session)."""
+    out, start = [], 0
+    for end in step_ends:
+        counts: collections.Counter[str] = collections.Counter()
+        for e in episodes[start:end]:
+            counts[turn_status(e["turns"][1]) if len(e["turns"]) > 1 else "none"] += 1
+        out.append(counts)
+        start = end
+    return out
+
+
+def _by_problem(episodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {e["problem"]["name"]: e for e in episodes}
+
+
+def changed_first_replies(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """Held-out problems whose Generator reply differs between two evaluations of the same
+    prompts. With the Generator not trained in between, any difference is decoding arithmetic."""
+    a, b = _by_problem(before), _by_problem(after)
+    return sorted(k for k in a.keys() & b.keys()
+                  if a[k]["turns"] and b[k]["turns"]
+                  and a[k]["turns"][0].get("prompt_ids") == b[k]["turns"][0].get("prompt_ids")
+                  and a[k]["turns"][0].get("candidate_source") != b[k]["turns"][0].get("candidate_source"))
+
+
+def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[float]:
+    """after/before speedup of every turn whose kernel is the same source, correct in both
+    evaluations of the same problem: how far the timings of unchanged kernels moved."""
+    a, b = _by_problem(before), _by_problem(after)
+    ratios = []
+    for name in a.keys() & b.keys():
+        for t1, t2 in zip(a[name]["turns"], b[name]["turns"]):
+            r1, r2 = t1.get("eval_result") or {}, t2.get("eval_result") or {}
+            if (t1.get("candidate_source") and t1.get("candidate_source") == t2.get("candidate_source")
+                    and r1.get("status") == r2.get("status") == "ok"):
+                ratios.append(r2["benchmark"]["speedup_vs_eager"] / r1["benchmark"]["speedup_vs_eager"])
+    return ratios
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output_dir", type=Path)
@@ -112,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"seed {seed}: no {path}", file=sys.stderr)
             continue
-        episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        episodes = _read_jsonl(path)
         print(f"seed {seed}: {len(episodes)} GRPO episodes")
         print("  template: Generator turns, sum of advantages")
         for name, (n, adv) in template_credit(episodes).items():
@@ -121,13 +173,31 @@ def main(argv: list[str] | None = None) -> int:
             for kind, row in seen_versus_new(episodes, sft_names).items():
                 print(f"  {kind}: {row['episodes']} episodes, {row['correct']:.0%} correct, "
                       f"{row['mixed_groups']:.0%} of {row['groups']} groups mixed")
+        metrics = path.parent / "metrics.jsonl"
+        if metrics.is_file():
+            ends = [r["episodes"] for r in _read_jsonl(metrics) if "episodes" in r and "step" in r]
+            print("  Optimizer turn per GRPO step: " + " | ".join(
+                f"{c['ok']} ok, {c['compile_error']} compile errors of {sum(c.values())}"
+                for c in optimizer_status_by_step(episodes, ends)))
+    all_ratios: list[float] = []
     for seed in args.seeds:
+        held = {}
         for stage in args.stages:
             path = args.output_dir / f"seed{seed}" / f"episodes_{stage}.jsonl"
             if path.is_file():
-                held = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held).items())
+                held[stage] = _read_jsonl(path)
+                counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
+        if len(held) >= 2:
+            first, last = held[args.stages[0]], held[args.stages[-1]]
+            print(f"seed {seed} held-out: Generator replies that differ, {args.stages[0]} vs "
+                  f"{args.stages[-1]}, same prompts: {changed_first_replies(first, last)}")
+            all_ratios += timing_agreement(first, last)
+    if all_ratios:
+        far = sum(abs(r - 1) > 0.05 for r in all_ratios)
+        print(f"same correct kernel in {args.stages[0]} and {args.stages[-1]}: {len(all_ratios)} "
+              f"turns, speedup ratio median {statistics.median(all_ratios):.3f}, "
+              f"{far} more than 5% apart (min {min(all_ratios):.3f}, max {max(all_ratios):.3f})")
     return 0
 
 

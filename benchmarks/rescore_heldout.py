@@ -5,9 +5,9 @@
 
 DIR is bench_learning's --output-dir. Why: bench_learning runs its seeds at once on one GPU, so
 each stage's held-out evaluation times its kernels at another moment, while the other seeds
-train or decode. Most timings hold up: in the fifteenth session, of 129 kernels that SFT's and
-GRPO's evaluations both got correct with the same source, 6 differed by more than 5% (all slow
-reduction kernels, e.g. cumsum 0.127x then 0.101x of eager, row_l2_norm 0.014x then 0.007x).
+train or decode. Most timings hold up: in the fifteenth session, of 210 turns whose kernel SFT's
+and GRPO's evaluations both got correct with the same source, 6 differed by more than 5% (all
+slow reduction kernels, e.g. cumsum 0.127x then 0.101x of eager, row_l2_norm 0.014x then 0.007x).
 Re-timing every stage's kernels in one process makes the comparison paired: the same kernel
 scores the same in every stage, and only what the policy changed remains.
 

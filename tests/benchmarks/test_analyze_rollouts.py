@@ -49,3 +49,31 @@ def test_optimizer_effect_counts_what_the_second_turn_did(analyze):
                 _turns(("ok", 0.5))]
     assert analyze.optimizer_effect(episodes) == {
         "fixed": 1, "broke": 1, "faster": 1, "slower": 1, "kept": 1, "still_failing": 1}
+
+
+def test_optimizer_status_by_step_splits_at_the_cumulative_episode_counts(analyze):
+    episodes = [_turns(("ok", 0.5), ("ok", 0.9)), _turns(("ok", 0.5), ("compile_error", 0.0)),
+                _turns(("incorrect", 0.0)), _turns(("ok", 0.5), ("compile_error", 0.0))]
+    steps = analyze.optimizer_status_by_step(episodes, [2, 4])
+    assert steps[0] == {"ok": 1, "compile_error": 1}
+    assert steps[1] == {"none": 1, "compile_error": 1}
+
+
+def _held(name, prompt, source, status="ok", speedup=1.0):
+    return {"problem": {"name": name}, "turns": [
+        {"prompt_ids": prompt, "candidate_source": source,
+         "eval_result": {"status": status, "benchmark": {"speedup_vs_eager": speedup}}}]}
+
+
+def test_changed_first_replies_compares_kernels_for_the_same_prompt(analyze):
+    before = [_held("a", [1], "k1"), _held("b", [1], "k2"), _held("c", [1], "k3")]
+    after = [_held("a", [1], "k1"), _held("b", [1], "k2 changed"), _held("c", [2], "k4")]
+    assert analyze.changed_first_replies(before, after) == ["b"]  # c's prompt differs
+
+
+def test_timing_agreement_pairs_only_the_same_correct_kernel(analyze):
+    before = [_held("a", [1], "k1", speedup=0.5), _held("b", [1], "k2", speedup=1.0),
+              _held("c", [1], "k3", speedup=1.0)]
+    after = [_held("a", [1], "k1", speedup=0.4), _held("b", [1], "k2 new", speedup=2.0),
+             _held("c", [1], "k3", status="incorrect", speedup=0.0)]
+    assert analyze.timing_agreement(before, after) == [0.8]
