@@ -114,6 +114,22 @@ def optimizer_status_by_step(episodes: list[dict[str, Any]],
     return out
 
 
+def tied_groups(episodes: list[dict[str, Any]], tie: float = 0.01) -> dict[str, float]:
+    """Generator groups (problem, group) whose turns were all correct with credited rewards
+    within ``tie`` of each other, and the largest |advantage| they got: with std scaling, timing
+    differences of a thousandth become advantages of about 1 (fifteenth session)."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in episodes:
+        groups[(e["problem"]["name"], e.get("group"))].append(e["turns"][0])
+    tied = [ts for ts in groups.values()
+            if len(ts) > 1 and all(turn_status(t) == "ok" for t in ts)
+            and max(r := [(t.get("reward_breakdown") or {}).get("credited", 0.0) for t in ts])
+            - min(r) < tie]
+    advs = [abs((t.get("reward_breakdown") or {}).get("advantage", 0.0)) for ts in tied for t in ts]
+    return {"groups": float(len(groups)), "tied": float(len(tied)),
+            "max_abs_advantage": max(advs, default=0.0)}
+
+
 def _by_problem(episodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {e["problem"]["name"]: e for e in episodes}
 
@@ -173,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             for kind, row in seen_versus_new(episodes, sft_names).items():
                 print(f"  {kind}: {row['episodes']} episodes, {row['correct']:.0%} correct, "
                       f"{row['mixed_groups']:.0%} of {row['groups']} groups mixed")
+        tied = tied_groups(episodes)
+        print(f"  Generator groups all correct with rewards within 0.01: {tied['tied']:.0f} of "
+              f"{tied['groups']:.0f}, largest |advantage| among them {tied['max_abs_advantage']:.2f}")
         metrics = path.parent / "metrics.jsonl"
         if metrics.is_file():
             ends = [r["episodes"] for r in _read_jsonl(metrics) if "episodes" in r and "step" in r]

@@ -77,3 +77,16 @@ def test_timing_agreement_pairs_only_the_same_correct_kernel(analyze):
     after = [_held("a", [1], "k1", speedup=0.4), _held("b", [1], "k2 new", speedup=2.0),
              _held("c", [1], "k3", status="incorrect", speedup=0.0)]
     assert analyze.timing_agreement(before, after) == [0.8]
+
+
+def _rollout(name, group, status, credited, advantage):
+    return {"problem": {"name": name}, "group": group, "turns": [
+        {"eval_result": {"status": status},
+         "reward_breakdown": {"credited": credited, "advantage": advantage}}]}
+
+
+def test_tied_groups_finds_all_correct_groups_with_noise_sized_differences(analyze):
+    episodes = [_rollout("a", 0, "ok", 0.670, 0.85), _rollout("a", 0, "ok", 0.669, -1.04),
+                _rollout("b", 0, "ok", 0.7, 0.9), _rollout("b", 0, "ok", 0.4, -0.9),
+                _rollout("c", 0, "ok", 0.6, 0.5), _rollout("c", 0, "incorrect", 0.6, -0.5)]
+    assert analyze.tied_groups(episodes) == {"groups": 3.0, "tied": 1.0, "max_abs_advantage": 1.04}
