@@ -27,6 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_learning import turn_status  # a sibling script, not a package
+
 _KERNEL_RE = re.compile(r"__global__\s+void\s+(\w+)")
 
 
@@ -93,10 +96,6 @@ def optimizer_effect(episodes: list[dict[str, Any]], margin: float = 0.05) -> di
             out["faster" if after > before * (1 + margin) else
                 "slower" if after < before * (1 - margin) else "kept"] += 1
     return out
-
-
-def turn_status(turn: dict[str, Any]) -> str:
-    return (turn.get("eval_result") or {}).get("status") or turn.get("parse_failure") or "no_eval"
 
 
 def optimizer_status_by_step(episodes: list[dict[str, Any]],
