@@ -80,6 +80,10 @@ class BenchArgs:
     grpo_roles: list[str] = dataclasses.field(default_factory=lambda: ["generator", "optimizer"])
     grpo_eval_every: int = 0  # also evaluate held-out after every K GRPO steps ("grpo@K")
     compiled_decoding: bool = False
+    # held-out evaluations' decoding (None: as --compiled-decoding). Eager decoding keeps a
+    # frozen agent's greedy replies identical from one evaluation to the next; compiled decoding
+    # changed 2-3 of 39 of them (fifteenth session), a floor under every per-seed delta.
+    eval_compiled_decoding: bool | None = None
     skip_base: bool = False
     base_only: bool = False
     aggregate_only: bool = False
@@ -181,6 +185,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--compiled-decoding", choices=["off", "on"], default="off",
                    help="decode with a static KV cache and a compiled step "
                         "(PolicyConfig.compiled_decoding; CUDA only)")
+    p.add_argument("--eval-compiled-decoding", choices=["same", "off", "on"], default="same",
+                   help="held-out evaluations' decoding; 'same': as --compiled-decoding, 'off': "
+                        "eager, so an agent GRPO does not train answers every evaluation alike")
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
@@ -229,6 +236,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.sft_problems is None:  # resolved here, so results.json records the spec used
         a.sft_problems = a.train_problems
     a.compiled_decoding = a.compiled_decoding == "on"
+    a.eval_compiled_decoding = {"same": None, "on": True, "off": False}[a.eval_compiled_decoding]
     grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
@@ -320,14 +328,16 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
 
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
-                   max_batch_size: int = 64) -> list[dict[str, Any]]:
+                   max_batch_size: int = 64,
+                   compiled_decoding: bool | None = None) -> list[dict[str, Any]]:
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, LogprobSource
 
     # Evaluation trains nothing: the sampler's own log-probs spare the recomputation pass.
     training_backend = trainer.backend
     trainer.backend = HFGenerationBackend(trainer.policy, max_batch_size=max_batch_size,
-                                          logprob_source=LogprobSource.SAMPLER)
+                                          logprob_source=LogprobSource.SAMPLER,
+                                          compiled_decoding=compiled_decoding)
     try:
         episodes = trainer.run_episodes(problems, 1)
     finally:
@@ -463,7 +473,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             return
         t0 = time.perf_counter()
         rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl",
-                                     args.max_batch_size)
+                                     args.max_batch_size, args.eval_compiled_decoding)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
         save_partial()
 

@@ -278,6 +278,13 @@ def test_grpo_curriculum_can_train_both_tiers_from_the_first_step(bench):
     assert 0.35 < tiers.count(0) / len(tiers) < 0.65  # half review of tier 0
 
 
+def test_eval_decoding_follows_compiled_decoding_unless_set(bench):
+    assert bench.parse_args([]).eval_compiled_decoding is None
+    args = bench.parse_args(["--compiled-decoding", "on", "--eval-compiled-decoding", "off"])
+    assert args.compiled_decoding is True and args.eval_compiled_decoding is False
+    assert bench.parse_args(["--eval-compiled-decoding", "on"]).eval_compiled_decoding is True
+
+
 def test_grpo_batch_options_reach_the_grpo_config(bench):
     args = bench.parse_args(["--mini-batch-size", "24", "--grad-accum", "3"])
     assert (args.mini_batch_size, args.grad_accum) == (24, 3)

@@ -148,7 +148,7 @@ def test_decode_buckets_pad_rows_to_a_power_of_two_and_width_to_the_bucket():
 
 
 def test_compiled_decoding_splits_batches_above_the_row_cap(monkeypatch):
-    import multiminddev.policy.generation as generation
+    from multiminddev.policy import generation
 
     monkeypatch.setattr(generation, "COMPILED_DECODING_MAX_ROWS", 2)
     policy = tiny_policy(compiled_decoding=True)
@@ -210,8 +210,30 @@ def test_compiled_generates_all_run_in_one_thread_whoever_calls(monkeypatch):
         o.token_ids for o in both]
 
 
+def test_a_backend_can_decode_eagerly_for_a_compiled_policy_and_the_reverse(monkeypatch):
+    from multiminddev.policy import generation
+
+    # held-out evaluations decode eagerly while rollouts stay compiled: the static-cache path
+    # must then never be taken
+    def no_static_cache(device):
+        raise AssertionError("eager decoding asked for the static cache")
+
+    compiled_policy = tiny_policy(compiled_decoding=True)
+    prompts = _three_prompts(compiled_policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
+    want = HFGenerationBackend(tiny_policy()).generate_sync(prompts, greedy, G)
+    with monkeypatch.context() as m:
+        m.setattr(generation, "_static_cache_kwargs", no_static_cache)
+        eager = HFGenerationBackend(compiled_policy, compiled_decoding=False)
+        assert not eager.compiled_decoding
+        got = eager.generate_sync(prompts, greedy, G)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert HFGenerationBackend(tiny_policy(), compiled_decoding=True).compiled_decoding
+    assert HFGenerationBackend(compiled_policy).compiled_decoding  # None: the policy's setting
+
+
 def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, caplog):
-    import multiminddev.policy.generation as generation
+    from multiminddev.policy import generation
 
     # transformers refuses an unknown cache implementation: the same path as a compile error
     monkeypatch.setattr(generation, "_static_cache_kwargs",
@@ -262,8 +284,8 @@ def test_generation_stops_at_the_chat_templates_end_of_turn_even_when_eos_names_
     # <|im_end|> must stop after one token whatever the tokenizer calls EOS.
     import copy
 
-    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
     from multiminddev.policy import PolicyConfig, build_policy
+    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
 
     tokenizer = copy.deepcopy(gguf_tokenizer())
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")

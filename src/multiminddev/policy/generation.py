@@ -147,6 +147,7 @@ class HFGenerationBackend:
         *,
         max_batch_size: int = 16,
         logprob_source: LogprobSource = LogprobSource.RECOMPUTE,
+        compiled_decoding: bool | None = None,
     ):
         if max_batch_size < 1:
             raise ValueError("HFGenerationBackend.max_batch_size must be >= 1")
@@ -161,8 +162,10 @@ class HFGenerationBackend:
         self.tokens_generated = 0
         # Cumulative seconds in model.generate and in the log-prob pass: where sampling time goes.
         self.seconds = {"generate": 0.0, "logprobs": 0.0}
-        # Turned off for good (with a warning) if a compiled generate ever fails.
-        self.compiled_decoding = bool(getattr(policy.config, "compiled_decoding", False))
+        # None: the policy's setting. Turned off for good (with a warning) if a compiled
+        # generate ever fails.
+        self.compiled_decoding = bool(getattr(policy.config, "compiled_decoding", False)
+                                      if compiled_decoding is None else compiled_decoding)
         if self.compiled_decoding:
             _raise_recompile_limit()
 
@@ -242,7 +245,7 @@ class HFGenerationBackend:
             with torch.no_grad():
                 out = (sampler or model).generate(input_ids=input_ids,
                                                   attention_mask=attention_mask, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - any compile failure: decode eagerly instead
+        except Exception as exc:
             if not compiled:
                 raise
             # the traceback travels with the warning: "AssertionError: " alone did not say where
