@@ -84,6 +84,10 @@ class BenchArgs:
     # frozen agent's greedy replies identical from one evaluation to the next; compiled decoding
     # changed 2-3 of 39 of them (fifteenth session), a floor under every per-seed delta.
     eval_compiled_decoding: bool | None = None
+    # held-out evaluations' arithmetic: "float32" decodes from a float32 copy of the merged
+    # weights (Policy.sampling_model); eager bf16 decoding still changed a frozen Generator's
+    # greedy replies on 2-4 of 39 problems between evaluations (sixteenth session)
+    eval_dtype: str = "same"
     skip_base: bool = False
     base_only: bool = False
     aggregate_only: bool = False
@@ -188,6 +192,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--eval-compiled-decoding", choices=["same", "off", "on"], default="same",
                    help="held-out evaluations' decoding; 'same': as --compiled-decoding, 'off': "
                         "eager, so an agent GRPO does not train answers every evaluation alike")
+    p.add_argument("--eval-dtype", choices=["same", "float32"], default="same",
+                   help="held-out evaluations' arithmetic; 'float32': decode from a float32 copy "
+                        "of the merged weights, so near-ties do not flip greedy replies from one "
+                        "evaluation to the next (needs merged sampling, the default for LoRA)")
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
@@ -328,8 +336,10 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
 
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
-                   max_batch_size: int = 64,
-                   compiled_decoding: bool | None = None) -> list[dict[str, Any]]:
+                   max_batch_size: int = 64, compiled_decoding: bool | None = None,
+                   dtype: str = "same") -> list[dict[str, Any]]:
+    import torch
+
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, LogprobSource
 
@@ -337,7 +347,9 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
     training_backend = trainer.backend
     trainer.backend = HFGenerationBackend(trainer.policy, max_batch_size=max_batch_size,
                                           logprob_source=LogprobSource.SAMPLER,
-                                          compiled_decoding=compiled_decoding)
+                                          compiled_decoding=compiled_decoding,
+                                          sampling_dtype=(None if dtype == "same"
+                                                          else getattr(torch, dtype)))
     try:
         episodes = trainer.run_episodes(problems, 1)
     finally:
@@ -473,7 +485,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             return
         t0 = time.perf_counter()
         rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl",
-                                     args.max_batch_size, args.eval_compiled_decoding)
+                                     args.max_batch_size, args.eval_compiled_decoding,
+                                     args.eval_dtype)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
         save_partial()
 

@@ -283,6 +283,8 @@ def test_eval_decoding_follows_compiled_decoding_unless_set(bench):
     args = bench.parse_args(["--compiled-decoding", "on", "--eval-compiled-decoding", "off"])
     assert args.compiled_decoding is True and args.eval_compiled_decoding is False
     assert bench.parse_args(["--eval-compiled-decoding", "on"]).eval_compiled_decoding is True
+    assert bench.parse_args([]).eval_dtype == "same"
+    assert bench.parse_args(["--eval-dtype", "float32"]).eval_dtype == "float32"
 
 
 def test_grpo_batch_options_reach_the_grpo_config(bench):

@@ -232,6 +232,21 @@ def test_a_backend_can_decode_eagerly_for_a_compiled_policy_and_the_reverse(monk
     assert HFGenerationBackend(compiled_policy).compiled_decoding  # None: the policy's setting
 
 
+def test_a_backend_can_sample_in_another_dtype():
+    policy = tiny_policy()
+    prompts = _three_prompts(policy)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    want = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER).generate_sync(
+        prompts, greedy, G)
+    backend = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER,
+                                  sampling_dtype=torch.float64)
+    got = backend.generate_sync(prompts, greedy, G)
+    assert torch.float64 in policy._cast_samplers  # decoded by the float64 copy
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for a, b in zip(want, got):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+
+
 def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, caplog):
     from multiminddev.policy import generation
 

@@ -212,6 +212,36 @@ def test_merged_sampling_model_computes_what_the_adapter_model_computes():
     assert torch.allclose(_logits_for(policy.sampling_model(G), ids), updated, atol=1e-5)
 
 
+def test_sampling_in_another_dtype_uses_a_cast_copy_of_the_merged_weights():
+    policy = tiny_policy()  # float32 on the CPU: float64 stands in for "another dtype"
+    ids = torch.tensor([gguf_tokenizer().encode("Write a kernel for relu")])
+    for role in (G, O):
+        cast = policy.sampling_model(role, torch.float64)
+        assert cast is not policy.sampler and next(cast.parameters()).dtype == torch.float64
+        with policy.use(role) as model:
+            wrapped = _logits_for(model, ids)
+        assert torch.allclose(_logits_for(cast, ids).float(), wrapped, atol=1e-5)
+    assert policy.sampling_model(G, torch.float64) is cast  # one copy, kept
+    assert next(policy.sampler.parameters()).dtype == torch.float32  # the sampler is untouched
+    assert policy.sampling_model(G, torch.float32) is policy.sampler  # its own dtype: no copy
+    with torch.no_grad():  # a training step: the copy is merged again, like the sampler
+        for p in policy.trainable_parameters(G):
+            p.add_(0.05 * torch.randn_like(p))
+    with policy.use(G) as model:
+        updated = _logits_for(model, ids)
+    assert torch.allclose(_logits_for(policy.sampling_model(G, torch.float64), ids).float(),
+                          updated, atol=1e-5)
+
+
+def test_sampling_in_another_dtype_without_merged_sampling_says_what_to_do():
+    from multiminddev.policy.model import PolicyError
+
+    policy = tiny_policy(merged_sampling=False)
+    assert policy.sampling_model(G, torch.float32) is policy.model_for(G)  # its own dtype
+    with pytest.raises(PolicyError, match="needs merged sampling"):
+        policy.sampling_model(G, torch.float64)
+
+
 def test_merged_sampling_leaves_the_base_and_reference_alone():
     policy = tiny_policy()
     ids = torch.tensor([gguf_tokenizer().encode("def forward(self, x):")])

@@ -148,6 +148,7 @@ class HFGenerationBackend:
         max_batch_size: int = 16,
         logprob_source: LogprobSource = LogprobSource.RECOMPUTE,
         compiled_decoding: bool | None = None,
+        sampling_dtype: Any = None,
     ):
         if max_batch_size < 1:
             raise ValueError("HFGenerationBackend.max_batch_size must be >= 1")
@@ -168,6 +169,8 @@ class HFGenerationBackend:
                                       if compiled_decoding is None else compiled_decoding)
         if self.compiled_decoding:
             _raise_recompile_limit()
+        # None: the model's own dtype; else Policy.sampling_model's copy in this dtype
+        self.sampling_dtype = sampling_dtype
 
     async def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
@@ -197,7 +200,8 @@ class HFGenerationBackend:
             model.eval()
             # Sampling may run on a merged copy (same weights, fewer ops); log-probs are always
             # recomputed with the training model itself.
-            sampler = self.policy.sampling_model(role)
+            sampler = (self.policy.sampling_model(role, self.sampling_dtype)
+                       if self.sampling_dtype is not None else self.policy.sampling_model(role))
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             step = (min(self.max_batch_size, COMPILED_DECODING_MAX_ROWS)

@@ -378,6 +378,7 @@ class Policy:
         self.reference_model = reference_model
         self._active: AgentRole | None = None
         self.sampler = sampler  # a plain copy of the base for merged sampling, or None
+        self._cast_samplers: dict[Any, Any] = {}  # dtype -> a copy of ``sampler`` in it
         # role -> its frozen starting point (an adapter name, or a model copy), once
         # freeze_start_reference() made the agents' starting points their KL references
         self.start_references: dict[AgentRole, Any] = {}
@@ -430,20 +431,36 @@ class Policy:
             if previous is not None and previous is not self._active:
                 self.model_for(previous)
 
-    def sampling_model(self, role: AgentRole | str) -> Any:
+    def sampling_model(self, role: AgentRole | str, dtype: Any = None) -> Any:
         """A model that samples like ``model_for(role)`` (up to rounding): with merged sampling,
         the plain base copy with ``role``'s current adapter merged into its weights (merged again
-        on every call, so it never lags behind a training step); otherwise ``model_for(role)``."""
+        on every call, so it never lags behind a training step); otherwise ``model_for(role)``.
+
+        ``dtype`` (e.g. ``torch.float32``): the same merged weights, computed in that dtype, in a
+        copy kept for the purpose. Held-out evaluations use it: greedy bf16 decoding on a GPU is
+        not bitwise repeatable, and a frozen agent's replies changed on 2-4 of 39 problems
+        between two evaluations (sixteenth session); float32 arithmetic leaves such near-ties
+        about 10^5 times less room."""
         model = self.model_for(role)
         if self.sampler is None:
+            if dtype is not None and dtype != next(model.parameters()).dtype:
+                raise PolicyError(
+                    f"sampling in {dtype} needs merged sampling (a plain copy of the base), which "
+                    "this policy has not (4-bit or separate models, or merged_sampling=False); "
+                    "sample in the model's own dtype instead")
             return model
+        target = self.sampler
+        if dtype is not None and dtype != next(self.sampler.parameters()).dtype:
+            if dtype not in self._cast_samplers:
+                self._cast_samplers[dtype] = copy.deepcopy(self.sampler).to(dtype).eval()
+            target = self._cast_samplers[dtype]
         device = self.device
-        if next(self.sampler.parameters()).device != device:
+        if next(target.parameters()).device != device:
             # The policy was moved after it was built (e.g. ``policy.peft_model.to("cuda")``):
             # the copy follows, or generate() would run on the old device.
-            self.sampler.to(device)
-        merge_adapter_into(self.peft_model, self._check_role(role).value, self.sampler)
-        return self.sampler
+            target.to(device)
+        merge_adapter_into(self.peft_model, self._check_role(role).value, target)
+        return target
 
     @contextlib.contextmanager
     def reference(self, role: AgentRole | str | None = None) -> Iterator[Any]:
