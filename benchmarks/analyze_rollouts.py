@@ -143,6 +143,23 @@ def changed_first_replies(before: list[dict[str, Any]], after: list[dict[str, An
                   and a[k]["turns"][0].get("candidate_source") != b[k]["turns"][0].get("candidate_source"))
 
 
+def reward_delta_split(before: list[dict[str, Any]], after: list[dict[str, Any]],
+                       rewards_before: dict[str, float], rewards_after: dict[str, float]
+                       ) -> dict[str, float]:
+    """The mean held-out reward change between two evaluations, split into the problems whose
+    Generator reply changed and the rest. With the Generator frozen (``--grpo-roles
+    optimizer``) the first part is decoding arithmetic, the second the Optimizer's training."""
+    changed = set(changed_first_replies(before, after))
+    names = sorted(rewards_before.keys() & rewards_after.keys())
+    n = max(len(names), 1)
+    split = {"generator_changed": 0.0, "rest": 0.0}
+    for name in names:
+        part = "generator_changed" if name in changed else "rest"
+        split[part] += (rewards_after[name] - rewards_before[name]) / n
+    split["total"] = split["generator_changed"] + split["rest"]
+    return split
+
+
 def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[float]:
     """after/before speedup of every turn whose kernel is the same source, correct in both
     evaluations of the same problem: how far the timings of unchanged kernels moved."""
@@ -211,6 +228,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed} held-out: Generator replies that differ, {args.stages[0]} vs "
                   f"{args.stages[-1]}, same prompts: {changed_first_replies(first, last)}")
             all_ratios += timing_agreement(first, last)
+            partial = args.output_dir / f"seed{seed}" / "partial.json"
+            rows = json.loads(partial.read_text()).get("rows", {}) if partial.is_file() else {}
+            if args.stages[0] in rows and args.stages[-1] in rows:
+                split = reward_delta_split(
+                    first, last, *({r["problem"]: r["reward"] for r in rows[stage]}
+                                   for stage in (args.stages[0], args.stages[-1])))
+                print(f"seed {seed} held-out reward, {args.stages[-1]} - {args.stages[0]}: "
+                      f"{split['total']:+.4f} = {split['generator_changed']:+.4f} on problems "
+                      f"whose Generator reply changed + {split['rest']:+.4f} on the rest")
     if all_ratios:
         far = sum(abs(r - 1) > 0.05 for r in all_ratios)
         print(f"same correct kernel in {args.stages[0]} and {args.stages[-1]}: {len(all_ratios)} "

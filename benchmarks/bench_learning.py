@@ -246,6 +246,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     a.compiled_decoding = a.compiled_decoding == "on"
     a.eval_compiled_decoding = {"same": None, "on": True, "off": False}[a.eval_compiled_decoding]
     grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
+    if a.eval_dtype != "same" and a.sft_full_finetune:
+        raise SystemExit("--eval-dtype needs LoRA adapters (it decodes from a cast copy of the "
+                         "merged weights); with --sft-full-finetune use --eval-dtype same")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})

@@ -124,8 +124,14 @@ LEARN="python3 benchmarks/bench_learning.py --model $GGUF --output-dir /root/lea
   --rl-learning-rate ${RL_LR:-2e-5} --kl-reference ${KL_REF:-base} --rl-temperature ${RL_TEMP:-0.8} \
   --compiled-decoding ${COMPILED:-on} --grpo-eval-every ${GRPO_EVAL_EVERY:-4} \
   --problems-per-step 4 --group-size 4 \
-  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2 ${LEARN_EXTRA:-}"
+  --max-new-tokens 800 --generator-max-new-tokens 512 --max-turns 2 --eval-workers 2 \
+  --eval-compiled-decoding ${EVAL_COMPILED:-off} --eval-dtype ${EVAL_DTYPE:-float32} ${LEARN_EXTRA:-}"
 
+# Sixteenth session: held-out evaluations decode eagerly (EVAL_COMPILED=off) from a float32 copy
+# of the merged weights (EVAL_DTYPE=float32; EVAL_DTYPE=same with --sft-full-finetune). With
+# bf16, compiled or eager, a Generator GRPO did not train changed its greedy replies on 2-4 of 39
+# problems between evaluations; with float32 on none (3 seeds). An eager float32 SFT evaluation
+# took 202-207 s (eager bf16 164-169 s, compiled bf16 269-283 s); a whole run 19-21 min held.
 for part in "$@"; do
   echo "== $part $(date -u +%T)"
   start=$(date +%s)

@@ -71,6 +71,16 @@ def test_changed_first_replies_compares_kernels_for_the_same_prompt(analyze):
     assert analyze.changed_first_replies(before, after) == ["b"]  # c's prompt differs
 
 
+def test_reward_delta_split_separates_changed_generator_replies(analyze):
+    before = [_held("a", [1], "k1"), _held("b", [1], "k2"), _held("c", [1], "k3")]
+    after = [_held("a", [1], "k1"), _held("b", [1], "k2 changed"), _held("c", [1], "k3")]
+    split = analyze.reward_delta_split(before, after, {"a": 0.5, "b": 0.7, "c": 0.1},
+                                       {"a": 0.6, "b": 0.1, "c": 0.1})
+    assert split["generator_changed"] == pytest.approx(-0.6 / 3)
+    assert split["rest"] == pytest.approx(0.1 / 3)
+    assert split["total"] == pytest.approx(-0.5 / 3)
+
+
 def test_timing_agreement_pairs_only_the_same_correct_kernel(analyze):
     before = [_held("a", [1], "k1", speedup=0.5), _held("b", [1], "k2", speedup=1.0),
               _held("c", [1], "k3", speedup=1.0)]

@@ -285,6 +285,8 @@ def test_eval_decoding_follows_compiled_decoding_unless_set(bench):
     assert bench.parse_args(["--eval-compiled-decoding", "on"]).eval_compiled_decoding is True
     assert bench.parse_args([]).eval_dtype == "same"
     assert bench.parse_args(["--eval-dtype", "float32"]).eval_dtype == "float32"
+    with pytest.raises(SystemExit, match="needs LoRA adapters"):
+        bench.parse_args(["--eval-dtype", "float32", "--sft-full-finetune"])
 
 
 def test_grpo_batch_options_reach_the_grpo_config(bench):
