@@ -268,49 +268,64 @@ _GRPO_FIELDS_WITH_FLAGS = {
 def grpo_overrides(options: list[str]) -> dict[str, Any]:
     """--grpo-option KEY=VALUE strings -> GRPOConfig keyword arguments, each value converted to
     the type of the field's default (true/false for flags, "none" for an optional number).
-    GRPOConfig itself then checks the values' ranges."""
+    ``credit.FIELD=VALUE`` sets a field of GRPOConfig.credit (a CreditConfig). GRPOConfig and
+    CreditConfig themselves then check the values' ranges."""
+    from multiminddev.rewards.credit import CreditConfig
     from multiminddev.rl.grpo import GRPOConfig
 
     defaults = {f.name: getattr(GRPOConfig(), f.name) for f in dataclasses.fields(GRPOConfig)}
+    credit_defaults = {f.name: getattr(CreditConfig(), f.name)
+                       for f in dataclasses.fields(CreditConfig)}
     out: dict[str, Any] = {}
+    credit: dict[str, Any] = {}
     for option in options:
         key, sep, text = option.partition("=")
         key, text = key.strip(), text.strip()
         if not sep or not key:
             raise SystemExit(f"--grpo-option {option!r}: write KEY=VALUE, e.g. clip_high=0.28")
+        if key.startswith("credit."):
+            name = key.removeprefix("credit.")
+            if name not in credit_defaults:
+                raise SystemExit(f"--grpo-option {key}: CreditConfig has no such field; "
+                                 "settable: " + ", ".join(f"credit.{k}" for k in credit_defaults))
+            credit[name] = _option_value(key, text, credit_defaults[name])
+            continue
         if key in _GRPO_FIELDS_WITH_FLAGS:
             flag = _GRPO_FIELDS_WITH_FLAGS[key]
             raise SystemExit(f"--grpo-option {key}: " + (f"use {flag}" if flag else
                              "not settable from this script"))
-        if key not in defaults:
-            settable = sorted(set(defaults) - set(_GRPO_FIELDS_WITH_FLAGS))
+        if key not in defaults or key == "credit":
+            settable = sorted(set(defaults) - set(_GRPO_FIELDS_WITH_FLAGS) - {"credit"})
             raise SystemExit(f"--grpo-option {key}: GRPOConfig has no such field; settable: "
-                             + ", ".join(settable))
-        default = defaults[key]
-        try:
-            if isinstance(default, bool):
-                if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                    raise ValueError("expected true or false")
-                value: Any = text.lower() in ("true", "1", "yes")
-            elif default is None or isinstance(default, float):
-                value = None if text.lower() == "none" else float(text)
-            elif isinstance(default, int):
-                value = int(text)
-            elif isinstance(default, enum.Enum):
-                choices = [m.value for m in type(default)]
-                if text not in choices:
-                    raise ValueError(f"choose one of {', '.join(choices)}")
-                value = text
-            else:
-                value = text
-        except ValueError as exc:
-            raise SystemExit(f"--grpo-option {key}={text}: {exc}") from None
-        out[key] = value
+                             + ", ".join(settable) + ", credit.FIELD")
+        out[key] = _option_value(key, text, defaults[key])
     try:
+        if credit:
+            out["credit"] = CreditConfig(**credit)
         GRPOConfig(**out)
     except ValueError as exc:
         raise SystemExit(f"--grpo-option: {exc}") from None
     return out
+
+
+def _option_value(key: str, text: str, default: Any) -> Any:
+    """``text`` as the type of ``default``."""
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return text.lower() in ("true", "1", "yes")
+        if default is None or isinstance(default, float):
+            return None if text.lower() == "none" else float(text)
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, enum.Enum):
+            choices = [m.value for m in type(default)]
+            if text not in choices:
+                raise ValueError(f"choose one of {', '.join(choices)}")
+        return text
+    except ValueError as exc:
+        raise SystemExit(f"--grpo-option {key}={text}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- one seed

@@ -387,3 +387,16 @@ def test_grpo_roles_default_to_both_agents_and_refuse_the_tester(bench):
         bench.parse_args(["--grpo-roles", "tester"])
     with pytest.raises(SystemExit, match="use --grpo-roles"):
         bench.parse_args(["--grpo-option", "train_roles=optimizer"])
+
+
+def test_grpo_options_set_credit_fields(bench):
+    from multiminddev.rewards.credit import CreditConfig
+
+    got = bench.grpo_overrides(["credit.improvement=true", "credit.immediate_weight=0.5",
+                                "kl_coef=0.1"])
+    assert got["kl_coef"] == 0.1
+    assert got["credit"] == CreditConfig(improvement=True, immediate_weight=0.5)
+    with pytest.raises(SystemExit, match="CreditConfig has no such field"):
+        bench.grpo_overrides(["credit.no_such=1"])
+    with pytest.raises(SystemExit, match="immediate_weight"):
+        bench.grpo_overrides(["credit.immediate_weight=2"])  # CreditConfig checks the range

@@ -81,3 +81,30 @@ def test_config_validates_gamma():
 def test_config_validates_mode_name():
     with pytest.raises(ValueError, match="mode is one of"):
         CreditConfig(mode="sometimes")
+
+
+def test_improvement_credits_later_turns_with_what_they_added():
+    cfg = CreditConfig(mode=CreditMode.MIXED, improvement=True)
+    roles = [G, T, O, T, O, T]
+    got = assign_turn_rewards(roles, [0.65, 9.0, 0.0, 9.0, 0.74, 9.0], cfg)
+    mixed = assign_turn_rewards(roles, [0.65, 9.0, 0.0, 9.0, 0.74, 9.0],
+                                CreditConfig(mode=CreditMode.MIXED))
+    # the Generator keeps its mode credit; each Optimizer turn: its reward minus the best before
+    assert got == pytest.approx([mixed[0], 0.0, 0.0 - 0.65, 0.0, 0.74 - 0.65, 0.0])
+
+
+def test_improvement_ranks_a_broken_kernel_below_a_failing_one_kept_failing():
+    # Two episodes of one group. A: the Generator's kernel is correct (0.65), the Optimizer
+    # breaks it (0.0). B: the Generator's kernel fails (0.1), so does the Optimizer's (0.1).
+    # Mode credit ranks A's Optimizer above B's (the episode's best kernel is the Generator's);
+    # improvement credit ranks it below.
+    a, b = [0.65, 0.0, 0.0, 0.0], [0.1, 0.0, 0.1, 0.0]
+    mixed = CreditConfig(mode=CreditMode.MIXED)
+    assert assign_turn_rewards(ROLES, a, mixed)[2] > assign_turn_rewards(ROLES, b, mixed)[2]
+    better = CreditConfig(mode=CreditMode.MIXED, improvement=True)
+    assert assign_turn_rewards(ROLES, a, better)[2] < assign_turn_rewards(ROLES, b, better)[2]
+
+
+def test_improvement_leaves_a_one_turn_episode_alone():
+    cfg = CreditConfig(mode=CreditMode.FINAL_ONLY, improvement=True)
+    assert assign_turn_rewards([G, T], [0.4, 0.0], cfg) == pytest.approx([0.4, 0.0])

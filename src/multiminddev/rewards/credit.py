@@ -15,6 +15,15 @@ candidate that turn wrote (its *immediate* reward); Tester turns carry no reward
 The final reward is the best agent-turn reward (``FinalReward.BEST``, the episode keeps its best
 kernel) or the last one (``FinalReward.LAST``). The Tester always earns 0: it is rule-based and
 never trained.
+
+``improvement`` (off by default): every agent turn after the first is credited with what it
+added, its immediate reward minus the best immediate reward before it (the kernel it was asked
+to improve), instead of the mode's credit. Why: an Optimizer turn's mode credit carries the
+Generator's outcome (the final reward is the episode's best kernel, often the Generator's), and
+its group-relative baseline spans episodes whose Generators did differently. An Optimizer that
+broke a correct kernel then out-scored one handed a failing kernel: in the sixteenth session's
+rollouts one compile-breaking mutation, written into 41 Optimizer turns, got a summed advantage of
++1.5 and took over that seed's held-out Optimizer (docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ class CreditConfig:
     gamma: float = 0.9  # seeds: turn discount 0.9
     immediate_weight: float = 0.3  # seeds: 30% immediate, 70% final
     final: FinalReward = FinalReward.BEST
+    # turns after the first agent turn: credited with their reward minus the best one before
+    improvement: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -107,4 +118,21 @@ def assign_turn_rewards(
         credited = discounted_returns(immediate, cfg.gamma)
     else:
         credited = mix_immediate_final(immediate, final, cfg.gamma, cfg.immediate_weight)
+    if cfg.improvement:
+        credited = improvement_credit(immediate, agent, credited)
     return [c if a else 0.0 for c, a in zip(credited, agent)]
+
+
+def improvement_credit(immediate: Sequence[float], agent: Sequence[bool],
+                       credited: Sequence[float]) -> list[float]:
+    """``credited`` with every agent turn after the first replaced by ``immediate[t]`` minus the
+    best immediate reward of the agent turns before it. Shapes: [T], [T], [T] -> [T]."""
+    out = list(credited)
+    best: float | None = None
+    for t, (r, is_agent) in enumerate(zip(immediate, agent)):
+        if not is_agent:
+            continue
+        if best is not None:
+            out[t] = float(r) - best
+        best = float(r) if best is None else max(best, float(r))
+    return out
