@@ -58,8 +58,9 @@
 # --platform manylinux2014_x86_64 -d .stage/whl datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19).
 # Fifteenth session: learning-start's driver now ends with rescore_heldout.py (the stages'
 # correct held-out kernels re-timed on the quiet GPU, ~60 distinct kernels per run, --repeats 1;
-# RESCORE=0 skips it). Its time is not measured yet: RESCORE_LIMIT (240 s) caps it, and DONE
-# waits for it, so leave it that much room in the machine's 30 minutes.
+# RESCORE=0 skips it). RESCORE_LIMIT (240 s) caps it, and DONE waits for it. Sixteenth session:
+# 60 kernels re-timed in 43-68 s; seeds done after ~19-21 min held, rescore included ~22 min.
+# tests-rest after a run fits in the machine's 30 minutes (138 s) if the run started by minute 2.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
