@@ -200,8 +200,7 @@ class HFGenerationBackend:
             model.eval()
             # Sampling may run on a merged copy (same weights, fewer ops); log-probs are always
             # recomputed with the training model itself.
-            sampler = (self.policy.sampling_model(role, self.sampling_dtype)
-                       if self.sampling_dtype is not None else self.policy.sampling_model(role))
+            sampler = self.policy.sampling_model(role, self.sampling_dtype)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             step = (min(self.max_batch_size, COMPILED_DECODING_MAX_ROWS)
