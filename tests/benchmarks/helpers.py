@@ -15,3 +15,27 @@ def load_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def eval_result(status, speedup=0.0, problem="relu"):
+    """An EvalResult of ``status`` in the real schema: verified and timed when OK, failed to
+    compile when COMPILE_ERROR, compiled but failing verification otherwise."""
+    from multiminddev.env.results import (
+        BenchmarkResult,
+        CompileResult,
+        EvalResult,
+        EvalStatus,
+        StageStatus,
+        VerifyResult,
+    )
+
+    ok = status is EvalStatus.OK
+    compiled = status is not EvalStatus.COMPILE_ERROR
+    return EvalResult(
+        status=status, problem=problem,
+        compile=CompileResult(status=StageStatus.OK if compiled else StageStatus.FAILED,
+                              arch="sm_90"),
+        verify=VerifyResult(status=StageStatus.OK if ok else StageStatus.FAILED, trials_run=3,
+                            trials_passed=3 if ok else 0),
+        benchmark=BenchmarkResult(status=StageStatus.OK if ok else StageStatus.SKIPPED,
+                                  speedup_vs_eager=speedup))

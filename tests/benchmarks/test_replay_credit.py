@@ -3,16 +3,10 @@
 import pytest
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.env.results import (
-    BenchmarkResult,
-    CompileResult,
-    EvalResult,
-    EvalStatus,
-    StageStatus,
-    VerifyResult,
-)
+from multiminddev.env.results import EvalStatus
 from multiminddev.episode import Episode, Turn, write_episodes_jsonl
 from multiminddev.episode.state import read_episodes_jsonl
+from tests.benchmarks.helpers import eval_result as _result
 from tests.benchmarks.helpers import load_script
 from tests.episode.helpers import relu_problem
 
@@ -20,19 +14,6 @@ from tests.episode.helpers import relu_problem
 @pytest.fixture(scope="module")
 def replay():
     return load_script("replay_credit")
-
-
-def _result(status, speedup=0.0):
-    ok = status is EvalStatus.OK
-    compiled = status is not EvalStatus.COMPILE_ERROR
-    return EvalResult(
-        status=status, problem="relu",
-        compile=CompileResult(status=StageStatus.OK if compiled else StageStatus.FAILED,
-                              arch="sm_90"),
-        verify=VerifyResult(status=StageStatus.OK if ok else StageStatus.FAILED, trials_run=3,
-                            trials_passed=3 if ok else 0),
-        benchmark=BenchmarkResult(status=StageStatus.OK if ok else StageStatus.SKIPPED,
-                                  speedup_vs_eager=speedup))
 
 
 def _episode(index, generator, optimizer):
