@@ -309,8 +309,13 @@ def grpo_overrides(options: list[str]) -> dict[str, Any]:
 
 
 def _option_value(key: str, text: str, default: Any) -> Any:
-    """``text`` as the type of ``default``."""
+    """``text`` as the type of ``default``; a mapping as ``name:number,name:number``."""
     try:
+        if isinstance(default, dict):
+            pairs = [item.partition(":") for item in text.split(",") if item.strip()]
+            if not pairs or any(not sep for _, sep, _ in pairs):
+                raise ValueError("write NAME:NUMBER[,NAME:NUMBER], e.g. generator:2e-5")
+            return {name.strip(): float(number) for name, _, number in pairs}
         if isinstance(default, bool):
             if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError("expected true or false")

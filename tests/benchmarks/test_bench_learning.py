@@ -389,6 +389,15 @@ def test_grpo_roles_default_to_both_agents_and_refuse_the_tester(bench):
         bench.parse_args(["--grpo-option", "train_roles=optimizer"])
 
 
+def test_grpo_option_sets_one_agents_learning_rate(bench):
+    got = bench.grpo_overrides(["role_learning_rates=generator:2e-5, optimizer:1e-4"])
+    assert got == {"role_learning_rates": {"generator": 2e-5, "optimizer": 1e-4}}
+    with pytest.raises(SystemExit, match="write NAME:NUMBER"):
+        bench.grpo_overrides(["role_learning_rates=generator"])
+    with pytest.raises(SystemExit, match="not a trained agent"):
+        bench.grpo_overrides(["role_learning_rates=tester:1e-5"])
+
+
 def test_grpo_options_set_credit_fields(bench):
     from multiminddev.rewards.credit import CreditConfig
 

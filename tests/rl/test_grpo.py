@@ -180,6 +180,40 @@ def test_update_changes_only_the_active_roles_adapter(tmp_path):
                zip(gen, policy.trainable_parameters(AgentRole.GENERATOR))), "generator adapter still"
 
 
+def test_role_learning_rates_name_trained_agents_with_rates_in_range():
+    cfg = GRPOConfig(learning_rate=5e-5, role_learning_rates={AgentRole.GENERATOR: 2e-5})
+    assert cfg.role_learning_rates == {"generator": 2e-5}
+    assert cfg.learning_rate_for(AgentRole.GENERATOR) == 2e-5
+    assert cfg.learning_rate_for("optimizer") == 5e-5
+    assert cfg.to_dict()["role_learning_rates"] == {"generator": 2e-5}
+    with pytest.raises(ValueError, match="'tester' is not a trained agent"):
+        GRPOConfig(role_learning_rates={"tester": 1e-5})
+    with pytest.raises(ValueError, match="'critic' is not a trained agent"):
+        GRPOConfig(role_learning_rates={"critic": 1e-5})
+    with pytest.raises(ValueError, match=r"role_learning_rates\['optimizer'\] must be in \(0, 1\)"):
+        GRPOConfig(role_learning_rates={"optimizer": 0.0})
+
+
+def test_each_agent_steps_at_its_own_learning_rate(tmp_path):
+    samples = [sample(AgentRole.GENERATOR, [1, 2, 3, 4], [5, 6, 7], a) for a in (1.0, -1.0)]
+
+    def generator_step(rates, path):
+        policy = tiny_policy()
+        trainer = _trainer(path, policy, learning_rate=1e-2, role_learning_rates=rates)
+        before = [p.detach().clone() for p in policy.trainable_parameters(AgentRole.GENERATOR)]
+        trainer.update_role(AgentRole.GENERATOR, samples)
+        after = policy.trainable_parameters(AgentRole.GENERATOR)
+        lrs = {r.value: o.param_groups[0]["lr"] for r, o in trainer.optimizers.items()}
+        return max(float((a.detach() - b).abs().max()) for a, b in zip(after, before)), lrs
+
+    shared, shared_lrs = generator_step({}, tmp_path / "shared")
+    own, own_lrs = generator_step({"generator": 1e-3}, tmp_path / "own")
+    assert shared_lrs == {"generator": 1e-2, "optimizer": 1e-2}
+    assert own_lrs == {"generator": 1e-3, "optimizer": 1e-2}
+    # AdamW's first step moves each parameter by about its learning rate
+    assert shared == pytest.approx(1e-2, rel=0.05) and own == pytest.approx(1e-3, rel=0.05)
+
+
 def test_one_step_writes_metrics_and_seeds_checkpoint_layout(tmp_path):
     from multiminddev.train.metrics import STEP_KEYS, read_metrics
 

@@ -56,6 +56,10 @@ class GRPOConfig:
     group_size: int = 4  # G episodes per problem
     max_turns: int = 3  # agent turns per episode (Generator first, then Optimizer)
     learning_rate: float = 2e-5
+    # One agent's own rate, e.g. {"generator": 2e-5}; agents not named use learning_rate. Why:
+    # at 5e-5 the Generator's greedy held-out choices drifted onto other problems' templates while
+    # the Optimizer barely moved (docs/BENCHMARKS.md, fifteenth and seventeenth sessions).
+    role_learning_rates: dict[str, float] = field(default_factory=dict)
     weight_decay: float = 0.0
     ppo_epochs: int = 1  # passes over each batch (PPO-style reuse)
     mini_batch_size: int = 8  # samples per optimizer step
@@ -111,6 +115,17 @@ class GRPOConfig:
                              f"({self.mini_batch_size}): lower grad_accum or raise mini_batch_size")
         if not 0 < self.learning_rate < 1:
             raise ValueError(f"GRPOConfig.learning_rate must be in (0, 1), got {self.learning_rate}")
+        rates = {}
+        for name, rate in dict(self.role_learning_rates).items():
+            role = AgentRole(name) if name in {r.value for r in AgentRole} else None
+            if role is None or not role.trainable:
+                raise ValueError(f"GRPOConfig.role_learning_rates: {name!r} is not a trained agent; "
+                                 "name generator and/or optimizer")
+            if not 0 < float(rate) < 1:
+                raise ValueError(f"GRPOConfig.role_learning_rates[{role.value!r}] must be in (0, 1), "
+                                 f"got {rate}")
+            rates[role.value] = float(rate)
+        self.role_learning_rates = rates
         if not 0 <= self.clip_low < 1 or self.clip_high < 0:
             raise ValueError("need 0 <= clip_low < 1 and clip_high >= 0 (0.2 / 0.2, or 0.2 / 0.28)")
         if self.sft_coef < 0 or self.sft_batch_size < 1:
@@ -121,6 +136,10 @@ class GRPOConfig:
                              "(GRPO samples; greedy rollouts have no group variance)")
         if any(not r.trainable for r in self.train_roles) or not self.train_roles:
             raise ValueError("train_roles: list generator and/or optimizer (the Tester has no weights)")
+
+    def learning_rate_for(self, role: AgentRole | str) -> float:
+        """The AdamW learning rate of one agent's adapter."""
+        return self.role_learning_rates.get(AgentRole(role).value, self.learning_rate)
 
     @property
     def episodes_per_step(self) -> int:
@@ -350,7 +369,7 @@ class GRPOTrainer:
             raise ValueError(f"none of train_roles {[r.value for r in config.train_roles]} has "
                              f"parameters in the policy ({[r.value for r in policy.roles]})")
         self.optimizers = {
-            r: torch.optim.AdamW(policy.trainable_parameters(r), lr=config.learning_rate,
+            r: torch.optim.AdamW(policy.trainable_parameters(r), lr=config.learning_rate_for(r),
                                  weight_decay=config.weight_decay) for r in self.roles}
         self.compile_only = (not torch.cuda.is_available()) if compile_only is None else compile_only
         self.metrics = metrics or MetricsLogger(MetricsConfig(output_dir=self.output_dir),
