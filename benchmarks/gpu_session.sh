@@ -61,6 +61,9 @@
 # RESCORE=0 skips it). RESCORE_LIMIT (240 s) caps it, and DONE waits for it. Sixteenth session:
 # 60 kernels re-timed in 43-68 s; seeds done after ~19-21 min held, rescore included ~22 min.
 # tests-rest after a run fits in the machine's 30 minutes (138 s) if the run started by minute 2.
+# Seventeenth session (2026-11-25 00:45 UTC, Optimizer-only GRPO): seeds took 1360-1375 s
+# (GRPO 620-637 s), the run ~25 min held with the rescore, and this session counted held time
+# at 100%: one learning run was the whole 1800 s. tests-rest after it got 200 s and ran 6 tests.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
