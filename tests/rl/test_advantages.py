@@ -14,6 +14,7 @@ from multiminddev.rl.advantages import (
     group_relative_advantages,
     role_codes,
     turn_level_advantages,
+    weight_by_sign,
 )
 
 
@@ -131,3 +132,17 @@ def test_matches_verl_rloo():
     ref, _ = core_algos.compute_rloo_outcome_advantage(token_rewards, mask, np.array(GROUPS))
     got = group_relative_advantages(scores, torch.tensor(GROUPS), normalize_std=False, leave_one_out=True)
     assert torch.allclose(broadcast_to_tokens(got, mask), ref, atol=1e-5)
+
+
+def test_weight_by_sign_scales_each_sign_like_a_loop():
+    adv = torch.tensor([1.5, -0.5, 0.0, -2.0, 0.25])
+    got = weight_by_sign(adv, positive=0.1, negative=0.7)
+    expected = [a * 0.1 if a > 0 else a * 0.7 for a in adv.tolist()]
+    assert got.tolist() == pytest.approx(expected)
+    assert weight_by_sign(adv).tolist() == adv.tolist()  # default weights: plain GRPO
+
+
+def test_weight_by_sign_keeps_zero_advantages_at_zero_and_rejects_negative_weights():
+    assert weight_by_sign(torch.zeros(3), positive=5.0, negative=5.0).tolist() == [0.0] * 3
+    with pytest.raises(ValueError, match="must be >= 0"):
+        weight_by_sign(torch.ones(2), positive=-0.1)

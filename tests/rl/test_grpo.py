@@ -82,6 +82,21 @@ def test_advantages_are_relative_within_group_role_and_turn():
     assert adv[4] == 0.0  # the lone Optimizer turn has no group to compare with
 
 
+def test_w_reinforce_weights_scale_the_group_relative_advantages():
+    def rewarded(cfg):
+        s = [sample(AgentRole.GENERATOR, [1], [2], 0.0, group=0) for _ in range(4)]
+        for x, r in zip(s, [1.0, 0.0, 0.0, 0.0]):
+            x.reward = r
+        return [x.advantage for x in assign_advantages(s, cfg)]
+
+    plain = rewarded(GRPOConfig(normalize_std=False))
+    assert plain == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    weighted = rewarded(GRPOConfig(normalize_std=False, positive_weight=0.1))
+    assert weighted == pytest.approx([0.075, -0.25, -0.25, -0.25])  # the failures keep full weight
+    with pytest.raises(ValueError, match="positive_weight and negative_weight"):
+        GRPOConfig(positive_weight=-1.0)
+
+
 def test_dapo_filter_drops_zero_variance_groups():
     s = [sample(AgentRole.GENERATOR, [1], [2], 0.0, group=g) for g in (0, 0, 1, 1)]
     for x, r in zip(s, [1.0, 1.0, 0.0, 1.0]):

@@ -98,6 +98,21 @@ def turn_level_advantages(
     )
 
 
+def weight_by_sign(adv: Tensor, *, positive: float = 1.0, negative: float = 1.0) -> Tensor:
+    """Scale positive and negative advantages separately. [N] -> [N]; zeros stay zero.
+
+    ``positive < 1`` is W-REINFORCE (Zhu et al. 2025, "The Surprising Effectiveness of Negative
+    Reinforcement in LLM Reasoning", lambda = 0.1): learning then comes mostly from lowering
+    the failed samples, which keeps the rest of the policy's ranking as it was. Reinforcing
+    the successes at full weight sharpens the policy toward them, and in our runs a 135M model
+    then wrote the rewarded templates for other problems too (docs/BENCHMARKS.md, session 18).
+    Applied after the group-relative step, so a group's advantages no longer sum to zero.
+    """
+    if positive < 0 or negative < 0:
+        raise ValueError(f"advantage weights must be >= 0, got positive={positive}, negative={negative}")
+    return torch.where(adv > 0, adv * positive, adv * negative)
+
+
 def broadcast_to_tokens(adv: Tensor, mask: Tensor) -> Tensor:
     """One advantage per sequence spread over its tokens; 0 where masked. [B], [B, T] -> [B, T]."""
     if adv.dim() != 1 or mask.dim() != 2 or mask.shape[0] != adv.shape[0]:

@@ -83,6 +83,10 @@ class GRPOConfig:
     advantage: AdvantageMode = AdvantageMode.TURN_LEVEL
     normalize_std: bool = True  # False: Dr.GRPO (no std scaling)
     filter_zero_variance: bool = False  # DAPO dynamic sampling: drop groups with equal rewards
+    # W-REINFORCE: weights of positive / negative advantages (rl.advantages.weight_by_sign);
+    # positive_weight=0.1 learns mostly from failed samples
+    positive_weight: float = 1.0
+    negative_weight: float = 1.0
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
     max_new_tokens: int = 512
@@ -131,6 +135,10 @@ class GRPOConfig:
         if self.sft_coef < 0 or self.sft_batch_size < 1:
             raise ValueError(f"GRPOConfig needs sft_coef >= 0 (0: no SFT anchor) and "
                              f"sft_batch_size >= 1, got {self.sft_coef} and {self.sft_batch_size}")
+        if self.positive_weight < 0 or self.negative_weight < 0:
+            raise ValueError(f"GRPOConfig.positive_weight and negative_weight must be >= 0 (1.0: "
+                             f"plain GRPO; positive_weight=0.1: W-REINFORCE), got "
+                             f"{self.positive_weight} and {self.negative_weight}")
         if self.kl_coef < 0 or self.temperature <= 0 or self.eval_every < 0:
             raise ValueError("kl_coef and eval_every must be >= 0 and temperature > 0 "
                              "(GRPO samples; greedy rollouts have no group variance)")
@@ -262,7 +270,7 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
     """Group-relative advantages in place; returns the samples to train on (DAPO filter)."""
     import torch
 
-    from multiminddev.rl.advantages import role_codes, turn_level_advantages
+    from multiminddev.rl.advantages import role_codes, turn_level_advantages, weight_by_sign
 
     if not samples:
         return []
@@ -275,6 +283,7 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
         per_turn=cfg.advantage is not AdvantageMode.GROUP, per_role=True,
         normalize_std=cfg.normalize_std and cfg.advantage is not AdvantageMode.LEAVE_ONE_OUT,
         leave_one_out=cfg.advantage is AdvantageMode.LEAVE_ONE_OUT)
+    adv = weight_by_sign(adv, positive=cfg.positive_weight, negative=cfg.negative_weight)
     for s, a in zip(samples, adv.tolist()):
         s.advantage = float(a)
     if cfg.filter_zero_variance:
