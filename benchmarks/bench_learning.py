@@ -11,6 +11,12 @@ and the per-seed GRPO - SFT gain with its spread. Results go to ``<out>/results.
     python benchmarks/bench_learning.py --seeds 0 1 2 --sft-steps 200 --rl-steps 40
     python benchmarks/bench_learning.py --sft-problems \
         builtin:tier0,tier1:train:allshapes+builtin:breadth   # more SFT data, same GRPO and eval
+    python benchmarks/bench_learning.py --train-eval-problems same   # also on GRPO's own problems
+
+``--train-eval-problems`` adds two evaluations of the same greedy kind on a fixed sample of
+GRPO's training distribution (stages ``train_sft`` and ``train_grpo``, reported in a table of
+their own and never in the targets): whether GRPO improves the problems it trains on tells a
+generalisation limit apart from a policy that does not improve at all.
 
 Without a GPU kernels are only compiled (compile-only rewards); the numbers then say nothing
 about correctness or speed, and the output says so. The issue's targets (SFT: compile >= 80%,
@@ -25,6 +31,7 @@ import dataclasses
 import enum
 import json
 import math
+import random
 import statistics
 import sys
 import time
@@ -32,7 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-STAGES = ("base", "sft", "grpo")
+STAGES = ("base", "sft", "grpo")  # held-out stages: the targets, plots and main table
+# The same agents as "sft" and "grpo", evaluated on a fixed sample of GRPO's training problems
+# (--train-eval-problems); reported apart, since these problems are not held out.
+TRAIN_STAGES = ("train_sft", "train_grpo")
+TRAIN_GAIN_METRICS = ("reward_mean", "correct_rate", "fast_1")
 BASE_DIR = "base"  # where --base-only keeps its partial.json
 METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
 
@@ -98,6 +109,10 @@ class BenchArgs:
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
     optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
+    # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
+    # "train_sft", "train_grpo"); "": no such evaluation. parse_args resolves "same".
+    train_eval_problems: str = ""
+    train_eval_count: int = 12  # how many of them, one fixed sample for every seed
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -229,6 +244,15 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--aggregate-only", action="store_true",
                    help="run nothing; aggregate the seeds already finished in --output-dir "
                         "(e.g. seeds run in separate GPU sessions)")
+    p.add_argument("--train-eval-problems", default="", metavar="SPEC",
+                   help="also evaluate the SFT and the GRPO agents (stages train_sft, train_grpo) "
+                        "on a fixed sample of these problems, e.g. 'same': --train-problems, "
+                        "GRPO's own; reported in a table of their own, not held out. Whether GRPO "
+                        "improves its training problems tells a generalisation limit from no "
+                        "improvement at all. Default: off")
+    p.add_argument("--train-eval-count", type=int, default=None, metavar="N",
+                   help="problems in that sample, drawn once with a fixed RNG so every seed and "
+                        "both stages see the same ones (default 12; 1 with --cpu-smoke)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
     a = p.parse_args(argv)
@@ -243,6 +267,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         a.train_problems, a.heldout_problems = "builtin:tier0:train", "builtin:tier0:heldout"
     if a.sft_problems is None:  # resolved here, so results.json records the spec used
         a.sft_problems = a.train_problems
+    if a.train_eval_problems == "same":  # after --cpu-smoke, which changes --train-problems
+        a.train_eval_problems = a.train_problems
+    if a.train_eval_count is None:
+        a.train_eval_count = 1 if a.cpu_smoke else 12
+    if a.train_eval_count < 1:
+        raise SystemExit(f"--train-eval-count {a.train_eval_count}: the sample needs at least "
+                         "one problem; leave --train-eval-problems out to skip it")
     a.compiled_decoding = a.compiled_decoding == "on"
     a.eval_compiled_decoding = {"same": None, "on": True, "off": False}[a.eval_compiled_decoding]
     grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
@@ -423,9 +454,41 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
         start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction))
 
 
+def train_eval_subset(problems: list[Any], count: int) -> list[Any]:
+    """``count`` distinct problems of ``problems`` (all, if fewer), sorted by name. The sample
+    is drawn with a fixed RNG, not the run's seed, so every seed, every process of a run split
+    over processes, and both train_* stages evaluate the same problems. A weighted spec
+    (``A*2``) lists a problem twice: it is one problem here."""
+    distinct = list({p.name: p for p in problems}.values())
+    chosen = random.Random(0).sample(distinct, min(count, len(distinct)))
+    return sorted(chosen, key=lambda p: p.name)
+
+
+def restore_final_grpo(trainer: Any, output_dir: Path, rl_steps: int) -> bool:
+    """Loads GRPO's final agents from the seed's last checkpoint (GRPOTrainer saves one at the
+    last step), for a seed whose GRPO finished in an earlier run that did not evaluate
+    train_grpo: the trainer holds SFT's agents until then. False, with the reason printed,
+    where no checkpoint of the last step is left; a GRPO run again would be another run."""
+    if not (output_dir / "rl_checkpoints" / "latest").is_dir():
+        print(f"{output_dir.name}: train_grpo skipped: GRPO finished earlier and "
+              f"{output_dir / 'rl_checkpoints' / 'latest'} is gone", flush=True)
+        return False
+    trainer.resume(output_dir)
+    if trainer.step != rl_steps:
+        print(f"{output_dir.name}: train_grpo skipped: the last GRPO checkpoint is of step "
+              f"{trainer.step}, not of the last step {rl_steps}", flush=True)
+        return False
+    print(f"{output_dir.name}: GRPO's final agents loaded from step {trainer.step} for "
+          "train_grpo", flush=True)
+    return True
+
+
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
-             compile_only: bool, sft: list[Any] | None = None) -> dict[str, Any]:
-    """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems)."""
+             compile_only: bool, sft: list[Any] | None = None,
+             train_eval: list[Any] | None = None) -> dict[str, Any]:
+    """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems). ``train_eval``:
+    problems of GRPO's training distribution that the SFT and GRPO agents are also evaluated on
+    (stages train_sft, train_grpo; None or empty: not)."""
     import torch
 
     from multiminddev.agents.roles import AgentRole
@@ -495,19 +558,24 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     if "optimizer_repair" in recipe:  # counted when SFT ran; a resumed seed keeps the count
         recipe["optimizer_repair"] = partial.get("sft_recipe", {}).get("optimizer_repair", {})
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
+    # a rerun without the option keeps the spec of the train_* rows measured before
+    spec = args.train_eval_problems or partial.get("train_eval_problems")
+    train_eval_spec = {"train_eval_problems": spec} if spec else {}
 
     def save_partial() -> None:
         (out / "partial.json").write_text(json.dumps(
             {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
-             "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base},
-            default=str))
+             "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base,
+             **train_eval_spec}, default=str))
 
-    def evaluate(stage: str) -> None:
+    def evaluate(stage: str, problems: list[Any] | None = None) -> None:
+        """``problems``: None for the held-out ones."""
         if stage in rows:
             print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
             return
         t0 = time.perf_counter()
-        rows[stage] = evaluate_stage(trainer, heldout, out / f"episodes_{stage}.jsonl",
+        rows[stage] = evaluate_stage(trainer, heldout if problems is None else problems,
+                                     out / f"episodes_{stage}.jsonl",
                                      args.max_batch_size, args.eval_compiled_decoding,
                                      args.eval_dtype)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
@@ -558,10 +626,14 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         seconds["sft"] = time.perf_counter() - t
         save_partial()  # SFT's time survives a cut during the evaluation that follows
     evaluate("sft")
+    if train_eval:  # SFT's agents are loaded here, resumed or not
+        evaluate("train_sft", train_eval)
     if args.sft_only:  # no seed_result.json: a later full run goes on from here to GRPO
         return {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
-                "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base}
-    if "grpo" not in rows:
+                "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base,
+                **train_eval_spec}
+    grpo_trained_here = "grpo" not in rows
+    if grpo_trained_here:
         if (out / "rl_checkpoints" / "latest").is_dir():
             trainer.resume(out)
             print(f"seed {seed}: GRPO resumed at step {trainer.step}", flush=True)
@@ -577,15 +649,19 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                 evaluate(f"grpo@{mark}")  # kept if the run is cut before its last step
         trainer.finish()
     evaluate("grpo")
+    if train_eval and (grpo_trained_here or "train_grpo" in rows
+                       or restore_final_grpo(trainer, out, args.rl_steps)):
+        evaluate("train_grpo", train_eval)
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
-    metrics = {s: stage_metrics(rows[s], compile_only) for s in STAGES if s in rows}
+    metrics = {s: stage_metrics(rows[s], compile_only)
+               for s in (*STAGES, *TRAIN_STAGES) if s in rows}
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
     evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
     # Seeds may be run in separate sessions and aggregated later: each records its SFT data.
     result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
-              "seconds": seconds, **shared_base,
+              "seconds": seconds, **shared_base, **train_eval_spec,
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -671,6 +747,27 @@ def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, f
     return None
 
 
+def lacks_train_stages(output_dir: Path, seed: int, result: dict[str, Any],
+                       sft_only: bool) -> bool:
+    """Whether a finished seed lacks a train_* stage that --train-eval-problems asks for and can
+    still measure it. It then runs again: its finished stages come from partial.json, SFT's
+    agents from sft_checkpoints/ and GRPO's from its last checkpoint, so only the missing
+    evaluations run. Without SFT's saved agents it is left as it is: SFT would train again, and
+    a new SFT's agents are not the ones the seed's other stages measured."""
+    wanted = ("train_sft",) if sft_only else TRAIN_STAGES
+    missing = [st for st in wanted if st not in result["rows"]]
+    if not missing:
+        return False
+    sft_dir = output_dir / f"seed{seed}" / "sft_checkpoints"
+    if not all((sft_dir / role).is_dir() for role in ("generator", "optimizer")):
+        print(f"seed {seed}: finished earlier without {', '.join(missing)}, and {sft_dir} is "
+              "gone: those stages are not measured", flush=True)
+        return False
+    print(f"seed {seed}: finished earlier without {', '.join(missing)}; running it again for "
+          "those evaluations only", flush=True)
+    return True
+
+
 def finished_seed(output_dir: Path, seed: int) -> dict[str, Any] | None:
     """A seed's saved result (resume: a finished seed is not run again; a missing or torn file
     means the seed runs again)."""
@@ -727,9 +824,11 @@ def rate_within_turns(rows: list[dict[str, Any]], metric: str, turns: int) -> fl
     return sum(0 < r[key] <= turns for r in rows) / max(len(rows), 1)
 
 
-def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str) -> dict[str, Any]:
-    """``stage`` minus SFT per seed; it counts only if its mean exceeds its spread."""
-    gains = [s["metrics"][stage][metric] - s["metrics"]["sft"][metric] for s in per_seed]
+def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str,
+                 baseline: str = "sft") -> dict[str, Any]:
+    """``stage`` minus ``baseline`` (SFT) per seed; it counts only if its mean exceeds its
+    spread."""
+    gains = [s["metrics"][stage][metric] - s["metrics"][baseline][metric] for s in per_seed]
     mean = statistics.fmean(gains)
     spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
     return {"mean": mean, "std": spread, "per_seed": gains, "exceeds_spread": mean > spread}
@@ -741,16 +840,58 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
     out: dict[str, Any] = {}
     for stage in STAGES:
         out.update(stage_summary(per_seed, stage, compile_only))
-    for stage in STAGES:  # episodes whose evaluation failed on our side: they count as failures
-        rows = [r for s in per_seed for r in s["rows"][stage]]
-        if all("infra_error" in r for r in rows):  # older records do not say
-            out[f"{stage}/infra_errors"] = [sum(r["infra_error"] for r in s["rows"][stage])
-                                            for s in per_seed]
-        if rows and all("repeats" in r for r in rows):  # the Optimizer resubmitted a kernel
-            out[f"{stage}/repeat_episodes"] = [sum(r["repeats"] > 0 for r in s["rows"][stage])
-                                               for s in per_seed]
+    for stage in STAGES:
+        out.update(episode_counts(per_seed, stage))
     for metric in ("reward_mean", "fast_1"):
         out[f"gain/{metric}"] = gain_summary(per_seed, "grpo", metric)
+    out.update(train_distribution_summary(per_seed, compile_only))
+    return out
+
+
+def episode_counts(per_seed: list[dict[str, Any]], stage: str) -> dict[str, list[int]]:
+    """Per seed, the stage's episodes whose evaluation failed on our side (counted as failures)
+    and those whose Optimizer resubmitted a kernel, where every row records it (older records
+    do not)."""
+    rows = [r for s in per_seed for r in s["rows"][stage]]
+    out: dict[str, list[int]] = {}
+    if all("infra_error" in r for r in rows):
+        out[f"{stage}/infra_errors"] = [sum(r["infra_error"] for r in s["rows"][stage])
+                                        for s in per_seed]
+    if rows and all("repeats" in r for r in rows):
+        out[f"{stage}/repeat_episodes"] = [sum(r["repeats"] > 0 for r in s["rows"][stage])
+                                           for s in per_seed]
+    return out
+
+
+def train_distribution_summary(per_seed: list[dict[str, Any]],
+                               compile_only: bool) -> dict[str, Any]:
+    """The train_* stages (--train-eval-problems) every seed measured, summarised as
+    ``stage_summary`` does, and ``train_gain/{metric}``: train_grpo minus train_sft per seed, as
+    ``gain_summary``. ``train_eval`` names the problems, their spec, and the seeds that lack a
+    stage (a stage some seeds lack is not aggregated: its mean would be over other seeds). Empty
+    where no seed measured a train_* stage (runs without the option, older records)."""
+    measured = [st for st in TRAIN_STAGES if any(st in s["rows"] for s in per_seed)]
+    if not measured:
+        return {}
+    stages = [st for st in measured if all(st in s["rows"] for s in per_seed)]
+    specs = {s.get("train_eval_problems") or "an unrecorded spec" for s in per_seed
+             if any(st in s["rows"] for st in measured)}
+    out: dict[str, Any] = {"train_eval": {
+        "problems_spec": " | ".join(sorted(specs)),
+        "problems": sorted({r["problem"] for s in per_seed for st in measured
+                            for r in s["rows"].get(st, [])}),
+        "stages": stages,
+        "missing": {st: [s.get("seed") for s in per_seed if st not in s["rows"]]
+                    for st in measured if st not in stages}}}
+    for stage in stages:
+        for s in per_seed:  # older seed results carry rows of these stages but no metrics
+            s.setdefault("metrics", {})[stage] = stage_metrics(s["rows"][stage], compile_only)
+        out.update(stage_summary(per_seed, stage, compile_only))
+        out.update(episode_counts(per_seed, stage))
+    if set(TRAIN_STAGES) <= set(stages):
+        for metric in TRAIN_GAIN_METRICS:
+            out[f"train_gain/{metric}"] = gain_summary(per_seed, "train_grpo", metric,
+                                                       baseline="train_sft")
     return out
 
 
@@ -778,6 +919,7 @@ def aggregate_partial(per_seed: list[dict[str, Any]], compile_only: bool,
         if stage.startswith("grpo") and "sft" in stages:
             for metric in ("reward_mean", "fast_1", "correct_rate"):
                 out[f"gain/{stage}/{metric}"] = gain_summary(per_seed, stage, metric)
+    out.update(train_distribution_summary(per_seed, compile_only))
     return out
 
 
@@ -816,36 +958,81 @@ def plot_learning(summary: dict[str, Any], path: Path, note: str) -> None:
     plt.close(fig)
 
 
-def within_two_turns_lines(summary: dict[str, Any]) -> list[str]:
-    """The rates two turns reached, where the held-out episodes ran longer."""
+def within_two_turns_lines(summary: dict[str, Any],
+                           stages: tuple[str, ...] | None = None) -> list[str]:
+    """The rates two turns reached, where the episodes ran longer; of ``stages`` (None: the
+    held-out ones, every stage but the train_* ones, which have a section of their own)."""
+    def shown(stage: str) -> bool:
+        return stage not in TRAIN_STAGES if stages is None else stage in stages
+
     return [f"- {key.replace('/', ' ')}: {e['mean']:.3f} ± {e['std']:.3f}; per seed "
             f"{[round(x, 3) for x in e['per_seed']]}"
-            for key, e in summary.items() if key.endswith("_within_2_turns")]
+            for key, e in summary.items()
+            if key.endswith("_within_2_turns") and shown(key.split("/")[0])]
+
+
+def summary_cell(entry: dict[str, Any]) -> str:
+    """One stage-metric of a summary as results.md's tables show it."""
+    return (f"{entry['mean']:.3f} ± {entry['std']:.3f} "
+            f"[{entry['ci95'][0]:.3f}, {entry['ci95'][1]:.3f}]")
+
+
+def episode_count_lines(summary: dict[str, Any], stages: tuple[str, ...] | list[str]) -> list[str]:
+    """The per-seed infrastructure-error and resubmission counts of ``stages``."""
+    lines = ["- Episodes with an infrastructure error (counted as failures above), per seed: "
+             + "; ".join(f"{stage} {summary.get(f'{stage}/infra_errors', 'not recorded')}"
+                         for stage in stages)]
+    if any(f"{stage}/repeat_episodes" in summary for stage in stages):
+        lines.append("- Episodes whose Optimizer resubmitted an earlier kernel unchanged, per seed: "
+                     + "; ".join(f"{stage} {summary.get(f'{stage}/repeat_episodes', 'not recorded')}"
+                                 for stage in stages))
+    return lines
+
+
+def train_distribution_lines(summary: dict[str, Any]) -> list[str]:
+    """The section on the train_* stages (--train-eval-problems) of results.md and
+    results_partial.md; none where no seed measured them."""
+    info = summary.get("train_eval")
+    if info is None:
+        return []
+    title = (f"## GRPO's training distribution ({len(info['problems'])} problems from "
+             f"{info['problems_spec']}), not held out")
+    lines = ["", title, ""]
+    if info["stages"]:
+        lines += ["| stage | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
+        lines += [f"| {stage} | " + " | ".join(summary_cell(summary[f"{stage}/{m}"])
+                                              for m in METRICS) + " |"
+                  for stage in info["stages"]]
+        lines += ["", ("The same seeds' SFT and GRPO agents, evaluated as on the held-out "
+                       "problems; mean ± std over seeds [bootstrap 95% CI over pooled episodes]"),
+                  ""]
+    for m in TRAIN_GAIN_METRICS:
+        if (g := summary.get(f"train_gain/{m}")) is not None:
+            lines.append(f"- train_grpo - train_sft {m}: {g['mean']:+.3f} (std over seeds "
+                         f"{g['std']:.3f}); per seed {[round(x, 3) for x in g['per_seed']]}")
+    lines += within_two_turns_lines(summary, TRAIN_STAGES)
+    if info["stages"]:
+        lines += episode_count_lines(summary, info["stages"])
+    lines += [f"- {stage}: not measured by seeds {seeds}, so not aggregated"
+              for stage, seeds in info["missing"].items()]
+    return lines
 
 
 def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path, note: str) -> None:
     lines = [f"Measured on: {note}", "", "| stage | " + " | ".join(METRICS) + " |",
              "|---|" + "---|" * len(METRICS)]
     for stage in STAGES:
-        cells = []
-        for m in METRICS:
-            e = summary[f"{stage}/{m}"]
-            cells.append(f"{e['mean']:.3f} ± {e['std']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]")
-        lines.append(f"| {stage} | " + " | ".join(cells) + " |")
+        lines.append(f"| {stage} | " + " | ".join(summary_cell(summary[f"{stage}/{m}"])
+                                                  for m in METRICS) + " |")
     lines += ["", "mean ± std over seeds [bootstrap 95% CI over pooled episodes]", ""]
     for m in ("reward_mean", "fast_1"):
         g = summary[f"gain/{m}"]
         lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} (std over seeds {g['std']:.3f}); "
                      f"per seed {[round(x, 3) for x in g['per_seed']]}")
     lines += within_two_turns_lines(summary)
-    lines.append("- Episodes with an infrastructure error (counted as failures above), per seed: "
-                 + "; ".join(f"{stage} {summary.get(f'{stage}/infra_errors', 'not recorded')}"
-                             for stage in STAGES))
-    if any(f"{stage}/repeat_episodes" in summary for stage in STAGES):
-        lines.append("- Episodes whose Optimizer resubmitted an earlier kernel unchanged, per seed: "
-                     + "; ".join(f"{stage} {summary.get(f'{stage}/repeat_episodes', 'not recorded')}"
-                                 for stage in STAGES))
+    lines += episode_count_lines(summary, STAGES)
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
+    lines += train_distribution_lines(summary)  # after the targets: they are held-out only
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -857,12 +1044,14 @@ def turn_status(turn: dict[str, Any]) -> str:
 
 
 def outcome_table(output_dir: Path, seeds: list[int]) -> str:
-    """Per held-out problem, the status of each turn (generator>optimizer...) per stage and
-    seed, from the seeds' episodes_<stage>.jsonl: which problems a stage won or lost."""
-    def stage_key(stage: str) -> tuple[int, int]:
+    """Per problem, the status of each turn (generator>optimizer...) per stage and seed, from
+    the seeds' episodes_<stage>.jsonl: which problems a stage won or lost. Held-out problems,
+    and GRPO's training problems in the train_* stages' columns (after the held-out ones)."""
+    def stage_key(stage: str) -> tuple[int, int, str]:
         if stage.startswith("grpo@"):
-            return (2, int(stage.removeprefix("grpo@")))
-        return ({"base": 0, "sft": 1}.get(stage, 3), 0)
+            return (2, int(stage.removeprefix("grpo@")), "")
+        order = {"base": 0, "sft": 1, "grpo": 3, **{st: 4 + i for i, st in enumerate(TRAIN_STAGES)}}
+        return (order.get(stage, 4 + len(TRAIN_STAGES)), 0, stage)
 
     found = {p.stem.removeprefix("episodes_") for s in seeds
              for p in (output_dir / f"seed{s}").glob("episodes_*.jsonl")}
@@ -876,8 +1065,9 @@ def outcome_table(output_dir: Path, seeds: list[int]) -> str:
             episode = json.loads(line)
             cells.setdefault(episode["problem"]["name"], {})[(stage, s)] = ">".join(
                 turn_status(t) for t in episode["turns"])
-    lines = [("# held-out problem, then per stage and seed the status of each turn "
-              "(generator>optimizer...), from episodes_<stage>.jsonl"),
+    lines = [("# problem (held-out; in train_* columns one of GRPO's training problems), then "
+              "per stage and seed the status of each turn (generator>optimizer...), from "
+              "episodes_<stage>.jsonl"),
              "\t".join(["problem", *(f"{stage}/s{s}" for stage, s in columns)])]
     for problem, row in cells.items():
         lines.append("\t".join([problem, *(row.get(c, "-") for c in columns)]))
@@ -898,7 +1088,8 @@ def write_partial_results(args: BenchArgs) -> int:
                   file=sys.stderr)
             return 2
         per_seed.append({"seed": seed, "rows": partial.get("rows", {}),
-                         "sft_problems": partial.get("sft_problems")})
+                         "sft_problems": partial.get("sft_problems"),
+                         "train_eval_problems": partial.get("train_eval_problems")})
     note_path = args.output_dir / "note.txt"
     note = note_path.read_text().strip() if note_path.is_file() else ""
     specs = sorted({s["sft_problems"] for s in per_seed if s["sft_problems"]})
@@ -920,6 +1111,7 @@ def write_partial_results(args: BenchArgs) -> int:
         if key.startswith("gain/"):
             lines.append(f"- {key.removeprefix('gain/')} minus SFT: {g['mean']:+.3f} (std "
                          f"{g['std']:.3f}); per seed {[round(x, 3) for x in g['per_seed']]}")
+    lines += train_distribution_lines(summary)
     (args.output_dir / "results_partial.md").write_text("\n".join(lines) + "\n")
     write_outcomes(args.output_dir, args.seeds)
     print("\n".join(lines))
@@ -965,6 +1157,16 @@ def main(argv: list[str] | None = None) -> int:
         heldout = load_problems(args.heldout_problems)[: args.eval_problems]
         print(f"problems: {len(sft)} for SFT ({args.sft_problems}), {len(train)} for GRPO "
               f"({args.train_problems}), {len(heldout)} held-out", flush=True)
+        train_eval = []
+        if args.train_eval_problems:
+            train_eval = train_eval_subset(
+                train if args.train_eval_problems == args.train_problems
+                else load_problems(args.train_eval_problems), args.train_eval_count)
+            print(f"problems: {len(train_eval)} of {args.train_eval_problems} chosen for the "
+                  "train_sft and train_grpo evaluations (GRPO's training distribution): "
+                  + ", ".join(p.name for p in train_eval), flush=True)
+            done = {s: r for s, r in done.items()
+                    if not lacks_train_stages(args.output_dir, s, r, args.sft_only)}
         start = time.perf_counter()
         with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
             per_seed = []
@@ -974,7 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_seed.append(done[s])
                 else:
                     per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only,
-                                             sft=sft))
+                                             sft=sft, train_eval=train_eval))
                 if args.base_only:
                     return 0
         if args.sft_only:

@@ -42,11 +42,15 @@ Key = tuple[str, str]  # (problem name, kernel source)
 
 
 def stage_files(output_dir: Path, seeds: Iterable[int]) -> dict[tuple[int, str], Path]:
-    """(seed, stage) -> that seed's episodes_<stage>.jsonl, for every held-out stage found."""
+    """(seed, stage) -> that seed's episodes_<stage>.jsonl, for every held-out stage found.
+    The train_* stages (bench_learning's --train-eval-problems) are training problems: not
+    re-measured here."""
     found = {}
     for seed in seeds:
         for path in sorted((output_dir / f"seed{seed}").glob("episodes_*.jsonl")):
-            found[(seed, path.stem.removeprefix("episodes_"))] = path
+            stage = path.stem.removeprefix("episodes_")
+            if not stage.startswith("train_"):
+                found[(seed, stage)] = path
     return found
 
 

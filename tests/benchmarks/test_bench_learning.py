@@ -409,3 +409,190 @@ def test_grpo_options_set_credit_fields(bench):
         bench.grpo_overrides(["credit.no_such=1"])
     with pytest.raises(SystemExit, match="immediate_weight"):
         bench.grpo_overrides(["credit.immediate_weight=2"])  # CreditConfig checks the range
+
+
+# ------------------------------------------------ GRPO's training distribution (train_* stages)
+
+def _real_row(bench, problem, status, speedup=0.0, reward=0.0):
+    """A row as ``episode_row`` makes it, from a one-turn episode of ``status``."""
+    from types import SimpleNamespace
+
+    from tests.benchmarks.helpers import eval_result
+
+    turn = SimpleNamespace(eval_result=eval_result(status, speedup, problem), repeat_of=None)
+    episode = SimpleNamespace(problem=SimpleNamespace(name=problem, tier=0), turns=[turn])
+    return bench.episode_row(episode, reward)
+
+
+def _train_eval_seed(bench, seed, train_sft, train_grpo, spec="builtin:tier0,tier1:train"):
+    """A seed result with held-out stages and, unless None, the train_* stages; each of those a
+    list of (status, speedup, reward) on problems t0, t1, ..."""
+    from multiminddev.env.results import EvalStatus
+
+    held_out = [_real_row(bench, "h0", EvalStatus.OK, 1.5, 0.6),
+                _real_row(bench, "h1", EvalStatus.COMPILE_ERROR, 0.0, -0.1)]
+    rows = {stage: held_out for stage in bench.STAGES}
+    for stage, outcomes in (("train_sft", train_sft), ("train_grpo", train_grpo)):
+        if outcomes is not None:
+            rows[stage] = [_real_row(bench, f"t{i}", *o) for i, o in enumerate(outcomes)]
+    return {"seed": seed, "rows": rows, "train_eval_problems": spec,
+            "metrics": {st: bench.stage_metrics(r, False) for st, r in rows.items()
+                        if st in bench.STAGES}}  # older results: no train_* metrics
+
+
+def test_train_eval_problems_are_off_by_default_and_same_means_grpos(bench):
+    args = bench.parse_args([])
+    assert (args.train_eval_problems, args.train_eval_count) == ("", 12)
+    assert bench.parse_args(["--train-eval-problems", "same"]).train_eval_problems == (
+        "builtin:tier0,tier1:train")
+    args = bench.parse_args(["--train-problems", "builtin:tier1:train",
+                             "--train-eval-problems", "same", "--train-eval-count", "5"])
+    assert (args.train_eval_problems, args.train_eval_count) == ("builtin:tier1:train", 5)
+    spec = "builtin:tier0,tier1:train:allshapes"
+    assert bench.parse_args(["--train-eval-problems", spec]).train_eval_problems == spec
+    smoke = bench.parse_args(["--cpu-smoke", "--train-eval-problems", "same"])
+    assert (smoke.train_eval_problems, smoke.train_eval_count) == ("builtin:tier0:train", 1)
+    assert bench.parse_args(["--cpu-smoke", "--train-eval-count", "2"]).train_eval_count == 2
+    with pytest.raises(SystemExit, match="at least one problem"):
+        bench.parse_args(["--train-eval-problems", "same", "--train-eval-count", "0"])
+
+
+def test_the_train_eval_sample_is_the_same_whatever_the_seed(bench):
+    import random
+
+    from multiminddev.tasks.loaders import load_problems
+
+    train = load_problems("builtin:tier0,tier1:train")
+    random.seed(0)
+    first = [p.name for p in bench.train_eval_subset(train, 12)]
+    random.seed(1)  # another seed's process: the global RNG does not choose the sample
+    assert [p.name for p in bench.train_eval_subset(train, 12)] == first
+    assert first == sorted(set(first)) and len(first) == 12
+    assert set(first) <= {p.name for p in train}
+    assert {p.tier for p in bench.train_eval_subset(train, 12)} == {0, 1}  # not the first 12
+    # a weighted spec lists each problem twice; the sample holds it once
+    tier0 = load_problems("builtin:tier0:train")
+    everything = bench.train_eval_subset(load_problems("builtin:tier0:train*2"), 1000)
+    assert [p.name for p in everything] == sorted(p.name for p in tier0)
+
+
+def test_aggregate_reports_the_training_distribution_apart_from_held_out(bench, tmp_path):
+    from multiminddev.env.results import EvalStatus
+
+    ok, wrong = EvalStatus.OK, EvalStatus.INCORRECT
+    # seed 0: GRPO makes t1 correct (+0.5 reward); seed 1: GRPO makes t1 correct and fast
+    seeds = [_train_eval_seed(bench, 0, [(ok, 2.0, 0.8), (wrong, 0.0, 0.0)],
+                              [(ok, 2.0, 0.8), (ok, 0.5, 0.5)]),
+             _train_eval_seed(bench, 1, [(ok, 2.0, 0.8), (wrong, 0.0, 0.0)],
+                              [(ok, 2.0, 0.8), (ok, 1.5, 0.7)])]
+    plain = bench.aggregate([_train_eval_seed(bench, s, None, None) for s in (0, 1)], False)
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["train_eval"] == {"problems_spec": "builtin:tier0,tier1:train",
+                                     "problems": ["t0", "t1"],
+                                     "stages": ["train_sft", "train_grpo"], "missing": {}}
+    assert summary["train_sft/correct_rate"]["per_seed"] == [0.5, 0.5]
+    assert summary["train_grpo/fast_1"]["per_seed"] == [0.5, 1.0]
+    assert summary["train_gain/correct_rate"]["per_seed"] == [0.5, 0.5]
+    assert summary["train_gain/reward_mean"]["per_seed"] == pytest.approx([0.25, 0.35])
+    assert summary["train_gain/fast_1"]["per_seed"] == [0.0, 0.5]
+    assert summary["train_grpo/infra_errors"] == [0, 0]
+    # the held-out summary and the targets do not move
+    assert {k: v for k, v in summary.items() if not k.startswith("train")} == plain
+    assert bench.targets(summary) == bench.targets(plain)
+
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    text = (tmp_path / "results.md").read_text()
+    held_out, _, train_part = text.partition(
+        "## GRPO's training distribution (2 problems from builtin:tier0,tier1:train), "
+        "not held out")
+    assert train_part and "Targets:" in held_out  # the targets stay with the held-out table
+    assert "train_" not in held_out
+    # compile_rate, then correct_rate: t1 compiled but was wrong until GRPO
+    assert "| train_sft | 1.000 ± 0.000 [1.000, 1.000] | 0.500 ± 0.000" in train_part
+    assert "| train_grpo | 1.000 ± 0.000 [1.000, 1.000] | 1.000 ± 0.000" in train_part
+    assert "- train_grpo - train_sft correct_rate: +0.500 (std over seeds 0.000)" in train_part
+    assert "- train_grpo - train_sft fast_1: +0.250" in train_part
+
+
+def test_without_train_stages_the_report_has_no_such_section(bench, tmp_path):
+    seeds = [_train_eval_seed(bench, s, None, None) for s in (0, 1)]
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert not any(k.startswith("train") for k in summary)
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    assert "training distribution" not in (tmp_path / "results.md").read_text()
+
+
+def test_a_train_stage_that_some_seeds_lack_is_not_aggregated(bench):
+    from multiminddev.env.results import EvalStatus
+
+    seeds = [_train_eval_seed(bench, 0, [(EvalStatus.OK, 2.0, 0.8)], [(EvalStatus.OK, 2.0, 0.8)]),
+             _train_eval_seed(bench, 1, [(EvalStatus.OK, 2.0, 0.8)], None)]  # cut before it
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["train_eval"]["stages"] == ["train_sft"]
+    assert summary["train_eval"]["missing"] == {"train_grpo": [1]}
+    assert "train_grpo/reward_mean" not in summary and "train_gain/reward_mean" not in summary
+    lines = bench.train_distribution_lines(summary)
+    assert "- train_grpo: not measured by seeds [1], so not aggregated" in lines
+    assert not any(line.startswith("| train_grpo") for line in lines)
+
+
+def test_a_cut_or_sft_only_run_reports_the_train_stages_it_reached(bench, tmp_path):
+    from multiminddev.env.results import EvalStatus
+
+    for seed in (0, 1):
+        rows = {"sft": [_real_row(bench, "h0", EvalStatus.OK, 1.5, 0.6)],
+                "train_sft": [_real_row(bench, "t0", EvalStatus.INCORRECT, 0.0, 0.1 * seed)]}
+        (tmp_path / f"seed{seed}").mkdir()
+        (tmp_path / f"seed{seed}" / "partial.json").write_text(json.dumps(
+            {"seed": seed, "rows": rows, "train_eval_problems": "builtin:tier0:train"}))
+    assert bench.main(["--output-dir", str(tmp_path), "--seeds", "0", "1",
+                       "--aggregate-partial"]) == 0
+    summary = json.loads((tmp_path / "results_partial.json").read_text())["summary"]
+    assert summary["stages"] == ["sft"]  # the train_* stages are not held-out stages
+    assert summary["train_sft/reward_mean"]["per_seed"] == pytest.approx([0.0, 0.1])
+    text = (tmp_path / "results_partial.md").read_text()
+    assert "## GRPO's training distribution (1 problems from builtin:tier0:train)" in text
+    assert "| train_sft |" in text and "train_grpo - train_sft" not in text
+
+
+def test_outcome_table_puts_the_train_stages_after_the_held_out_ones(bench, tmp_path):
+    d = tmp_path / "seed0"
+    d.mkdir()
+    (d / "episodes_sft.jsonl").write_text(_episode("relu_4096", "ok") + "\n")
+    (d / "episodes_grpo.jsonl").write_text(_episode("relu_4096", "incorrect") + "\n")
+    (d / "episodes_train_grpo.jsonl").write_text(_episode("abs_1024", "ok") + "\n")
+    (d / "episodes_train_sft.jsonl").write_text(_episode("abs_1024", "compile_error") + "\n")
+    lines = bench.outcome_table(tmp_path, [0]).splitlines()
+    assert lines[1].split("\t") == ["problem", "sft/s0", "grpo/s0", "train_sft/s0",
+                                    "train_grpo/s0"]
+    assert lines[2].split("\t") == ["relu_4096", "ok", "incorrect", "-", "-"]
+    assert lines[3].split("\t") == ["abs_1024", "-", "-", "compile_error", "ok"]
+
+
+def test_a_finished_seed_runs_again_only_for_missing_train_stages_it_can_measure(bench, tmp_path):
+    finished = {"rows": {"base": [], "sft": [], "grpo": []}}
+    assert not bench.lacks_train_stages(tmp_path, 0, finished, sft_only=False)  # no SFT agents
+    for role in ("generator", "optimizer"):
+        (tmp_path / "seed0" / "sft_checkpoints" / role).mkdir(parents=True)
+    assert bench.lacks_train_stages(tmp_path, 0, finished, sft_only=False)
+    with_sft = {"rows": {**finished["rows"], "train_sft": []}}
+    assert bench.lacks_train_stages(tmp_path, 0, with_sft, sft_only=False)
+    assert not bench.lacks_train_stages(tmp_path, 0, with_sft, sft_only=True)
+    both = {"rows": {**with_sft["rows"], "train_grpo": []}}
+    assert not bench.lacks_train_stages(tmp_path, 0, both, sft_only=False)
+
+
+def test_train_grpo_of_an_earlier_grpo_needs_its_last_step_checkpoint(bench, tmp_path):
+    class Trainer:  # GRPOTrainer.resume's effect: the checkpoint's step
+        def __init__(self, checkpoint_step):
+            self.step, self.checkpoint_step, self.resumed = 0, checkpoint_step, []
+
+        def resume(self, path):
+            self.resumed.append(path)
+            self.step = self.checkpoint_step
+
+    trainer = Trainer(4)
+    assert not bench.restore_final_grpo(trainer, tmp_path, 4) and trainer.resumed == []
+    (tmp_path / "rl_checkpoints" / "latest").mkdir(parents=True)
+    assert bench.restore_final_grpo(trainer, tmp_path, 4) and trainer.resumed == [tmp_path]
+    assert not bench.restore_final_grpo(Trainer(2), tmp_path, 4)  # a checkpoint before the end

@@ -129,3 +129,10 @@ def test_slim_copy_scores_like_the_full_files(rescore, tmp_path):
     assert small.stat().st_size < full.stat().st_size - 2000  # 800 token ids, 900 chars
     assert "prompt_ids" not in json.loads(small.read_text())["turns"][0]
     assert rescore.rescore(slim, [0], {})["per_seed"] == rescore.rescore(run, [0], {})["per_seed"]
+
+
+def test_training_problem_stages_are_not_rescored(rescore, tmp_path):
+    for stage in ("sft", "grpo", "train_sft", "train_grpo", "grpo@4"):
+        (tmp_path / "seed0").mkdir(exist_ok=True)
+        (tmp_path / "seed0" / f"episodes_{stage}.jsonl").write_text("")
+    assert sorted(stage for _, stage in rescore.stage_files(tmp_path, [0])) == ["grpo", "grpo@4", "sft"]
