@@ -83,7 +83,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" tests-rest-split "*|*" diag-exit "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_* .stage/b/part_* > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -149,6 +149,22 @@ for part in "$@"; do
   tests-rest)  timeout ${REST_LIMIT:-420} python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;
+  tests-rest-split) # tests-rest's exit segfault (sessions 13-18): each file in its own process,
+               # with faulthandler's stacks on a crash and every exit code logged
+               for f in tests/policy/test_generation.py tests/rl/test_grpo.py tests/train/test_metrics.py \
+                        tests/report/test_html.py tests/agents/test_tester.py tests/tasks/test_loaders.py; do
+                 PYTHONFAULTHANDLER=1 timeout 200 python3 -X faulthandler -m pytest -m gpu -q -rf \
+                   -p no:cacheprovider "$f" >> "$RES/$part.log" 2>&1
+                 echo "== $f rc=$?" >> "$RES/$part.log"
+               done ;;
+  diag-exit)  # session 18: the segfault is in test_generation.py's process, at exit, in
+               # inductor's shutdown_compile_workers: does release_compiled_decoding's exit hook
+               # (auto) avoid it, and which half of it matters
+               for c in bare auto workers reset; do
+                 PYTHONFAULTHANDLER=1 timeout 150 python3 -X faulthandler benchmarks/diag/exit_segfault.py \
+                   --cleanup $c >> "$RES/$part.log" 2>&1
+                 echo "== cleanup $c rc=$?" >> "$RES/$part.log"
+               done ;;
   tests-qlora) # QLoRA over a tiny saved Llama; bitsandbytes is not on the GPU image, so its wheel
                # travels (43 MB, too big to go with a model half): carry .stage/bnb, made by
                # pip download --no-deps --only-binary=:all: --python-version 3.12 --platform

@@ -1,4 +1,5 @@
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -319,3 +320,25 @@ def test_generation_stops_at_the_chat_templates_end_of_turn_even_when_eos_names_
     out = backend.generate_sync(_prompts(policy)[:1], SamplingParams(max_new_tokens=8, seed=0), G)[0]
     assert out.token_ids == [im_end] and out.finish_reason is FinishReason.EOS
     assert out.text == "" and len(out.logprobs) == 1
+
+
+def test_release_compiled_decoding_resets_graphs_in_the_decoding_thread_and_ends_it(monkeypatch):
+    # CUDA graph trees are per thread, so the reset must run in the decoding thread itself
+    from multiminddev.policy import release_compiled_decoding
+    from multiminddev.policy.generation import DECODE_THREAD_NAME, _decode_executor
+
+    release_compiled_decoding()  # whatever an earlier test left
+    assert release_compiled_decoding() is False  # nothing to free
+    reset_threads = []
+    monkeypatch.setattr(torch._dynamo, "reset",
+                        lambda: reset_threads.append(threading.current_thread().name))
+    executor = _decode_executor()
+    worker = executor.submit(threading.current_thread).result()
+    assert release_compiled_decoding() is True
+    assert len(reset_threads) == 1 and reset_threads[0].startswith(DECODE_THREAD_NAME)
+    assert not worker.is_alive()
+    with pytest.raises(RuntimeError):  # shut down: no more work goes to it
+        executor.submit(int)
+    fresh = _decode_executor()  # a later compiled generate gets a new thread
+    assert fresh is not executor and fresh.submit(int, "7").result() == 7
+    assert release_compiled_decoding() is True

@@ -11,6 +11,7 @@ from multiminddev.policy.generation import (
     HFGenerationBackend,
     LogprobSource,
     SamplingParams,
+    release_compiled_decoding,
 )
 from multiminddev.policy.logprobs import position_ids_from_mask, token_logprobs
 from multiminddev.policy.model import (
@@ -45,6 +46,7 @@ __all__ = [
     "load_policy",
     "load_tokenizer",
     "position_ids_from_mask",
+    "release_compiled_decoding",
     "render_chat",
     "token_logprobs",
 ]

@@ -23,6 +23,7 @@ padding is masked, positions follow the mask, so outputs do not change).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import enum
 import functools
 import logging
@@ -59,7 +60,42 @@ def _decode_executor() -> ThreadPoolExecutor:
     graph trees keep their state per thread (graphs, memory pools), while episodes call
     generate from whichever event-loop worker thread is free; one thread keeps a process's
     graphs in one place. (Whether threads caused the learning run's failure is not known.)"""
+    # Released before the interpreter joins its threads: threading's exit hooks run before
+    # concurrent.futures joins this worker (registered earlier), and before atexit, where
+    # inductor shuts its compile workers down.
+    getattr(threading, "_register_atexit", atexit.register)(release_compiled_decoding)
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=DECODE_THREAD_NAME)
+
+
+def release_compiled_decoding() -> bool:
+    """Free what compiled decoding holds: the decoding thread's CUDA graph trees and compiled
+    code (``torch._dynamo.reset`` in that thread, since graph trees are per thread), the thread
+    itself, and inductor's compile-worker processes. Returns whether there was anything to free.
+
+    Called at exit, and by whoever is done decoding. Processes that had decoded with compiled
+    decoding ended with a segmentation fault after their work, inside inductor's own at-exit
+    ``shutdown_compile_workers`` (tests-rest, sessions 13-18; docs/BENCHMARKS.md): releasing
+    these while the process is whole is meant to avoid it (not yet confirmed on a GPU).
+    A later compiled generate starts a new thread and compiles again."""
+    import sys
+
+    if _decode_executor.cache_info().currsize == 0:
+        return False
+    executor = _decode_executor()
+    _decode_executor.cache_clear()
+    try:
+        import torch
+
+        executor.submit(torch._dynamo.reset).result()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except RuntimeError as exc:  # the interpreter is already shutting its threads down
+        log.warning("compiled decoding: could not reset its thread's graphs (%s)", exc)
+    executor.shutdown(wait=True)
+    if "torch._inductor.async_compile" in sys.modules:
+        sys.modules["torch._inductor.async_compile"].shutdown_compile_workers()
+    log.debug("compiled decoding released: graphs reset, thread ended, compile workers shut down")
+    return True
 
 
 def decode_buckets(batch: int, width: int) -> tuple[int, int]:
