@@ -64,6 +64,8 @@
 # Seventeenth session (2026-11-25 00:45 UTC, Optimizer-only GRPO): seeds took 1360-1375 s
 # (GRPO 620-637 s), the run ~25 min held with the rescore, and this session counted held time
 # at 100%: one learning run was the whole 1800 s. tests-rest after it got 200 s and ran 6 tests.
+# Eighteenth session (2026-11-25 01:41 UTC, both agents): seeds done 22 min after the start
+# (GRPO 541-585 s); tests-rest 179 s and tests-env 169 s still fit on the same machine.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
