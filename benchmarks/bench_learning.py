@@ -108,6 +108,7 @@ class BenchArgs:
     lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
     optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
+    sft_strip_comments: bool = False  # the Optimizer's SFT replies without whole-line comments
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
     # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
     # "train_sft", "train_grpo"); "": no such evaluation. parse_args resolves "same".
@@ -138,6 +139,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "instead of LoRA adapters; GRPO then trains those copies")
     from multiminddev.tasks.repair_data import KINDS as REPAIR_KINDS
 
+    p.add_argument("--sft-strip-comments", action="store_true",
+                   help="train the Optimizer on fast solutions without their whole-line comments "
+                        "(tasks.sft_data.strip_comment_lines): its held-out rewrites went astray "
+                        "in comment prose (docs/BENCHMARKS.md, eighteenth session)")
     p.add_argument("--optimizer-repair", nargs="*", default=None, metavar="KIND",
                    choices=REPAIR_KINDS,
                    help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
@@ -538,7 +543,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         anchor_problems = (load_problems(args.sft_anchor_problems) if args.sft_anchor_problems
                            else train if sft is None else sft)
         anchor = sft_anchor_examples(policy.tokenizer, cfg.train_roles, anchor_problems, seed,
-                                     args.generator_variants)
+                                     args.generator_variants, args.sft_strip_comments)
     else:
         anchor = None
     trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
@@ -609,7 +614,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                     args.generator_variants,
                                     repair_evaluator=(evaluator if args.optimizer_repair
                                                       is not None else None),
-                                    repair_kinds=args.optimizer_repair, repair_counts=recipe),
+                                    repair_kinds=args.optimizer_repair, repair_counts=recipe,
+                                    strip_comments=args.sft_strip_comments),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      learning_rate=args.sft_learning_rate,
@@ -673,6 +679,7 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
     return {"steps": args.sft_steps, "batch_size": args.sft_batch_size,
             "learning_rate": args.sft_learning_rate,
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
+            **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
             **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all"}
                if args.optimizer_repair is not None else {})}
 
@@ -685,19 +692,21 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
 
 
 def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
-                        generator_variants: list[str]) -> dict[Any, list[dict[str, list[int]]]]:
+                        generator_variants: list[str], strip_comments: bool = False
+                        ) -> dict[Any, list[dict[str, list[int]]]]:
     """Per role, the SFT data tokenized as SFT tokenizes it: GRPO's SFT anchor."""
     from multiminddev.train.sft import SFTConfig, tokenize_chat
 
     max_len = SFTConfig.max_seq_length
     return {role: [tokenize_chat(tokenizer, m, max_len)
-                   for m in sft_data(role, problems, seed, generator_variants)["messages"]]
+                   for m in sft_data(role, problems, seed, generator_variants,
+                                     strip_comments=strip_comments)["messages"]]
             for role in roles}
 
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
              repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
-             repair_counts: dict[str, Any] | None = None) -> Any:
+             repair_counts: dict[str, Any] | None = None, strip_comments: bool = False) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
     Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
@@ -710,7 +719,8 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
     from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
 
     kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
-                              if role is AgentRole.GENERATOR else {})
+                              if role is AgentRole.GENERATOR
+                              else {"strip_comments": True} if strip_comments else {})
     if role is AgentRole.OPTIMIZER and repair_evaluator is not None:
         extra = repair_data.optimizer_repair_examples(train, repair_evaluator.evaluate,
                                                       kinds=repair_kinds or repair_data.KINDS)

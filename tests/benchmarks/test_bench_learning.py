@@ -171,6 +171,25 @@ def test_sft_data_of_the_sft_spec_holds_breadth_and_fp16_problems(bench):
         assert {"neg_4096x4096", "relu_4095x8191_fp16"} <= set(data["problem"])
 
 
+def test_sft_strip_comments_strips_the_optimizers_replies_only(bench):
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.loaders import load_problems
+
+    args = bench.parse_args(["--sft-strip-comments"])
+    assert args.sft_strip_comments and bench.sft_recipe(args)["optimizer_strip_comments"]
+    assert "optimizer_strip_comments" not in bench.sft_recipe(bench.parse_args([]))
+    problems = [p for p in load_problems("builtin:tier1:train") if p.family == "cumsum"][:1]
+
+    def replies(role, strip):
+        data = bench.sft_data(role, problems, 0, ["naive"], strip_comments=strip)
+        return [m[-1]["content"] for m in data["messages"]]
+
+    (plain,), (stripped,) = (replies(AgentRole.OPTIMIZER, s) for s in (False, True))
+    assert "// One warp per row" in plain and "// One warp per row" not in stripped
+    assert "__shfl_up_sync" in stripped  # the kernel itself stays
+    assert replies(AgentRole.GENERATOR, True) == replies(AgentRole.GENERATOR, False)
+
+
 def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(bench):
     from multiminddev.agents.roles import AgentRole
     from multiminddev.env import EvalConfig, Evaluator

@@ -44,8 +44,10 @@ def kernel_launches(source: str) -> list[tuple[str, int]]:
     return found
 
 
-def check_compiles_and_launches(family: Family, variant: Variant, dtype: str) -> None:
-    source = family.render_solution(variant, dtype)
+def check_compiles_and_launches(family: Family, variant: Variant, dtype: str,
+                                source: str | None = None) -> None:
+    """``source``: the solution module to check (None: the family's own)."""
+    source = source if source is not None else family.render_solution(variant, dtype)
     try:
         ns = exec_source(source, f"{family.name}_{variant.value}")
     except KernelCompileError as exc:  # pragma: no cover - the failure message is the point
@@ -72,15 +74,18 @@ def guarded(t: torch.Tensor, pad: int = 64) -> torch.Tensor:
     return view
 
 
-def check_matches_model_in_emulator(family: Family, variant: Variant, dtype: str) -> None:
+def check_matches_model_in_emulator(family: Family, variant: Variant, dtype: str,
+                                    source: str | None = None) -> None:
     """The kernels' results, on small shapes that still span several blocks, tiles and
-    grid-stride steps, run by tests/tasks/cuda_cpu_emulator.py on CPU tensors."""
+    grid-stride steps, run by tests/tasks/cuda_cpu_emulator.py on CPU tensors. ``source``: the
+    solution module to check (None: the family's own)."""
     s = small_shape(family, dtype)
     problem_ns = exec_source(family.render_problem(s), "problem")
     init = problem_ns["get_init_inputs"]()
     torch.manual_seed(0)
     model = problem_ns["Model"](*init)
-    ns = cuda_cpu_emulator.emulated_namespace(family.render_solution(variant, dtype))
+    ns = cuda_cpu_emulator.emulated_namespace(
+        source if source is not None else family.render_solution(variant, dtype))
     torch.manual_seed(0)
     new = ns["ModelNew"](*init)
     torch.manual_seed(1)

@@ -23,6 +23,7 @@ from multiminddev.tasks.sft_data import (
     optimizer_sft_examples,
     sakana_generator_examples,
     sakana_optimizer_examples,
+    strip_comment_lines,
     untimed_feedback,
 )
 from tests.episode.helpers import RELU_KERNEL
@@ -300,3 +301,85 @@ def test_builtin_corpus_gives_examples_for_both_roles():
     for example in generator:
         assert_well_formed(example.messages)
     assert optimizer_examples(builtin.builtin_problems())  # >= 20 families have a fast one
+
+
+COMMENTED = '''"""A docstring stays."""
+
+import torch  # a comment after code stays
+
+# a whole-line Python comment goes
+CUDA_SRC = r"""
+#include <cuda_fp16.h>
+#define FULL_MASK 0xffffffffu
+// a whole-line CUDA comment goes
+    // indented, it goes too
+extern "C" __global__ void k(float* y) {  // after code: stays
+#pragma unroll
+    y[0] = 1.f;
+}
+"""
+    # indented Python comment goes
+x = "// inside a one-line string stays"
+'''
+
+STRIPPED = '''"""A docstring stays."""
+
+import torch  # a comment after code stays
+
+CUDA_SRC = r"""
+#include <cuda_fp16.h>
+#define FULL_MASK 0xffffffffu
+extern "C" __global__ void k(float* y) {  // after code: stays
+#pragma unroll
+    y[0] = 1.f;
+}
+"""
+x = "// inside a one-line string stays"
+'''
+
+
+def test_strip_comment_lines_drops_whole_line_comments_only():
+    assert strip_comment_lines(COMMENTED) == STRIPPED
+    assert strip_comment_lines(STRIPPED) == STRIPPED
+    broken = 'x = """never closed\n// a comment'
+    assert strip_comment_lines(broken) == broken  # does not tokenize: unchanged
+
+
+def test_optimizer_pairs_can_train_on_fast_solutions_without_comments():
+    commented_fast = FAST_RELU.replace("import torch\n", "import torch\n# a comment\n", 1)
+
+    def with_comment(problem, variant):
+        fast = solution(problem, variant) if variant == "fast" else None
+        return commented_fast if fast is not None else solution(problem, variant)
+
+    (plain,) = optimizer_examples(PROBLEMS, solution=with_comment)
+    (stripped,) = optimizer_examples(PROBLEMS, solution=with_comment, strip_comments=True)
+    assert parse_candidate(plain.messages[-1]["content"]).source == commented_fast
+    assert parse_candidate(stripped.messages[-1]["content"]).source == FAST_RELU
+    assert stripped.messages[:-1] == plain.messages[:-1]  # the prompt keeps its naive kernel
+
+
+def _fast_solutions():
+    from multiminddev.tasks.builtin import FAMILIES
+    from multiminddev.tasks.builtin.spec import Variant
+
+    return [f for f in FAMILIES if Variant.FAST in f.variants]
+
+
+@pytest.mark.parametrize("family", _fast_solutions(), ids=lambda f: f.name)
+def test_every_fast_solution_without_comments_still_compiles_and_computes_the_model(family):
+    # the corpus's fast solutions as --sft-strip-comments trains on them: same kernels, same results
+    from multiminddev.tasks.builtin.spec import Variant
+    from tests.tasks import cuda_cpu_emulator
+    from tests.tasks.solution_checks import (
+        check_compiles_and_launches,
+        check_matches_model_in_emulator,
+    )
+
+    source = family.render_solution(Variant.FAST, "float32")
+    stripped = strip_comment_lines(source)
+    assert not re.search(r"^\s*//", stripped, re.MULTILINE)
+    assert strip_comment_lines(stripped) == stripped  # no whole-line comment is left
+    check_compiles_and_launches(family, Variant.FAST, "float32", source=stripped)
+    if cuda_cpu_emulator.compiler_available():
+        check_matches_model_in_emulator(family, Variant.FAST, "float32", source=stripped)

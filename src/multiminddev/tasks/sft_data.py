@@ -119,6 +119,35 @@ def _builtin_solution(problem: Problem, variant: str) -> str | None:
         return None
 
 
+def strip_comment_lines(source: str) -> str:
+    """A candidate module without its whole-line comments: Python ``#`` lines, and ``//`` lines
+    inside its (multi-line) CUDA strings. Code, docstrings, ``#define``/``#include``/``#pragma``
+    lines (inside strings) and comments after code stay.
+
+    Why: in the eighteenth session's held-out episodes, 12 of the 20 Optimizer turns that broke
+    a correct kernel went astray on a comment line of the fast solution (cumsum's "// One warp
+    per row: 32-wide chunks, ..."): a 135M model continues such prose with more prose and never
+    gets back to code. As SFT targets, the comments cost tokens and teach nothing it can use.
+    A source that does not tokenize is returned unchanged."""
+    import io
+    import tokenize
+
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return source
+    lines = source.splitlines(keepends=True)
+    drop: set[int] = set()  # 0-based line numbers
+    for tok in tokens:
+        (row, col), (end_row, _) = tok.start, tok.end
+        if tok.type == tokenize.COMMENT and not lines[row - 1][:col].strip():
+            drop.add(row - 1)
+        elif tok.type == tokenize.STRING and end_row > row:  # lines wholly inside the string
+            drop.update(r - 1 for r in range(row + 1, end_row)
+                        if lines[r - 1].lstrip().startswith("//"))
+    return "".join(line for i, line in enumerate(lines) if i not in drop)
+
+
 def _parses_back(source: str) -> bool:
     from multiminddev.agents.parsing import parse_candidate
 
@@ -189,8 +218,11 @@ def optimizer_examples(
     solution: SolutionFn | None = None,
     prompt: OptimizerPrompt | None = None,
     feedback: FeedbackFn | None = None,
+    strip_comments: bool = False,
 ) -> list[SFTExample]:
-    """naive -> fast pairs for problems that have both solutions."""
+    """naive -> fast pairs for problems that have both solutions. ``strip_comments``: the fast
+    solution (the reply trained on) loses its whole-line comments (``strip_comment_lines``);
+    the naive one in the prompt keeps them."""
     solution = solution or _builtin_solution
     prompt = prompt or _default_optimizer_prompt()
     feedback = feedback or untimed_feedback
@@ -199,6 +231,8 @@ def optimizer_examples(
         slow, fast = solution(problem, NAIVE), solution(problem, FAST)
         if slow is None or fast is None or slow.strip() == fast.strip():
             continue
+        if strip_comments:
+            fast = strip_comment_lines(fast)
         messages = _conversation(prompt(problem, slow, feedback(problem, slow), []), fast)
         if messages is None:
             dropped.append(f"{problem.name}/naive->fast")
