@@ -98,6 +98,38 @@ def optimizer_effect(episodes: list[dict[str, Any]], margin: float = 0.05) -> di
     return out
 
 
+_PREPROCESSOR_RE = re.compile(
+    r"#\s*(define|include|pragma|if|ifdef|ifndef|elif|else|endif|undef|error|line)\b")
+
+
+def is_comment_line(line: str) -> bool:
+    """A whole-line comment: ``//`` (CUDA) or ``#`` (Python), not a preprocessor directive."""
+    text = line.strip()
+    return text.startswith("//") or (text.startswith("#") and not _PREPROCESSOR_RE.match(text))
+
+
+def broken_rewrites(episodes: list[dict[str, Any]],
+                    references: dict[str, str]) -> list[tuple[str, str]]:
+    """For each first Optimizer turn that broke a correct Generator kernel: (problem, the first
+    line of its reply that the problem's fast reference solution lacks, "" if it has them all;
+    a problem without one gives the reply's first line). Eighteenth session: 12 of 20 such
+    lines were comments, where a 135M model continues prose and never returns to code."""
+    out = []
+    for e in episodes:
+        if len(e["turns"]) < 2:
+            continue
+        first, second = e["turns"][:2]
+        if ((first.get("eval_result") or {}).get("status") != "ok"
+                or (second.get("eval_result") or {}).get("status") == "ok"):
+            continue
+        name = e["problem"]["name"]
+        known = {line.strip() for line in references.get(name, "").splitlines()}
+        new = (line.strip() for line in (second.get("text") or "").splitlines()
+               if line.strip() and not line.startswith("```") and line.strip() not in known)
+        out.append((name, next(new, "")))
+    return out
+
+
 def optimizer_status_by_step(episodes: list[dict[str, Any]],
                              step_ends: list[int]) -> list[collections.Counter[str]]:
     """Per GRPO step (``step_ends``: cumulative episode counts, metrics.jsonl's ``episodes``),
@@ -174,6 +206,17 @@ def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) 
     return ratios
 
 
+def fast_references(episodes: list[dict[str, Any]]) -> dict[str, str]:
+    """The built-in corpus's fast solution of each episode's problem, by name (none for a
+    problem that is not built in)."""
+    from multiminddev.tasks.loaders import load_problems
+    from multiminddev.tasks.sft_data import FAST, _builtin_solution
+
+    names = {e["problem"]["name"] for e in episodes}
+    return {p.name: source for p in load_problems("builtin:allshapes") if p.name in names
+            if (source := _builtin_solution(p, FAST)) is not None}
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -223,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                 held[stage] = _read_jsonl(path)
                 counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
+                broken = broken_rewrites(held[stage], fast_references(held[stage]))
+                if broken:
+                    comments = [(n, line) for n, line in broken if is_comment_line(line)]
+                    print(f"seed {seed} held-out {stage}: of {len(broken)} broken rewrites, "
+                          f"{len(comments)} went astray first on a comment line: "
+                          + "; ".join(f"{n}: {line[:60]!r}" for n, line in comments[:4]))
         if len(held) >= 2:
             first, last = held[args.stages[0]], held[args.stages[-1]]
             print(f"seed {seed} held-out: Generator replies that differ, {args.stages[0]} vs "

@@ -100,3 +100,26 @@ def test_tied_groups_finds_all_correct_groups_with_noise_sized_differences(analy
                 _rollout("b", 0, "ok", 0.7, 0.9), _rollout("b", 0, "ok", 0.4, -0.9),
                 _rollout("c", 0, "ok", 0.6, 0.5), _rollout("c", 0, "incorrect", 0.6, -0.5)]
     assert analyze.tied_groups(episodes) == {"groups": 3.0, "tied": 1.0, "max_abs_advantage": 1.04}
+
+
+def test_broken_rewrites_report_the_first_line_the_reference_lacks(analyze):
+    def episode(name, statuses, reply):
+        return {"problem": {"name": name},
+                "turns": [{"eval_result": {"status": s}, "text": reply} for s in statuses]}
+
+    reference = "import torch\n#define FULL_MASK 0xffffffffu\n// One warp per row.\nx = 1\n"
+    episodes = [
+        episode("cumsum", ["ok", "syntax_error"],
+                "```python\nimport torch\n#define FULL_MASK 0xffffffffu\n// One warp per row: 32-wide chunks\n"),
+        episode("cumsum", ["ok", "incorrect"], "import torch\nx = 2\n"),
+        episode("cumsum", ["ok", "ok"], "// kept correct: not a broken rewrite\n"),
+        episode("cumsum", ["incorrect", "incorrect"], "// still failing: not one either\n"),
+        episode("other", ["ok", "incorrect"], "# no reference: the first line\n"),
+        episode("cumsum", ["ok", "incorrect"], "import torch\nx = 1\n"),
+    ]
+    broken = analyze.broken_rewrites(episodes, {"cumsum": reference})
+    assert broken == [("cumsum", "// One warp per row: 32-wide chunks"), ("cumsum", "x = 2"),
+                      ("other", "# no reference: the first line"), ("cumsum", "")]
+    assert [analyze.is_comment_line(line) for _, line in broken] == [True, False, True, False]
+    assert not analyze.is_comment_line("#define FULL_MASK 1") and not analyze.is_comment_line(
+        "  #pragma unroll")
