@@ -342,3 +342,19 @@ def test_release_compiled_decoding_resets_graphs_in_the_decoding_thread_and_ends
     fresh = _decode_executor()  # a later compiled generate gets a new thread
     assert fresh is not executor and fresh.submit(int, "7").result() == 7
     assert release_compiled_decoding() is True
+
+
+def test_release_compiled_decoding_does_not_wait_forever_on_a_stuck_decoding_thread(monkeypatch,
+                                                                                      caplog):
+    from multiminddev.policy import generation
+
+    generation.release_compiled_decoding()
+    monkeypatch.setattr(generation, "RELEASE_TIMEOUT_S", 0.2)
+    unblock = threading.Event()
+    generation._decode_executor().submit(unblock.wait, 30)  # a generate that does not end
+    try:
+        with caplog.at_level("WARNING", logger=generation.__name__):
+            assert generation.release_compiled_decoding() is True
+        assert "could not reset" in caplog.text
+    finally:
+        unblock.set()

@@ -52,6 +52,7 @@ COMPILED_DECODING_RECOMPILE_LIMIT = 64
 
 
 DECODE_THREAD_NAME = "mmd-compiled-decoding"
+RELEASE_TIMEOUT_S = 120.0  # release_compiled_decoding's wait for the decoding thread
 
 
 @functools.cache
@@ -83,15 +84,18 @@ def release_compiled_decoding() -> bool:
         return False
     executor = _decode_executor()
     _decode_executor.cache_clear()
+    reset = False
     try:
         import torch
 
-        executor.submit(torch._dynamo.reset).result()
+        # a generate still running (an interrupted run) finishes first; a stuck one is left
+        executor.submit(torch._dynamo.reset).result(timeout=RELEASE_TIMEOUT_S)
+        reset = True
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-    except RuntimeError as exc:  # the interpreter is already shutting its threads down
+    except (RuntimeError, TimeoutError) as exc:  # threads shutting down, a stuck thread, CUDA
         log.warning("compiled decoding: could not reset its thread's graphs (%s)", exc)
-    executor.shutdown(wait=True)
+    executor.shutdown(wait=reset)
     if "torch._inductor.async_compile" in sys.modules:
         sys.modules["torch._inductor.async_compile"].shutdown_compile_workers()
     log.debug("compiled decoding released: graphs reset, thread ended, compile workers shut down")
