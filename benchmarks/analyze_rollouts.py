@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import re
 import statistics
@@ -206,15 +207,14 @@ def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) 
     return ratios
 
 
-def fast_references(episodes: list[dict[str, Any]]) -> dict[str, str]:
-    """The built-in corpus's fast solution of each episode's problem, by name (none for a
-    problem that is not built in)."""
+@functools.cache
+def fast_references() -> dict[str, str]:
+    """The built-in corpus's fast solution of each of its problems that has one, by name."""
+    from multiminddev.tasks.builtin import reference_solution
     from multiminddev.tasks.loaders import load_problems
-    from multiminddev.tasks.sft_data import FAST, _builtin_solution
 
-    names = {e["problem"]["name"] for e in episodes}
-    return {p.name: source for p in load_problems("builtin:allshapes") if p.name in names
-            if (source := _builtin_solution(p, FAST)) is not None}
+    return {p.name: source for p in load_problems("builtin:allshapes")
+            if (source := reference_solution(p, variant="fast")) is not None}
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 held[stage] = _read_jsonl(path)
                 counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
-                broken = broken_rewrites(held[stage], fast_references(held[stage]))
+                broken = broken_rewrites(held[stage], fast_references())
                 if broken:
                     comments = [(n, line) for n, line in broken if is_comment_line(line)]
                     print(f"seed {seed} held-out {stage}: of {len(broken)} broken rewrites, "
