@@ -97,6 +97,37 @@ def test_w_reinforce_weights_scale_the_group_relative_advantages():
         GRPOConfig(positive_weight=-1.0)
 
 
+def test_uncentred_improvement_gives_a_failing_optimizer_turn_no_credit_from_a_groupmates_break():
+    """Session 19: with improvement credit centred on the group, Optimizer turns that left a
+    failing kernel failing gained whenever a groupmate broke a correct kernel. Uncentred, the
+    improvement itself is the advantage: 0 for them, the whole loss for the break."""
+    from multiminddev.rewards import CreditConfig, assign_turn_rewards
+
+    roles = [AgentRole.GENERATOR, AgentRole.OPTIMIZER]
+    # episode 0: a correct Generator kernel (0.6) that the Optimizer broke (-0.1); episodes 1-3:
+    # failing Generator kernels (-0.1) the Optimizer left failing
+    immediate = [[0.6, -0.1]] + [[-0.1, -0.1]] * 3
+
+    def advantages(**cfg):
+        config = GRPOConfig(normalize_std=False, credit=CreditConfig(improvement=True), **cfg)
+        samples = []
+        for e, rewards in enumerate(immediate):
+            for k, credited in enumerate(assign_turn_rewards(roles, rewards, config.credit)):
+                x = sample(roles[k], [1], [2], 0.0, group=0, turn=k)
+                x.episode, x.reward = e, credited
+                samples.append(x)
+        out = assign_advantages(samples, config)
+        return [[x.advantage for x in out if x.turn_index == k] for k in (0, 1)]
+
+    generator, optimizer = advantages()
+    assert optimizer == pytest.approx([-0.525, 0.175, 0.175, 0.175])  # failing turns gain
+    generator_uncentred, optimizer_uncentred = advantages(center_improvement=False)
+    assert optimizer_uncentred == pytest.approx([-0.7, 0.0, 0.0, 0.0])
+    assert generator_uncentred == pytest.approx(generator)  # first turns stay group-relative
+    with pytest.raises(ValueError, match="credit.improvement=True"):
+        GRPOConfig(center_improvement=False)
+
+
 def test_dapo_filter_drops_zero_variance_groups():
     s = [sample(AgentRole.GENERATOR, [1], [2], 0.0, group=g) for g in (0, 0, 1, 1)]
     for x, r in zip(s, [1.0, 1.0, 0.0, 1.0]):

@@ -87,6 +87,14 @@ class GRPOConfig:
     # positive_weight=0.1 learns mostly from failed samples
     positive_weight: float = 1.0
     negative_weight: float = 1.0
+    # With credit.improvement, a turn after the first is credited with its reward minus the
+    # reward of the kernel it was handed: that subtraction is already its baseline.
+    # center_improvement=False takes that improvement as the advantage. Centring it again on the
+    # group mean compares turns handed different kernels: an Optimizer turn that left a failing
+    # kernel failing (improvement 0) then gained whenever a groupmate broke a correct one, and
+    # in session 19 such turns summed to +4.4 to +11.1 advantage per seed while the seed with
+    # the most (+11.1) went from 11 to 0 correct Optimizer turns per step (docs/BENCHMARKS.md).
+    center_improvement: bool = True
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
     max_new_tokens: int = 512
@@ -142,6 +150,9 @@ class GRPOConfig:
         if self.kl_coef < 0 or self.temperature <= 0 or self.eval_every < 0:
             raise ValueError("kl_coef and eval_every must be >= 0 and temperature > 0 "
                              "(GRPO samples; greedy rollouts have no group variance)")
+        if not self.center_improvement and not self.credit.improvement:
+            raise ValueError("GRPOConfig.center_improvement=False changes only turns credited "
+                             "with credit.improvement: set credit.improvement=True too")
         if any(not r.trainable for r in self.train_roles) or not self.train_roles:
             raise ValueError("train_roles: list generator and/or optimizer (the Tester has no weights)")
 
@@ -283,6 +294,10 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
         per_turn=cfg.advantage is not AdvantageMode.GROUP, per_role=True,
         normalize_std=cfg.normalize_std and cfg.advantage is not AdvantageMode.LEAVE_ONE_OUT,
         leave_one_out=cfg.advantage is AdvantageMode.LEAVE_ONE_OUT)
+    if cfg.credit.improvement and not cfg.center_improvement:
+        # the turns credit.improvement re-credited: every agent turn after the first
+        later = torch.tensor([s.turn_index > 0 for s in samples])
+        adv = torch.where(later, rewards.to(adv.dtype), adv)
     adv = weight_by_sign(adv, positive=cfg.positive_weight, negative=cfg.negative_weight)
     for s, a in zip(samples, adv.tolist()):
         s.advantage = float(a)
