@@ -66,6 +66,10 @@
 # at 100%: one learning run was the whole 1800 s. tests-rest after it got 200 s and ran 6 tests.
 # Eighteenth session (2026-11-25 01:41 UTC, both agents): seeds done 22 min after the start
 # (GRPO 541-585 s); tests-rest 179 s and tests-env 169 s still fit on the same machine.
+# Nineteenth session (2026-11-25 03:23 and 03:54 UTC, two runs on two machines, each staged
+# afresh): GRPO 610-667 s per seed; with --train-eval-count 9-12 (70-92 s per evaluation) a
+# run ends ~26 min after its start, so SEED_LIMIT=1500 cut run 1 in train_grpo; use >= 1560
+# and start by minute 1. diag-exit needs more than the 150 s left after such a run.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
