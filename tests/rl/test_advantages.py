@@ -13,6 +13,7 @@ from multiminddev.rl.advantages import (
     broadcast_to_tokens,
     group_relative_advantages,
     role_codes,
+    stratified_advantages,
     turn_level_advantages,
     weight_by_sign,
 )
@@ -146,3 +147,40 @@ def test_weight_by_sign_keeps_zero_advantages_at_zero_and_rejects_negative_weigh
     assert weight_by_sign(torch.zeros(3), positive=5.0, negative=5.0).tolist() == [0.0] * 3
     with pytest.raises(ValueError, match="must be >= 0"):
         weight_by_sign(torch.ones(2), positive=-0.1)
+
+
+def loop_stratified(rewards, groups, strata, *, normalize_std=True):
+    cells = loop_grpo(rewards, list(zip(groups, strata)), normalize_std=normalize_std)
+    across = loop_grpo(rewards, strata, normalize_std=normalize_std)
+    size = defaultdict(int)
+    for key in zip(groups, strata):
+        size[key] += 1
+    return [c if size[key] > 1 else a for c, a, key in zip(cells, across, zip(groups, strata))]
+
+
+STRATA = [1, 1, 0, 1, 0, 0, 1, 0, 1]  # e.g. handed a correct (1) or a failing (0) kernel
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_stratified_matches_loop(normalize_std):
+    got = stratified_advantages(torch.tensor(REWARDS), torch.tensor(GROUPS), torch.tensor(STRATA),
+                                normalize_std=normalize_std)
+    expected = loop_stratified(REWARDS, GROUPS, STRATA, normalize_std=normalize_std)
+    assert got.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_stratified_compares_a_sample_only_with_its_stratum():
+    # group 0: two turns handed correct kernels (one kept it: 0.1, one broke it: -0.7) and two
+    # handed failing ones (both left them failing: 0.0); group 1: one turn alone in stratum 1
+    rewards = torch.tensor([0.1, -0.7, 0.0, 0.0, 0.5, -0.1])
+    groups = torch.tensor([0, 0, 0, 0, 1, 2])
+    strata = torch.tensor([1, 1, 0, 0, 1, 0])
+    got = stratified_advantages(rewards, groups, strata, normalize_std=False).tolist()
+    # the failing starts gain nothing from the break; the lone sample is centred on stratum 1
+    # across groups (mean (0.1 - 0.7 + 0.5) / 3), the last on stratum 0 (mean -0.1 / 3)
+    assert got == pytest.approx([0.4, -0.4, 0.0, 0.0, 0.5 + 0.1 / 3, -0.1 + 0.1 / 3])
+    assert sum(got[:2]) == pytest.approx(0.0) and sum(got[2:4]) == pytest.approx(0.0)
+    alone = stratified_advantages(torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1]))
+    assert alone.tolist() == [0.0]
+    with pytest.raises(ValueError, match="1-D of one length"):
+        stratified_advantages(rewards, groups, strata[:2])

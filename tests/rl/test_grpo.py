@@ -97,35 +97,61 @@ def test_w_reinforce_weights_scale_the_group_relative_advantages():
         GRPOConfig(positive_weight=-1.0)
 
 
+def _improvement_advantages(immediate, **cfg):
+    """Generator and Optimizer advantages of one group of two-turn episodes with these
+    immediate rewards, credited with improvement; a positive Generator reward passed."""
+    from multiminddev.rewards import CreditConfig, assign_turn_rewards
+
+    roles = [AgentRole.GENERATOR, AgentRole.OPTIMIZER]
+    config = GRPOConfig(normalize_std=False, credit=CreditConfig(improvement=True), **cfg)
+    samples = []
+    for e, rewards in enumerate(immediate):
+        for k, credited in enumerate(assign_turn_rewards(roles, rewards, config.credit)):
+            x = sample(roles[k], [1], [2], 0.0, group=0, turn=k)
+            x.episode, x.reward = e, credited
+            x.handed_correct = rewards[0] > 0 if k else None
+            samples.append(x)
+    out = assign_advantages(samples, config)
+    return [[x.advantage for x in out if x.turn_index == k] for k in (0, 1)]
+
+
 def test_uncentred_improvement_gives_a_failing_optimizer_turn_no_credit_from_a_groupmates_break():
     """Session 19: with improvement credit centred on the group, Optimizer turns that left a
     failing kernel failing gained whenever a groupmate broke a correct kernel. Uncentred, the
     improvement itself is the advantage: 0 for them, the whole loss for the break."""
-    from multiminddev.rewards import CreditConfig, assign_turn_rewards
-
-    roles = [AgentRole.GENERATOR, AgentRole.OPTIMIZER]
     # episode 0: a correct Generator kernel (0.6) that the Optimizer broke (-0.1); episodes 1-3:
     # failing Generator kernels (-0.1) the Optimizer left failing
     immediate = [[0.6, -0.1]] + [[-0.1, -0.1]] * 3
-
-    def advantages(**cfg):
-        config = GRPOConfig(normalize_std=False, credit=CreditConfig(improvement=True), **cfg)
-        samples = []
-        for e, rewards in enumerate(immediate):
-            for k, credited in enumerate(assign_turn_rewards(roles, rewards, config.credit)):
-                x = sample(roles[k], [1], [2], 0.0, group=0, turn=k)
-                x.episode, x.reward = e, credited
-                samples.append(x)
-        out = assign_advantages(samples, config)
-        return [[x.advantage for x in out if x.turn_index == k] for k in (0, 1)]
-
-    generator, optimizer = advantages()
+    generator, optimizer = _improvement_advantages(immediate)
     assert optimizer == pytest.approx([-0.525, 0.175, 0.175, 0.175])  # failing turns gain
-    generator_uncentred, optimizer_uncentred = advantages(center_improvement=False)
+    generator_uncentred, optimizer_uncentred = _improvement_advantages(
+        immediate, improvement_baseline="none")
     assert optimizer_uncentred == pytest.approx([-0.7, 0.0, 0.0, 0.0])
     assert generator_uncentred == pytest.approx(generator)  # first turns stay group-relative
     with pytest.raises(ValueError, match="credit.improvement=True"):
-        GRPOConfig(center_improvement=False)
+        GRPOConfig(improvement_baseline="none")
+    with pytest.raises(ValueError, match="'group', 'none', 'handed_outcome'"):
+        GRPOConfig(improvement_baseline="uncentred")
+
+
+def test_handed_outcome_baseline_compares_optimizer_turns_handed_the_same_outcome():
+    """Session 20: uncentred, breaks outweighed keeps and the summed advantage went negative,
+    and one seed's Optimizer collapsed. Centred per handed outcome, a kept kernel is credited
+    against a groupmate's break, and failing starts against each other only."""
+    # a correct kernel broken (0.6 -> -0.1) and one made faster (0.6 -> 0.7); two failing
+    # kernels, one fixed (-0.1 -> 0.5) and one left failing
+    immediate = [[0.6, -0.1], [0.6, 0.7], [-0.1, 0.5], [-0.1, -0.1]]
+    generator, optimizer = _improvement_advantages(immediate, improvement_baseline="handed_outcome")
+    assert optimizer == pytest.approx([-0.4, 0.4, 0.3, -0.3])
+    assert generator == pytest.approx(_improvement_advantages(immediate)[0])
+
+
+def test_score_episodes_records_whether_the_kernel_handed_on_had_passed():
+    problem = problems(1)[0]
+    episodes = [_episode(problem, ["ok", "incorrect"]), _episode(problem, ["incorrect", "ok"])]
+    samples, _ = score_episodes(episodes, GRPOConfig())
+    handed = {(s.episode, s.turn_index): s.handed_correct for s in samples}
+    assert handed == {(0, 0): None, (0, 1): True, (1, 0): None, (1, 1): False}
 
 
 def test_dapo_filter_drops_zero_variance_groups():

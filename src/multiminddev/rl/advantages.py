@@ -98,6 +98,35 @@ def turn_level_advantages(
     )
 
 
+def stratified_advantages(
+    rewards: Tensor,
+    group_ids: Tensor,
+    strata: Tensor,
+    *,
+    normalize_std: bool = True,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Rewards centred on the samples of the same group and the same stratum. [N], [N], [N] -> [N].
+
+    For turns that started from different states: an Optimizer turn handed a correct kernel is
+    compared only with its groupmates handed a correct kernel, one handed a failing kernel only
+    with those handed a failing one. A sample alone in its (group, stratum) is centred on its
+    stratum across all groups instead; alone there too, it gets 0. So one kind of start is never
+    credited for another kind's outcomes, and in a group the advantages of each stratum with two
+    or more samples sum to zero.
+    """
+    if not (rewards.shape == group_ids.shape == strata.shape) or rewards.dim() != 1:
+        raise ValueError(f"rewards, group_ids and strata must be 1-D of one length (got "
+                         f"{tuple(rewards.shape)}, {tuple(group_ids.shape)}, {tuple(strata.shape)})")
+    strata = strata.to(torch.long)
+    _, cell = torch.unique(torch.stack([group_ids.to(torch.long), strata], dim=1), dim=0,
+                           return_inverse=True)
+    within = group_relative_advantages(rewards, cell, normalize_std=normalize_std, eps=eps)
+    across = group_relative_advantages(rewards, strata, normalize_std=normalize_std, eps=eps)
+    count = torch.bincount(cell)[cell]
+    return torch.where(count > 1, within, across)
+
+
 def weight_by_sign(adv: Tensor, *, positive: float = 1.0, negative: float = 1.0) -> Tensor:
     """Scale positive and negative advantages separately. [N] -> [N]; zeros stay zero.
 

@@ -49,6 +49,14 @@ class KLReference(str, enum.Enum):
     START = "start"  # each agent as GRPO started (e.g. its SFT checkpoint), frozen
 
 
+class ImprovementBaseline(str, enum.Enum):
+    """What the turns that ``credit.improvement`` re-credits are centred on."""
+
+    GROUP = "group"  # the group's turns of the same index and role, as every other turn
+    NONE = "none"  # nothing: the improvement itself is the advantage
+    HANDED_OUTCOME = "handed_outcome"  # the group's turns handed a kernel of the same outcome
+
+
 @dataclass(kw_only=True)
 class GRPOConfig:
     num_steps: int = 10
@@ -88,13 +96,15 @@ class GRPOConfig:
     positive_weight: float = 1.0
     negative_weight: float = 1.0
     # With credit.improvement, a turn after the first is credited with its reward minus the
-    # reward of the kernel it was handed: that subtraction is already its baseline.
-    # center_improvement=False takes that improvement as the advantage. Centring it again on the
-    # group mean compares turns handed different kernels: an Optimizer turn that left a failing
-    # kernel failing (improvement 0) then gained whenever a groupmate broke a correct one, and
-    # in session 19 such turns summed to +4.4 to +11.1 advantage per seed while the seed with
-    # the most (+11.1) went from 11 to 0 correct Optimizer turns per step (docs/BENCHMARKS.md).
-    center_improvement: bool = True
+    # best reward before it. Centred on its group ("group"), it is compared with turns handed
+    # other kernels: an Optimizer turn that left a failing kernel failing (improvement 0) gained
+    # whenever a groupmate broke a correct one, summing to +4.4 to +11.1 per seed in session 19;
+    # the seed with the most went from 11 to 0 correct Optimizer turns per step. Not centred
+    # ("none"), breaks outweighed keeps about 4 to 1 and the summed advantage was negative
+    # (-37.7 on one seed), and that seed's Optimizer broke 23 of 24 held-out kernels in session
+    # 20. "handed_outcome" compares a turn only with its groupmates handed a kernel of the same
+    # outcome (correct or not), as rl.advantages.stratified_advantages does (docs/BENCHMARKS.md).
+    improvement_baseline: ImprovementBaseline = ImprovementBaseline.GROUP
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
     max_new_tokens: int = 512
@@ -114,6 +124,11 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.kl_reference={self.kl_reference!r}: use 'base' (the "
                              "pre-trained model) or 'start' (the agents as GRPO started)") from None
         self.advantage = AdvantageMode(self.advantage)
+        try:
+            self.improvement_baseline = ImprovementBaseline(self.improvement_baseline)
+        except ValueError:
+            raise ValueError(f"GRPOConfig.improvement_baseline={self.improvement_baseline!r}: use "
+                             + ", ".join(repr(b.value) for b in ImprovementBaseline)) from None
         self.train_roles = tuple(AgentRole(r) for r in self.train_roles)
         for name in ("num_steps", "problems_per_step", "max_turns", "ppo_epochs",
                      "mini_batch_size", "grad_accum", "max_new_tokens", "checkpoint_every"):
@@ -150,9 +165,10 @@ class GRPOConfig:
         if self.kl_coef < 0 or self.temperature <= 0 or self.eval_every < 0:
             raise ValueError("kl_coef and eval_every must be >= 0 and temperature > 0 "
                              "(GRPO samples; greedy rollouts have no group variance)")
-        if not self.center_improvement and not self.credit.improvement:
-            raise ValueError("GRPOConfig.center_improvement=False changes only turns credited "
-                             "with credit.improvement: set credit.improvement=True too")
+        if self.improvement_baseline is not ImprovementBaseline.GROUP and not self.credit.improvement:
+            raise ValueError(f"GRPOConfig.improvement_baseline={self.improvement_baseline.value!r} "
+                             "changes only turns credited with credit.improvement: set "
+                             "credit.improvement=True too")
         if any(not r.trainable for r in self.train_roles) or not self.train_roles:
             raise ValueError("train_roles: list generator and/or optimizer (the Tester has no weights)")
 
@@ -189,6 +205,7 @@ class TurnSample:
     immediate: float  # this turn's own reward
     reward: float  # credit-assigned reward it is trained on
     advantage: float = 0.0
+    handed_correct: bool | None = None  # an earlier agent turn passed; None on the first turn
 
 
 # --------------------------------------------------------------------------- reward phase
@@ -252,6 +269,7 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
             turn.reward = immediate[i]
             turn.reward_breakdown = {**breakdowns[i], "credited": credited[i]}
         episode_rewards.append(max((immediate[i] for i in agent), default=0.0))
+        passed = [_passed(episode.turns[i]) for i in agent]
         for k, i in enumerate(agent):
             turn = episode.turns[i]
             if not turn.response_ids:
@@ -259,7 +277,8 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
             samples.append(TurnSample(
                 group=group, episode=e_idx, turn_index=k, role=roles[i],
                 prompt_ids=list(turn.prompt_ids), response_ids=list(turn.response_ids),
-                old_logprobs=list(turn.logprobs), immediate=immediate[i], reward=credited[i]))
+                old_logprobs=list(turn.logprobs), immediate=immediate[i], reward=credited[i],
+                handed_correct=any(passed[:k]) if k else None))
     n = max(len(episode_rewards), 1)
     mean = sum(episode_rewards) / n
     std = math.sqrt(sum((r - mean) ** 2 for r in episode_rewards) / n)
@@ -268,6 +287,11 @@ def score_episodes(episodes: list[Any], cfg: GRPOConfig) -> tuple[list[TurnSampl
              "infra_error_episodes": float(infra_errors)}
     stats.update({f"reward/{k}": sum(v) / len(episode_rewards or [0]) for k, v in components.items()})
     return samples, stats
+
+
+def _passed(turn: Any) -> bool:
+    result = getattr(turn, "eval_result", None)
+    return result is not None and result.correct
 
 
 def _is_infra_error(turn: Any) -> bool:
@@ -281,7 +305,12 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
     """Group-relative advantages in place; returns the samples to train on (DAPO filter)."""
     import torch
 
-    from multiminddev.rl.advantages import role_codes, turn_level_advantages, weight_by_sign
+    from multiminddev.rl.advantages import (
+        role_codes,
+        stratified_advantages,
+        turn_level_advantages,
+        weight_by_sign,
+    )
 
     if not samples:
         return []
@@ -294,10 +323,22 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
         per_turn=cfg.advantage is not AdvantageMode.GROUP, per_role=True,
         normalize_std=cfg.normalize_std and cfg.advantage is not AdvantageMode.LEAVE_ONE_OUT,
         leave_one_out=cfg.advantage is AdvantageMode.LEAVE_ONE_OUT)
-    if cfg.credit.improvement and not cfg.center_improvement:
+    baseline = cfg.improvement_baseline
+    if cfg.credit.improvement and baseline is not ImprovementBaseline.GROUP:
         # the turns credit.improvement re-credited: every agent turn after the first
-        later = torch.tensor([s.turn_index > 0 for s in samples])
-        adv = torch.where(later, rewards.to(adv.dtype), adv)
+        later = turns > 0
+        if baseline is ImprovementBaseline.NONE:
+            improvement = rewards
+        else:
+            # a stratum: turn index, role and whether the kernel handed on had passed
+            handed = torch.tensor([bool(s.handed_correct) for s in samples], dtype=torch.long)
+            _, strata = torch.unique(torch.stack([turns, roles, handed], dim=1), dim=0,
+                                     return_inverse=True)
+            improvement = torch.zeros_like(rewards)
+            if later.any():
+                improvement[later] = stratified_advantages(
+                    rewards[later], groups[later], strata[later], normalize_std=cfg.normalize_std)
+        adv = torch.where(later, improvement.to(adv.dtype), adv)
     adv = weight_by_sign(adv, positive=cfg.positive_weight, negative=cfg.negative_weight)
     for s, a in zip(samples, adv.tolist()):
         s.advantage = float(a)
