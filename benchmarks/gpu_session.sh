@@ -70,6 +70,9 @@
 # afresh): GRPO 610-667 s per seed; with --train-eval-count 9-12 (70-92 s per evaluation) a
 # run ends ~26 min after its start, so SEED_LIMIT=1500 cut run 1 in train_grpo; use >= 1560
 # and start by minute 1. diag-exit needs more than the 150 s left after such a run.
+# Twentieth session (2026-11-25 05:45 UTC, the same run): phases 1395-1410 s per seed, the run
+# with rescoring 25.4 min; tests-env (171 s) still fit on the same machine. A first start was
+# lost when a reply came more than 30 s after a learning-wait returned (the machine went back).
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
