@@ -100,9 +100,9 @@ class GRPOConfig:
     # other kernels: an Optimizer turn that left a failing kernel failing (improvement 0) gained
     # whenever a groupmate broke a correct one, summing to +4.4 to +11.1 per seed in session 19;
     # the seed with the most went from 11 to 0 correct Optimizer turns per step. Not centred
-    # ("none"), breaks outweighed keeps about 4 to 1 and the summed advantage was negative
-    # (-37.7 on one seed), and that seed's Optimizer broke 23 of 24 held-out kernels in session
-    # 20. "handed_outcome" compares a turn only with its groupmates handed a kernel of the same
+    # ("none"), a break cost about -0.6 and a keep gained about +0.1, so the summed advantage
+    # was -23 to -38 per seed, and the most negative seed's Optimizer broke 23 of 24 held-out
+    # kernels in session 20. "handed_outcome" compares a turn only with its groupmates handed a kernel of the same
     # outcome (correct or not), as rl.advantages.stratified_advantages does (docs/BENCHMARKS.md).
     improvement_baseline: ImprovementBaseline = ImprovementBaseline.GROUP
     reward: RewardConfig = field(default_factory=RewardConfig)
