@@ -335,9 +335,8 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
             _, strata = torch.unique(torch.stack([turns, roles, handed], dim=1), dim=0,
                                      return_inverse=True)
             improvement = torch.zeros_like(rewards)
-            if later.any():
-                improvement[later] = stratified_advantages(
-                    rewards[later], groups[later], strata[later], normalize_std=cfg.normalize_std)
+            improvement[later] = stratified_advantages(
+                rewards[later], groups[later], strata[later], normalize_std=cfg.normalize_std)
         adv = torch.where(later, improvement.to(adv.dtype), adv)
     adv = weight_by_sign(adv, positive=cfg.positive_weight, negative=cfg.negative_weight)
     for s, a in zip(samples, adv.tolist()):
