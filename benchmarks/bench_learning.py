@@ -108,6 +108,7 @@ class BenchArgs:
     lora_rank: int = 16  # PolicyConfig's default; alpha is twice the rank, as there
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
     optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
+    optimizer_repair_reply: str = "naive"  # the repair pairs' reply: the naive or fast kernel
     sft_strip_comments: bool = False  # the Optimizer's SFT replies without whole-line comments
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
     # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
@@ -150,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "multiminddev.tasks.repair_data.KINDS (misspelt_math, "
                         "undeclared_variable, float16_kernel, float32_kernel, wrong_operation; "
                         "the last two need a GPU to be reported), none given: all")
+    p.add_argument("--optimizer-repair-reply", choices=["naive", "fast"], default="naive",
+                   help="the repair pairs' reply: the problem's naive kernel, or its fast one "
+                        "where the corpus has one (comment-free with --sft-strip-comments)")
     p.add_argument("--repeat-penalty", type=float, default=0.0,
                    help="GRPO's reward loses this for a turn that resubmits a kernel of an "
                         "earlier turn unchanged (RewardConfig.repeat_penalty); held-out rewards "
@@ -615,6 +619,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                     repair_evaluator=(evaluator if args.optimizer_repair
                                                       is not None else None),
                                     repair_kinds=args.optimizer_repair, repair_counts=recipe,
+                                    repair_reply=args.optimizer_repair_reply,
                                     strip_comments=args.sft_strip_comments),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
@@ -680,7 +685,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
             "learning_rate": args.sft_learning_rate,
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
             **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
-            **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all"}
+            **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all",
+                "optimizer_repair_reply": args.optimizer_repair_reply}
                if args.optimizer_repair is not None else {})}
 
 
@@ -706,7 +712,8 @@ def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: i
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
              repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
-             repair_counts: dict[str, Any] | None = None, strip_comments: bool = False) -> Any:
+             repair_counts: dict[str, Any] | None = None, strip_comments: bool = False,
+             repair_reply: str = "naive") -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
     Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
@@ -723,7 +730,9 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
                               else {"strip_comments": True} if strip_comments else {})
     if role is AgentRole.OPTIMIZER and repair_evaluator is not None:
         extra = repair_data.optimizer_repair_examples(train, repair_evaluator.evaluate,
-                                                      kinds=repair_kinds or repair_data.KINDS)
+                                                      kinds=repair_kinds or repair_data.KINDS,
+                                                      reply=repair_reply,
+                                                      strip_comments=strip_comments)
         print(f"optimizer repair pairs: {repair_data.repair_kinds(extra)}", flush=True)
         if repair_counts is not None:
             repair_counts["optimizer_repair"] = repair_data.repair_kinds(extra)

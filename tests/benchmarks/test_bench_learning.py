@@ -202,10 +202,16 @@ def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(
     assert "optimizer_repair" not in bench.sft_recipe(bench.parse_args([]))
     some = bench.parse_args(["--optimizer-repair", "misspelt_math", "wrong_operation"])
     assert bench.sft_recipe(some)["optimizer_repair_kinds"] == ["misspelt_math", "wrong_operation"]
+    assert recipe["optimizer_repair_reply"] == "naive"
+    fast = bench.parse_args(["--optimizer-repair", "wrong_operation", "--optimizer-repair-reply",
+                             "fast"])
+    assert bench.sft_recipe(fast)["optimizer_repair_reply"] == "fast"
     with pytest.raises(SystemExit):
         bench.parse_args(["--optimizer-repair", "typo_kind"])
     problems = [p for p in load_problems("builtin:tier0,tier1:train") if p.family == "relu"]
     plain = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"])
+    plain_stripped = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"],
+                                    strip_comments=True)
     with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:
         data = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"],
                               repair_evaluator=evaluator, repair_counts=recipe)
@@ -216,6 +222,14 @@ def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(
     assert len(generator["messages"]) == len(problems)  # the Generator's data is untouched
     if "variant" in getattr(data, "column_names", ()):
         assert sum(v.startswith("repair:") for v in data["variant"]) == added
+    with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:
+        fast_data = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"],
+                                   repair_evaluator=evaluator, repair_kinds=["misspelt_math"],
+                                   repair_reply="fast", strip_comments=True)
+    # the repair replies are the Optimizer's naive -> fast targets, not the naive kernel
+    assert len(fast_data["messages"]) > len(plain["messages"])
+    replies = {m[-1]["content"] for m in fast_data["messages"]}
+    assert replies == {m[-1]["content"] for m in plain_stripped["messages"]}
 
 
 def test_grpo_marks_pause_every_k_steps_and_end_at_the_last(bench):

@@ -136,3 +136,27 @@ def test_defects_the_tester_cannot_report_without_a_gpu_are_left_out(repair_pair
 def test_on_a_gpu_wrong_operations_and_precisions_get_the_testers_run_reports(repair_pairs):
     kinds = repair_kinds(repair_pairs[1])
     assert kinds.get("wrong_operation", 0) >= 3 and kinds.get("float32_kernel", 0) >= 1
+
+
+def test_a_fast_reply_is_the_problems_fast_kernel_where_the_corpus_has_one():
+    """reply=FAST answers a broken kernel with the fast solution (comment-free on request); a
+    family with no fast solution (tanh) keeps the naive one. Real NVRTC compile errors."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.sft_data import FAST, strip_comment_lines
+
+    by_name = {p.name: p for p in load_problems("builtin:tier0:train")}
+    relu, tanh = by_name["relu_4096x4096"], by_name["tanh_4096x4096"]
+    problems = [relu, tanh]
+    assert _builtin_solution(tanh, FAST) is None  # the corpus has no fast tanh
+    config = EvalConfig(num_workers=1, compile_baseline=False, compile_timeout_s=300.0)
+    with Evaluator(config) as evaluator:
+        pairs = optimizer_repair_examples(problems, evaluator.evaluate, kinds=["misspelt_math"],
+                                          reply=FAST, strip_comments=True)
+    replies = {p.problem: parse_candidate(p.messages[-1]["content"]).source for p in pairs}
+    fast = strip_comment_lines(_builtin_solution(relu, FAST))
+    assert fast != _builtin_solution(relu, NAIVE)
+    assert replies == {relu.name: fast,
+                       tanh.name: strip_comment_lines(_builtin_solution(tanh, NAIVE))}
+    assert "Status: compile_error" in pairs[0].messages[-2]["content"]
+    with pytest.raises(ValueError, match="reply must be"):
+        optimizer_repair_examples(problems, evaluator.evaluate, reply="fastest")

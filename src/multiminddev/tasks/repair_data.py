@@ -24,7 +24,13 @@ run it) is dropped, so no report is invented. Defects:
 The first two are one-token edits: trained on alone, with ``float16_kernel``, they taught the
 Optimizer to resubmit its input unchanged (docs/BENCHMARKS.md, twelfth session).
 
-The reply is the problem's correct naive kernel: correct first.
+The reply is the problem's correct naive kernel: correct first. With ``reply=FAST`` it is the
+problem's fast kernel where the corpus has one (else the naive one), the same target the
+Optimizer's naive -> fast pairs train on: a wrong Generator kernel is then answered with the
+problem's fast kernel, written from the reference ``Model``. Why: fast_1 on the held-out problems
+comes only from ``cumsum`` and ``transpose``, and only when the Generator's kernel was correct;
+on the seeds where the Generator wrote another operation (an identity copy for ``transpose``)
+the Optimizer never fixed it (docs/BENCHMARKS.md, twenty-first session).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from multiminddev.cuda.signature import KernelSignature, parse_kernel_signatures
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.tasks.problem import Problem
 from multiminddev.tasks.sft_data import (
+    FAST,
     NAIVE,
     OptimizerPrompt,
     SFTExample,
@@ -48,6 +55,7 @@ from multiminddev.tasks.sft_data import (
     _conversation,
     _default_optimizer_prompt,
     _origin,
+    strip_comment_lines,
 )
 
 log = logging.getLogger(__name__)
@@ -169,9 +177,15 @@ def optimizer_repair_examples(
     prompt: OptimizerPrompt | None = None,
     feedback_chars: int = 1500,
     kinds: Iterable[str] = KINDS,
+    reply: str = NAIVE,
+    strip_comments: bool = False,
 ) -> list[SFTExample]:
-    """Broken kernel + the Tester's report -> the correct naive kernel, for every problem with a
-    naive solution and every defect the Tester caught (see the module docstring)."""
+    """Broken kernel + the Tester's report -> a correct kernel, for every problem with a naive
+    solution and every defect the Tester caught (see the module docstring). ``reply``: NAIVE
+    (the naive kernel) or FAST (the fast kernel where there is one); ``strip_comments``: the
+    reply loses its whole-line comments, as ``optimizer_examples(strip_comments=True)``."""
+    if reply not in (NAIVE, FAST):
+        raise ValueError(f"reply must be {NAIVE!r} or {FAST!r}, got {reply!r}")
     from multiminddev.agents.tester import tester_feedback
     from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
     from multiminddev.episode.state import Episode, Turn
@@ -193,6 +207,9 @@ def optimizer_repair_examples(
         correct = solution(problem, NAIVE)
         if correct is None:
             continue
+        target = (reply == FAST and solution(problem, FAST)) or correct
+        if strip_comments:
+            target = strip_comment_lines(target)
         for kind, broken in broken_variants(problem, correct, problems, solution, kinds):
             if (problem.name, broken) not in results:
                 results[problem.name, broken] = evaluate(problem, broken)
@@ -209,7 +226,7 @@ def optimizer_repair_examples(
             record_turn(episode, turn, EpisodeConfig())
             history, tail = optimizer_context(episode)
             messages = _conversation(prompt(problem, episode.current_source or broken,
-                                            episode.current_feedback, history + tail), correct)
+                                            episode.current_feedback, history + tail), target)
             if messages is None:
                 continue
             out.append(SFTExample(role=AgentRole.OPTIMIZER, messages=messages,
