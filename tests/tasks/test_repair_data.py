@@ -9,6 +9,7 @@ from multiminddev.agents.parsing import parse_candidate
 from multiminddev.agents.roles import AgentRole
 from multiminddev.tasks.loaders import load_problems
 from multiminddev.tasks.repair_data import (
+    _arity,
     broken_variants,
     misspelt_math,
     optimizer_repair_examples,
@@ -69,6 +70,22 @@ def test_wrong_operation_is_another_familys_kernel_with_the_same_interface():
     assert again == wrong  # chosen by the problem's name, not at random
     # no other family with the interface: nothing to offer
     assert wrong_operation(relu, _builtin_solution(relu, NAIVE), [relu], _builtin_solution) is None
+
+
+def test_a_family_no_other_shares_kernels_with_gets_a_module_of_the_same_arity():
+    """transpose's and matvec's kernels are their own: the wrong operation is another family's
+    whole naive module whose __init__ and forward take as many arguments."""
+    problems = load_problems("builtin:tier0,tier1:train")
+    for name, arity in (("transpose_8192x2048", (0, 1)), ("matvec_8192x4096", (0, 2))):
+        problem = next(p for p in problems if p.name == name)
+        wrong = wrong_operation(problem, _builtin_solution(problem, NAIVE), problems,
+                                _builtin_solution)
+        donors = {p.family: _builtin_solution(p, NAIVE) for p in problems
+                  if p.family != problem.family and p.dtype == problem.dtype}
+        assert wrong in donors.values() and f"{problem.family}_naive" not in wrong
+        assert _arity(wrong) == _arity(_builtin_solution(problem, NAIVE)) == arity
+    scale = next(p for p in load_problems("builtin:tier0:heldout") if p.family == "scale")
+    assert _arity(_builtin_solution(scale, NAIVE)) == (1, 1)  # __init__(self, scale)
 
 
 def test_broken_variants_keep_the_asked_kinds_and_refuse_unknown_ones():

@@ -128,18 +128,39 @@ def _interface(source: str) -> tuple[tuple[KernelSignature, ...], str]:
     return kernels, forward.group(1).replace(" ", "") if forward else ""
 
 
+def _arity(source: str) -> tuple[int, int]:
+    """How many parameters ``__init__`` and ``forward`` take, ``self`` left out."""
+    def count(name: str) -> int:
+        m = re.search(rf"def {name}\(([^)]*)\)", source)
+        params = [a for a in (m.group(1).split(",") if m else []) if a.strip()]
+        return len([a for a in params if a.strip() != "self"])
+    return count("__init__"), count("forward")
+
+
 def wrong_operation(problem: Problem, source: str, problems: Iterable[Problem],
                     solution: SolutionFn) -> str | None:
     """Another family's naive kernel with this one's interface and dtype (the Generator's common
-    held-out miss: a memorised operation's body), chosen by the problem's name; or None."""
-    interface = _interface(source)
-    others: dict[str, str] = {}
+    held-out miss: a memorised operation's body), chosen by the problem's name; or None.
+
+    A family whose kernels no other family shares (``cumsum``, ``transpose``, ``matvec``,
+    ``argmax_dim``, ``embedding``) gets another family's whole naive module instead, one whose
+    ``__init__`` and ``forward`` take as many arguments: it runs on the problem's inputs and
+    computes the wrong thing, as the Generator's element-wise copy for ``transpose`` did."""
+    interface, arity = _interface(source), _arity(source)
+    same_kernels: dict[str, str] = {}
+    same_arity: dict[str, str] = {}
     for p in problems:
-        if p.family != problem.family and p.dtype == problem.dtype and p.family not in others:
-            other = solution(p, NAIVE)
-            if other is not None and other != source and _interface(other) == interface:
-                others[p.family] = other
-    if not interface[0] or not others:
+        if p.family == problem.family or p.dtype != problem.dtype:
+            continue
+        other = solution(p, NAIVE)
+        if other is None or other == source:
+            continue
+        if interface[0] and _interface(other) == interface:
+            same_kernels.setdefault(p.family, other)
+        elif _arity(other) == arity:
+            same_arity.setdefault(p.family, other)
+    others = same_kernels or same_arity
+    if not others:
         return None
     pick = sorted(others)[zlib.crc32(problem.name.encode()) % len(others)]
     return others[pick]
