@@ -109,6 +109,7 @@ class BenchArgs:
     sft_full_finetune: bool = False  # one full model per agent instead of LoRA adapters
     optimizer_repair: list[str] | None = None  # repair-pair kinds for the Optimizer's SFT data
     optimizer_repair_reply: str = "naive"  # the repair pairs' reply: the naive or fast kernel
+    optimizer_repair_per_family: int = 0  # at most this many pairs per family and defect (0: all)
     sft_strip_comments: bool = False  # the Optimizer's SFT replies without whole-line comments
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
     # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
@@ -154,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--optimizer-repair-reply", choices=["naive", "fast"], default="naive",
                    help="the repair pairs' reply: the problem's naive kernel, or its fast one "
                         "where the corpus has one (comment-free with --sft-strip-comments)")
+    p.add_argument("--optimizer-repair-per-family", type=int, default=0, metavar="N",
+                   help="at most N repair pairs per family and defect (0: one per problem); "
+                        "each pair costs an evaluation on the GPU before SFT")
     p.add_argument("--repeat-penalty", type=float, default=0.0,
                    help="GRPO's reward loses this for a turn that resubmits a kernel of an "
                         "earlier turn unchanged (RewardConfig.repeat_penalty); held-out rewards "
@@ -289,6 +293,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.eval_dtype != "same" and a.sft_full_finetune:
         raise SystemExit("--eval-dtype needs LoRA adapters (it decodes from a cast copy of the "
                          "merged weights); with --sft-full-finetune use --eval-dtype same")
+    if a.optimizer_repair_per_family < 0:
+        raise SystemExit(f"--optimizer-repair-per-family {a.optimizer_repair_per_family}: "
+                         "use N >= 1, or 0 for a pair per problem")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
@@ -620,6 +627,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                                       is not None else None),
                                     repair_kinds=args.optimizer_repair, repair_counts=recipe,
                                     repair_reply=args.optimizer_repair_reply,
+                                    repair_per_family=args.optimizer_repair_per_family,
                                     strip_comments=args.sft_strip_comments),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
@@ -686,7 +694,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
             **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
             **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all",
-                "optimizer_repair_reply": args.optimizer_repair_reply}
+                "optimizer_repair_reply": args.optimizer_repair_reply,
+                "optimizer_repair_per_family": args.optimizer_repair_per_family}
                if args.optimizer_repair is not None else {})}
 
 
@@ -713,7 +722,7 @@ def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: i
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
              repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
              repair_counts: dict[str, Any] | None = None, strip_comments: bool = False,
-             repair_reply: str = "naive") -> Any:
+             repair_reply: str = "naive", repair_per_family: int = 0) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
     Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
@@ -732,7 +741,8 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
         extra = repair_data.optimizer_repair_examples(train, repair_evaluator.evaluate,
                                                       kinds=repair_kinds or repair_data.KINDS,
                                                       reply=repair_reply,
-                                                      strip_comments=strip_comments)
+                                                      strip_comments=strip_comments,
+                                                      per_family=repair_per_family)
         print(f"optimizer repair pairs: {repair_data.repair_kinds(extra)}", flush=True)
         if repair_counts is not None:
             repair_counts["optimizer_repair"] = repair_data.repair_kinds(extra)

@@ -204,8 +204,11 @@ def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(
     assert bench.sft_recipe(some)["optimizer_repair_kinds"] == ["misspelt_math", "wrong_operation"]
     assert recipe["optimizer_repair_reply"] == "naive"
     fast = bench.parse_args(["--optimizer-repair", "wrong_operation", "--optimizer-repair-reply",
-                             "fast"])
+                             "fast", "--optimizer-repair-per-family", "2"])
     assert bench.sft_recipe(fast)["optimizer_repair_reply"] == "fast"
+    assert bench.sft_recipe(fast)["optimizer_repair_per_family"] == 2
+    with pytest.raises(SystemExit, match="per-family"):
+        bench.parse_args(["--optimizer-repair", "--optimizer-repair-per-family", "-1"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--optimizer-repair", "typo_kind"])
     problems = [p for p in load_problems("builtin:tier0,tier1:train") if p.family == "relu"]
@@ -225,9 +228,10 @@ def test_optimizer_repair_adds_counted_repair_pairs_to_the_optimizers_data_only(
     with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:
         fast_data = bench.sft_data(AgentRole.OPTIMIZER, problems, 0, ["naive"],
                                    repair_evaluator=evaluator, repair_kinds=["misspelt_math"],
-                                   repair_reply="fast", strip_comments=True)
+                                   repair_reply="fast", strip_comments=True,
+                                   repair_per_family=1)
     # the repair replies are the Optimizer's naive -> fast targets, not the naive kernel
-    assert len(fast_data["messages"]) > len(plain["messages"])
+    assert len(fast_data["messages"]) == len(plain["messages"]) + 1  # one relu pair
     replies = {m[-1]["content"] for m in fast_data["messages"]}
     assert replies == {m[-1]["content"] for m in plain_stripped["messages"]}
 

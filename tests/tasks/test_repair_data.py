@@ -177,3 +177,24 @@ def test_a_fast_reply_is_the_problems_fast_kernel_where_the_corpus_has_one():
     assert "Status: compile_error" in pairs[0].messages[-2]["content"]
     with pytest.raises(ValueError, match="reply must be"):
         optimizer_repair_examples(problems, evaluator.evaluate, reply="fastest")
+
+
+def test_per_family_caps_the_pairs_of_each_family_and_defect():
+    from multiminddev.env import EvalConfig, Evaluator
+
+    relus = [p for p in load_problems("builtin:tier0:train:allshapes") if p.family == "relu"]
+    assert len(relus) >= 3
+    seen: list[str] = []
+
+    config = EvalConfig(num_workers=1, compile_baseline=False, compile_timeout_s=300.0)
+    with Evaluator(config) as evaluator:
+        def evaluate(problem, source):
+            seen.append(problem.name)
+            return evaluator.evaluate(problem, source)
+
+        capped = optimizer_repair_examples(relus, evaluate, kinds=["misspelt_math"],
+                                           per_family=2)
+        assert repair_kinds(capped) == {"misspelt_math": 2}
+        assert seen == [p.name for p in relus[:2]]  # the rest are never evaluated
+        with pytest.raises(ValueError, match="per_family"):
+            optimizer_repair_examples(relus, evaluate, per_family=-1)

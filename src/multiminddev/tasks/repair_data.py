@@ -200,13 +200,19 @@ def optimizer_repair_examples(
     kinds: Iterable[str] = KINDS,
     reply: str = NAIVE,
     strip_comments: bool = False,
+    per_family: int = 0,
 ) -> list[SFTExample]:
     """Broken kernel + the Tester's report -> a correct kernel, for every problem with a naive
     solution and every defect the Tester caught (see the module docstring). ``reply``: NAIVE
     (the naive kernel) or FAST (the fast kernel where there is one); ``strip_comments``: the
-    reply loses its whole-line comments, as ``optimizer_examples(strip_comments=True)``."""
+    reply loses its whole-line comments, as ``optimizer_examples(strip_comments=True)``.
+    ``per_family`` > 0: at most that many pairs per family and defect, in problem order; the
+    rest are not evaluated. Why: every evaluation is a GPU run, and one pair per shape of a
+    family would outnumber the Optimizer's naive -> fast pairs."""
     if reply not in (NAIVE, FAST):
         raise ValueError(f"reply must be {NAIVE!r} or {FAST!r}, got {reply!r}")
+    if per_family < 0:
+        raise ValueError(f"per_family must be >= 0 (0: no cap), got {per_family}")
     from multiminddev.agents.tester import tester_feedback
     from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
     from multiminddev.episode.state import Episode, Turn
@@ -223,6 +229,7 @@ def optimizer_repair_examples(
     problems = list(problems)
     out: list[SFTExample] = []
     kept: dict[str, int] = {}
+    family_kept: dict[tuple[str, str], int] = {}
     results: dict[tuple[str, str], EvalResult] = {}  # a weighted spec repeats problems
     for problem in problems:
         correct = solution(problem, NAIVE)
@@ -232,6 +239,8 @@ def optimizer_repair_examples(
         if strip_comments:
             target = strip_comment_lines(target)
         for kind, broken in broken_variants(problem, correct, problems, solution, kinds):
+            if per_family and family_kept.get((problem.family, kind), 0) >= per_family:
+                continue
             if (problem.name, broken) not in results:
                 results[problem.name, broken] = evaluate(problem, broken)
             result = results[problem.name, broken]
@@ -254,6 +263,7 @@ def optimizer_repair_examples(
                                   problem=problem.name, origin=_origin(problem),
                                   variant=f"repair:{kind}"))
             kept[kind] = kept.get(kind, 0) + 1
+            family_kept[problem.family, kind] = family_kept.get((problem.family, kind), 0) + 1
     log.info("optimizer repair pairs: %s", kept or "none")
     return out
 
