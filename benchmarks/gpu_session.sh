@@ -154,7 +154,8 @@ for part in "$@"; do
   tests-hacks) timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider \
                  tests/env/test_gpu_hacks.py > "$RES/$part.log" 2>&1 ;;
   tests-corpus) MULTIMINDDEV_CORPUS_REPORT=$RES/corpus_gpu.json timeout 400 python3 -m pytest \
-                 -m gpu -q -p no:cacheprovider tests/tasks/test_gpu_solutions.py > "$RES/$part.log" 2>&1 ;;
+                 -m gpu -q -p no:cacheprovider tests/tasks/test_gpu_solutions.py \
+                 tests/tasks/test_repair_data.py > "$RES/$part.log" 2>&1 ;;
   tests-rest)  timeout ${REST_LIMIT:-420} python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;

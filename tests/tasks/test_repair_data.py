@@ -198,3 +198,26 @@ def test_per_family_caps_the_pairs_of_each_family_and_defect():
         assert seen == [p.name for p in relus[:2]]  # the rest are never evaluated
         with pytest.raises(ValueError, match="per_family"):
             optimizer_repair_examples(relus, evaluate, per_family=-1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_transpose_and_matvec_get_a_wrong_module_and_a_fast_reply():
+    """The same-arity fallback on the GPU: another family's module runs on transpose's and
+    matvec's inputs and the Tester reports what went wrong; the reply is the fast kernel."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.sft_data import FAST
+
+    problems = load_problems("builtin:tier0,tier1:train")
+    asked = [p for p in problems if p.name in ("transpose_8192x2048", "matvec_8192x4096")]
+    config = EvalConfig(num_workers=2, compile_baseline=False, timeout_s=600.0,
+                        compile_timeout_s=300.0, setup_timeout_s=300.0)
+    with Evaluator(config) as evaluator:
+        pairs = optimizer_repair_examples(asked + [p for p in problems if p not in asked],
+                                          evaluator.evaluate, kinds=["wrong_operation"],
+                                          reply=FAST, per_family=1)
+    by_problem = {p.problem: p for p in pairs}
+    for problem in asked:
+        pair = by_problem[problem.name]
+        user, reply = pair.messages[-2]["content"], pair.messages[-1]["content"]
+        assert "Status: incorrect" in user or "Status: runtime_error" in user
+        assert parse_candidate(reply).source == _builtin_solution(problem, FAST)
