@@ -295,6 +295,9 @@ def test_one_step_writes_metrics_and_seeds_checkpoint_layout(tmp_path):
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert len(records) == 1 and set(STEP_KEYS) <= set(records[0])
     assert records[0]["compile_only"] is True and records[0]["episodes"] == 4
+    # the rollout's time in the backend's decoding and log-prob passes, within the rollout's
+    decoding = records[0]["time_rollout_generate"] + records[0]["time_rollout_logprobs"]
+    assert 0 < records[0]["time_rollout_generate"] and decoding <= records[0]["time_rollout"]
     rl = tmp_path / "rl_checkpoints"
     best = next(rl.glob("best_model_episode_*"))
     assert best.name == "best_model_episode_4"

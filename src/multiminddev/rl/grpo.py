@@ -502,6 +502,9 @@ class GRPOTrainer:
     def rollout(self) -> tuple[list[Any], dict[str, float]]:
         problems = self.curriculum.sample(self.cfg.problems_per_step, self.rng)
         tokens_before = getattr(self.backend, "tokens_generated", 0)
+        # The backend's cumulative seconds in model.generate and in the log-prob pass: their
+        # share of time_rollout says whether a step waits on decoding or on kernel evaluations.
+        backend_before = dict(getattr(self.backend, "seconds", {}))
         start = time.perf_counter()
         episodes = self.run_episodes(problems, self.cfg.group_size)
         seconds = max(time.perf_counter() - start, 1e-9)
@@ -509,8 +512,10 @@ class GRPOTrainer:
         if not tokens:
             tokens = sum(len(t.response_ids or []) for e in episodes for t in e.turns)
         evals = sum(1 for e in episodes for t in e.turns if getattr(t, "eval_result", None))
+        backend = {f"time_rollout_{k}": v - backend_before.get(k, 0.0)
+                   for k, v in getattr(self.backend, "seconds", {}).items()}
         return episodes, {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
-                          "tokens": float(tokens)}
+                          "tokens": float(tokens), **backend}
 
     def run_episodes(self, problems: list[Any], group_size: int) -> list[Any]:
         from multiminddev.episode import run_episodes
