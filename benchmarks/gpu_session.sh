@@ -73,6 +73,10 @@
 # Twentieth session (2026-11-25 05:45 UTC, the same run): phases 1395-1410 s per seed, the run
 # with rescoring 25.4 min; tests-env (171 s) still fit on the same machine. A first start was
 # lost when a reply came more than 30 s after a learning-wait returned (the machine went back).
+# Twenty-second session (2026-11-25, two H100s though nvidia-h200 was asked for): run A with
+# LEARN_SEEDS="0 1" (72 repair pairs: SFT 404 s) ended 19.7 min after its start; run B (one-turn
+# Generator-only GRPO, 12 steps in 316-348 s) 17.0 min, its third seed out of memory in SFT.
+# After each, tests-corpus + tests-hacks (345 s) or tests-rest + tests-env (440 s) still fit.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
@@ -100,8 +104,9 @@ if [ -d .stage/whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .stage/whl/*.whl || exit 1
 fi
-# Three seeds' SFT (about 28 GiB each) overflowed an H100's 80 GiB once (2026-11-22 09:07 UTC):
-# LEARN_SEEDS="1 2" runs fewer at a time; expandable segments spare fragmentation.
+# Three seeds' SFT (about 28 GiB each) overflowed an H100's 80 GiB (2026-11-22 09:07 UTC, and
+# again 2026-11-25 08:38 UTC with expandable segments): on an H100 run LEARN_SEEDS="0 1", or
+# start the third seed after the others' SFT with SEED_STAGGER=330 (s; SFT takes 280-400 s).
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 MULTIMINDDEV_DEFAULT_GGUF=$GGUF
 MMD="python3 -c 'import sys; from multiminddev.cli import main; sys.exit(main())'"
@@ -236,10 +241,20 @@ for part in "$@"; do
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
-for seed in ${LEARN_SEEDS:-0 1 2}; do timeout ${SEED_LIMIT:-1560} $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1 & done
+i=0
+for seed in ${LEARN_SEEDS:-0 1 2}; do
+  # the third seed on waits SEED_STAGGER s, so that only two SFTs share the GPU; its limit
+  # shrinks by as much, so that every seed ends SEED_LIMIT s after the start
+  delay=\$(( i >= 2 ? ${SEED_STAGGER:-0} : 0 )); i=\$((i + 1))
+  (sleep \$delay; timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1) &
+done
 wait
+finished=\$(for s in ${LEARN_SEEDS:-0 1 2}; do [ -f /root/learning/seed\$s/seed_result.json ] && printf '%s ' \$s; done)
+# every seed; else every seed's stages so far; else the seeds that finished (a seed that died
+# in SFT, as seed 2 did on an H100 in session 22, leaves no partial.json to aggregate)
 $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1 ||
-  $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1
+  $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1 ||
+  { [ -n "\$finished" ] && $LEARN --seeds \$finished --aggregate-only >> /root/learning/aggregate.log 2>&1; }
 rc=\$?
 # the stages' correct kernels re-timed on the now quiet GPU: a paired comparison (RESCORE=0: no)
 [ "${RESCORE:-1}" = 0 ] || timeout ${RESCORE_LIMIT:-240} python3 benchmarks/rescore_heldout.py \
