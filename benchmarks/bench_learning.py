@@ -18,6 +18,11 @@ GRPO's training distribution (stages ``train_sft`` and ``train_grpo``, reported 
 their own and never in the targets): whether GRPO improves the problems it trains on tells a
 generalisation limit apart from a policy that does not improve at all.
 
+``--select-problems SPEC`` stops GRPO early: the agents after SFT (``select@0``) and every
+``--select-every`` steps are evaluated on a fixed sample of problems that are not held out, and
+the ``grpo`` stage is the best of them (SFT's own agents included), so a seed whose policy
+drifts away from its held-out families reports the step before the drift.
+
 Without a GPU kernels are only compiled (compile-only rewards); the numbers then say nothing
 about correctness or speed, and the output says so. The issue's targets (SFT: compile >= 80%,
 correct >= 60%; GRPO: reward and fast_1 above SFT by more than the spread) are checked and
@@ -116,6 +121,13 @@ class BenchArgs:
     # "train_sft", "train_grpo"); "": no such evaluation. parse_args resolves "same".
     train_eval_problems: str = ""
     train_eval_count: int = 12  # how many of them, one fixed sample for every seed
+    # early stopping on problems that are neither held out nor trained on: the select@K
+    # evaluations after SFT (K=0) and every select_every GRPO steps; the final "grpo" agents are
+    # those of the best K (session 22: one seed's Generator drifted onto the cumsum template on
+    # the held-out element-wise problems while its training reward rose)
+    select_problems: str = ""
+    select_count: int = 16
+    select_every: int = 4
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -266,6 +278,16 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--train-eval-count", type=int, default=None, metavar="N",
                    help="problems in that sample, drawn once with a fixed RNG so every seed and "
                         "both stages see the same ones (default 12; 1 with --cpu-smoke)")
+    p.add_argument("--select-problems", default="", metavar="SPEC",
+                   help="choose GRPO's final agents by their greedy reward on a fixed sample of "
+                        "these problems (stages select@K), measured after SFT (K=0) and every "
+                        "--select-every GRPO steps: early stopping. They must not be held out; "
+                        "sizes no training saw suit, e.g. builtin:tier0,tier1:train:resized2from12. "
+                        "Default: off (the last step's agents)")
+    p.add_argument("--select-count", type=int, default=16, metavar="N",
+                   help="problems in that sample (fixed RNG, as --train-eval-count's)")
+    p.add_argument("--select-every", type=int, default=4, metavar="K",
+                   help="GRPO steps between select@K evaluations (and after the last)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
     a = p.parse_args(argv)
@@ -298,6 +320,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                          "use N >= 1, or 0 for a pair per problem")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
+    if a.select_problems:
+        if a.select_count < 1 or a.select_every < 1:
+            raise SystemExit(f"--select-count {a.select_count} / --select-every "
+                             f"{a.select_every}: both need to be at least 1")
+        if a.sft_full_finetune:
+            raise SystemExit("--select-problems reloads LoRA adapters of the chosen step; with "
+                             "--sft-full-finetune leave it off")
     return BenchArgs(**{k: v for k, v in vars(a).items() if k not in ("short", "cpu_smoke")})
 
 
@@ -470,6 +499,24 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
         start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction))
 
 
+def select_problems(spec: str, count: int, heldout: list[Any]) -> list[Any]:
+    """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
+    sample is. Choosing agents on held-out problems would make the held-out figures biased, so a
+    held-out problem in the sample is an error."""
+    from multiminddev.tasks.loaders import load_problems
+
+    if not spec:
+        return []
+    chosen = train_eval_subset(load_problems(spec), count)
+    shared = sorted({p.name for p in chosen} & {p.name for p in heldout})
+    if shared:
+        raise SystemExit(f"--select-problems {spec}: {', '.join(shared)} are held out; choose "
+                         "problems no evaluation reports, e.g. builtin:tier0,tier1:train:resized2from12")
+    print(f"problems: {len(chosen)} of {spec} chosen for the select@ evaluations (early "
+          "stopping): " + ", ".join(p.name for p in chosen), flush=True)
+    return chosen
+
+
 def train_eval_subset(problems: list[Any], count: int) -> list[Any]:
     """``count`` distinct problems of ``problems`` (all, if fewer), sorted by name. The sample
     is drawn with a fixed RNG, not the run's seed, so every seed, every process of a run split
@@ -501,10 +548,13 @@ def restore_final_grpo(trainer: Any, output_dir: Path, rl_steps: int) -> bool:
 
 def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], evaluator: Any,
              compile_only: bool, sft: list[Any] | None = None,
-             train_eval: list[Any] | None = None) -> dict[str, Any]:
+             train_eval: list[Any] | None = None,
+             select: list[Any] | None = None) -> dict[str, Any]:
     """``sft``: the problems of the SFT data (None: ``train``, GRPO's problems). ``train_eval``:
     problems of GRPO's training distribution that the SFT and GRPO agents are also evaluated on
-    (stages train_sft, train_grpo; None or empty: not)."""
+    (stages train_sft, train_grpo; None or empty: not). ``select``: problems whose select@K
+    evaluations choose the GRPO step whose agents are the "grpo" stage (None or empty: the
+    last step's)."""
     import torch
 
     from multiminddev.agents.roles import AgentRole
@@ -647,6 +697,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     evaluate("sft")
     if train_eval:  # SFT's agents are loaded here, resumed or not
         evaluate("train_sft", train_eval)
+    if select and not args.sft_only:
+        evaluate(f"{SELECT}0", select)
     if args.sft_only:  # no seed_result.json: a later full run goes on from here to GRPO
         return {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
                 "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base,
@@ -656,7 +708,9 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         if (out / "rl_checkpoints" / "latest").is_dir():
             trainer.resume(out)
             print(f"seed {seed}: GRPO resumed at step {trainer.step}", flush=True)
-        for mark in grpo_marks(args.rl_steps, args.grpo_eval_every):
+        heldout_marks = grpo_marks(args.rl_steps, args.grpo_eval_every)
+        select_marks = grpo_marks(args.rl_steps, args.select_every) if select else []
+        for mark in sorted({*heldout_marks, *select_marks}):
             if trainer.step < mark:
                 t = time.perf_counter()
                 trainer.episode_config = train_episodes
@@ -664,11 +718,20 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                 trainer.episode_config = eval_episodes
                 seconds["grpo"] = seconds.get("grpo", 0.0) + time.perf_counter() - t
                 save_partial()
-            if mark < args.rl_steps:
+            if mark < args.rl_steps and mark in heldout_marks:
                 evaluate(f"grpo@{mark}")  # kept if the run is cut before its last step
+            if mark in select_marks and f"{SELECT}{mark}" not in rows:
+                evaluate(f"{SELECT}{mark}", select)
+                keep_if_best(rows, mark, args.rl_steps, policy, cfg.train_roles, out)
         trainer.finish()
+    chosen = chosen_step(rows) if select else None
+    chosen_loaded = chosen is not None and chosen < args.rl_steps
+    if chosen_loaded:
+        load_chosen_agents(policy, chosen, sft_dir, out, cfg.train_roles)
+        print(f"seed {seed}: GRPO's agents chosen at step {chosen} of {args.rl_steps} by their "
+              f"select@ reward {select_rewards(rows)}", flush=True)
     evaluate("grpo")
-    if train_eval and (grpo_trained_here or "train_grpo" in rows
+    if train_eval and (grpo_trained_here or "train_grpo" in rows or chosen_loaded
                        or restore_final_grpo(trainer, out, args.rl_steps)):
         evaluate("train_grpo", train_eval)
     plot_training_curves(read_metrics(out / "metrics.jsonl"), out / "training.png")
@@ -681,6 +744,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
               "seconds": seconds, **shared_base, **train_eval_spec,
+              **({"select": {"problems": args.select_problems, "rewards": select_rewards(rows),
+                             "chosen_step": chosen}} if chosen is not None else {}),
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -704,6 +769,54 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
     last (``every`` <= 0: the last only)."""
     marks = list(range(every, rl_steps, every)) if every > 0 else []
     return [*marks, rl_steps]
+
+
+SELECT = "select@"  # stage prefix of the early-stopping evaluations (select@0 is SFT's agents)
+SELECT_BEST_DIR = "select_best"  # a seed's adapters of the best select@K so far (K > 0)
+
+
+def select_rewards(rows: dict[str, list[dict[str, Any]]]) -> dict[int, float]:
+    """GRPO step -> mean reward of its select@step evaluation."""
+    return {int(stage.removeprefix(SELECT)): sum(r["reward"] for r in rs) / max(len(rs), 1)
+            for stage, rs in rows.items() if stage.startswith(SELECT)}
+
+
+def chosen_step(rows: dict[str, list[dict[str, Any]]]) -> int | None:
+    """The GRPO step whose agents score best on the select@ problems; a tie goes to the earlier
+    step, the one nearer SFT. None: no select@ evaluation."""
+    rewards = select_rewards(rows)
+    return min(rewards, key=lambda step: (-rewards[step], step)) if rewards else None
+
+
+def keep_if_best(rows: dict[str, list[dict[str, Any]]], mark: int, rl_steps: int, policy: Any,
+                 roles: Any, seed_dir: Path) -> bool:
+    """After GRPO step ``mark``'s select@ evaluation: saves ``roles``' adapters to
+    ``seed_dir/select_best`` when the step is the best so far. Step 0 (SFT's adapters are saved
+    already) and the last step (the trainer ends holding its agents) are not saved."""
+    from multiminddev.train import checkpoints as ck
+
+    if not 0 < mark < rl_steps or chosen_step(rows) != mark:
+        return False
+    best = seed_dir / SELECT_BEST_DIR
+    # step.txt goes first and comes back last: a save cut halfway leaves no step to trust
+    (best / "step.txt").unlink(missing_ok=True)
+    ck.save_agents(policy, roles, best)
+    (best / "step.txt").write_text(f"{mark}\n")
+    return True
+
+
+def load_chosen_agents(policy: Any, step: int, sft_dir: Path, seed_dir: Path,
+                       roles: Any) -> None:
+    """Puts the adapters of GRPO step ``step`` (0: SFT's) back into ``policy`` for ``roles``."""
+    if step == 0:
+        policy.load_adapters({role.value: str(sft_dir / role.value) for role in roles})
+        return
+    best = seed_dir / SELECT_BEST_DIR
+    saved = (best / "step.txt").read_text().strip() if (best / "step.txt").is_file() else None
+    if saved != str(step):
+        raise RuntimeError(f"{best} holds step {saved}'s agents, not step {step}'s: the run was "
+                           "cut between select@ evaluation and save; rerun the seed's GRPO")
+    policy.load_adapters({role.value: str(best / role.value) for role in roles})
 
 
 def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
@@ -874,6 +987,9 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
     for metric in ("reward_mean", "fast_1"):
         out[f"gain/{metric}"] = gain_summary(per_seed, "grpo", metric)
     out.update(train_distribution_summary(per_seed, compile_only))
+    if any(chosen_step(s["rows"]) is not None for s in per_seed):
+        out["select"] = {"chosen_step": [chosen_step(s["rows"]) for s in per_seed],
+                         "rewards": [select_rewards(s["rows"]) for s in per_seed]}
     return out
 
 
@@ -1060,6 +1176,10 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
                      f"per seed {[round(x, 3) for x in g['per_seed']]}")
     lines += within_two_turns_lines(summary)
     lines += episode_count_lines(summary, STAGES)
+    if (chosen := summary.get("select")) is not None:
+        lines.append(f"- GRPO's agents: those of the step with the best select@ reward (early "
+                     f"stopping; 0 is SFT's), per seed {chosen['chosen_step']}; select@ rewards "
+                     f"per seed {[{k: round(v, 3) for k, v in r.items()} for r in chosen['rewards']]}")
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     lines += train_distribution_lines(summary)  # after the targets: they are held-out only
     path.write_text("\n".join(lines) + "\n")
@@ -1196,6 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(p.name for p in train_eval), flush=True)
             done = {s: r for s, r in done.items()
                     if not lacks_train_stages(args.output_dir, s, r, args.sft_only)}
+        select = select_problems(args.select_problems, args.select_count, heldout)
         start = time.perf_counter()
         with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
             per_seed = []
@@ -1205,7 +1326,7 @@ def main(argv: list[str] | None = None) -> int:
                     per_seed.append(done[s])
                 else:
                     per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only,
-                                             sft=sft, train_eval=train_eval))
+                                             sft=sft, train_eval=train_eval, select=select))
                 if args.base_only:
                     return 0
         if args.sft_only:

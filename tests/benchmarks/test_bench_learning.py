@@ -633,3 +633,102 @@ def test_train_grpo_of_an_earlier_grpo_needs_its_last_step_checkpoint(bench, tmp
     (tmp_path / "rl_checkpoints" / "latest").mkdir(parents=True)
     assert bench.restore_final_grpo(trainer, tmp_path, 4) and trainer.resumed == [tmp_path]
     assert not bench.restore_final_grpo(Trainer(2), tmp_path, 4)  # a checkpoint before the end
+
+
+# --------------------------------------------------------------------------- early stopping
+
+def test_the_chosen_step_has_the_best_select_reward_and_ties_go_to_the_earlier(bench):
+    def rows(rewards_by_step):
+        return {f"select@{k}": [_row(True, True, 1.0, r) for r in rs]
+                for k, rs in rewards_by_step.items()}
+
+    cases = [({0: [0.5, 0.1], 4: [0.9, 0.1], 8: [0.2, 0.2]}, 4),
+             ({0: [0.6], 4: [0.6], 8: [0.1]}, 0),  # a tie keeps the step nearer SFT
+             ({0: [0.0], 12: [0.3], 4: [0.2]}, 12)]
+    for by_step, expected in cases:
+        # the reference: the mean of each step's rewards, the highest, the earliest of those
+        means = {k: sum(v) / len(v) for k, v in by_step.items()}
+        reference = min(k for k, m in means.items() if m == max(means.values()))
+        assert bench.chosen_step({**rows(by_step), "sft": [_row(1, 1, 9.0, 9.0)]}) == expected
+        assert expected == reference
+        assert bench.select_rewards(rows(by_step)) == pytest.approx(means)
+    assert bench.chosen_step({"sft": [_row(True, True, 1.0, 0.5)]}) is None
+
+
+def test_select_problems_are_a_fixed_sample_that_refuses_held_out_problems(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    heldout = load_problems("builtin:tier0:heldout")
+    assert bench.select_problems("", 4, heldout) == []
+    spec = "builtin:tier0,tier1:train:resized2from12"
+    first, again = (bench.select_problems(spec, 5, heldout) for _ in range(2))
+    assert len(first) == 5 and [p.name for p in first] == [p.name for p in again]
+    assert not {p.name for p in first} & {p.name for p in heldout}
+    with pytest.raises(SystemExit, match="are held out"):
+        bench.select_problems("builtin:tier0:heldout", 3, heldout)
+
+
+def test_select_options_are_checked_before_any_model_loads(bench):
+    args = bench.parse_args(["--select-problems", "builtin:tier0:train:resized2from12"])
+    assert (args.select_count, args.select_every) == (16, 4)
+    assert bench.parse_args([]).select_problems == ""
+    for bad in (["--select-count", "0"], ["--select-every", "0"], ["--sft-full-finetune"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--select-problems", "builtin:tier0:train", *bad])
+
+
+def test_the_aggregate_names_the_chosen_steps(bench, tmp_path):
+    stages = {"base": [(False, False, 0.0, -0.1)], "sft": [(True, True, 1.0, 0.5)],
+              "grpo": [(True, True, 1.2, 0.6)]}
+    seeds = [_seed(bench, s, {**stages, "select@0": [(True, True, 1.0, 0.4)],
+                              "select@4": [(True, True, 1.0, 0.4 + 0.1 * (s - 1))]})
+             for s in (0, 1, 2)]
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["select"]["chosen_step"] == [0, 0, 4]
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    assert "per seed [0, 0, 4]" in (tmp_path / "results.md").read_text()
+    assert "select" not in bench.aggregate([_seed(bench, 0, stages)], compile_only=False)
+
+
+def test_the_chosen_steps_adapters_go_back_into_the_policy(bench, tmp_path):
+    """A tiny real LoRA policy: keep_if_best saves a new best step's adapters (not a worse
+    step's, not the last step's), and the chosen step's (or SFT's, step 0) are the ones loaded;
+    a select_best folder of another step is refused."""
+    import torch
+
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.train import checkpoints as ck
+    from tests.policy.helpers import tiny_policy
+
+    policy = tiny_policy()
+    roles = (AgentRole.GENERATOR,)
+
+    def generator_lora():
+        return {n: p.detach().clone() for n, p in policy.peft_model.named_parameters()
+                if ".generator." in n and "lora_" in n}
+
+    def perturb():
+        with torch.no_grad():
+            for n, p in policy.peft_model.named_parameters():
+                if ".generator." in n and "lora_" in n:
+                    p.add_(0.25)
+
+    ck.save_agents(policy, roles, tmp_path / "sft_checkpoints")
+    at_sft = generator_lora()
+    assert at_sft  # the comparisons below are over real LoRA weights
+    perturb()
+    rows = {"select@0": [_row(True, True, 1.0, 0.2)], "select@4": [_row(True, True, 1.0, 0.5)]}
+    assert bench.keep_if_best(rows, 4, 12, policy, roles, tmp_path)
+    at_step_4 = generator_lora()
+    perturb()
+    rows["select@8"] = [_row(True, True, 1.0, 0.4)]  # worse than step 4: not saved
+    assert not bench.keep_if_best(rows, 8, 12, policy, roles, tmp_path)
+    rows["select@12"] = [_row(True, True, 1.0, 0.9)]  # the last step: the trainer holds it
+    assert not bench.keep_if_best(rows, 12, 12, policy, roles, tmp_path)
+    assert (tmp_path / bench.SELECT_BEST_DIR / "step.txt").read_text() == "4\n"
+    bench.load_chosen_agents(policy, 4, tmp_path / "sft_checkpoints", tmp_path, roles)
+    assert all(torch.equal(generator_lora()[n], w) for n, w in at_step_4.items())
+    bench.load_chosen_agents(policy, 0, tmp_path / "sft_checkpoints", tmp_path, roles)
+    assert all(torch.equal(generator_lora()[n], w) for n, w in at_sft.items())
+    with pytest.raises(RuntimeError, match="holds step 4's agents, not step 8's"):
+        bench.load_chosen_agents(policy, 8, tmp_path / "sft_checkpoints", tmp_path, roles)
