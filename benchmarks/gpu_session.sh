@@ -105,8 +105,8 @@ if [ -d .stage/whl ]; then
     .stage/whl/*.whl || exit 1
 fi
 # Three seeds' SFT (about 28 GiB each) overflowed an H100's 80 GiB (2026-11-22 09:07 UTC, and
-# again 2026-11-25 08:38 UTC with expandable segments): on an H100 run LEARN_SEEDS="0 1", or
-# start the third seed after the others' SFT with SEED_STAGGER=330 (s; SFT takes 280-400 s).
+# again 2026-11-25 08:38 UTC with expandable segments): learning-start on a card under 100 GiB
+# starts the third seed 330 s later (SEED_STAGGER, s; SFT takes 280-400 s; 0 turns it off).
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1 MULTIMINDDEV_DEFAULT_GGUF=$GGUF
 MMD="python3 -c 'import sys; from multiminddev.cli import main; sys.exit(main())'"
@@ -239,6 +239,11 @@ for part in "$@"; do
                # its finished stages, which --aggregate-partial compares.
                mkdir -p /root/learning/base
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
+               # an 80 GiB card holds two seeds' SFT, not three (2026-11-25): there the third
+               # seed waits for the first two SFTs unless SEED_STAGGER says otherwise
+               gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+               SEED_STAGGER=${SEED_STAGGER:-$([ "${gpu_mib:-0}" -lt 100000 ] && echo 330 || echo 0)}
+               echo "third seed on starts after ${SEED_STAGGER} s (GPU memory ${gpu_mib} MiB)"
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
 i=0
