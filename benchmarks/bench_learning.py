@@ -771,6 +771,10 @@ def grpo_marks(rl_steps: int, every: int) -> list[int]:
     return [*marks, rl_steps]
 
 
+# Early stopping is chosen here rather than by GRPOTrainer's best_model_episode_N: the trainer
+# ranks steps by an evaluation at the rollouts' sampling settings and never ranks SFT's agents,
+# while the benchmark's choice has to use the held-out stages' greedy float32 evaluation and
+# may keep SFT's agents (step 0).
 SELECT = "select@"  # stage prefix of the early-stopping evaluations (select@0 is SFT's agents)
 SELECT_BEST_DIR = "select_best"  # a seed's adapters of the best select@K so far (K > 0)
 
