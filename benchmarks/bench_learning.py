@@ -730,6 +730,12 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         load_chosen_agents(policy, chosen, sft_dir, out, cfg.train_roles)
         print(f"seed {seed}: GRPO's agents chosen at step {chosen} of {args.rl_steps} by their "
               f"select@ reward {select_rewards(rows)}", flush=True)
+    reused = (reuse_sft_evaluation(rows, out) if chosen == 0 and args.eval_temperature == 0
+              else [])
+    if reused:
+        print(f"seed {seed}: GRPO's agents are SFT's: {', '.join(reused)} reuse SFT's greedy "
+              "evaluation", flush=True)
+        save_partial()
     evaluate("grpo")
     if train_eval and (grpo_trained_here or "train_grpo" in rows or chosen_loaded
                        or restore_final_grpo(trainer, out, args.rl_steps)):
@@ -745,7 +751,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
               "seconds": seconds, **shared_base, **train_eval_spec,
               **({"select": {"problems": args.select_problems, "rewards": select_rewards(rows),
-                             "chosen_step": chosen}} if chosen is not None else {}),
+                             "chosen_step": chosen, "reused_sft_evaluation": reused}}
+                 if chosen is not None else {}),
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
@@ -790,6 +797,25 @@ def chosen_step(rows: dict[str, list[dict[str, Any]]]) -> int | None:
     step, the one nearer SFT. None: no select@ evaluation."""
     rewards = select_rewards(rows)
     return min(rewards, key=lambda step: (-rewards[step], step)) if rewards else None
+
+
+def reuse_sft_evaluation(rows: dict[str, list[dict[str, Any]]], seed_dir: Path) -> list[str]:
+    """When early stopping keeps SFT's agents (step 0), the grpo and train_grpo stages are SFT's
+    agents decoded greedily on the same prompts: the same kernels, so SFT's rows (and episodes)
+    stand for them rather than a second GPU evaluation of about 4 minutes, which would differ
+    only by timing noise. Returns the stages filled in this way."""
+    import shutil
+
+    reused = []
+    for stage, source in (("grpo", "sft"), ("train_grpo", "train_sft")):
+        if stage in rows or source not in rows:
+            continue
+        rows[stage] = [dict(r) for r in rows[source]]
+        episodes = seed_dir / f"episodes_{source}.jsonl"
+        if episodes.is_file():
+            shutil.copyfile(episodes, seed_dir / f"episodes_{stage}.jsonl")
+        reused.append(stage)
+    return reused
 
 
 def keep_if_best(rows: dict[str, list[dict[str, Any]]], mark: int, rl_steps: int, policy: Any,
@@ -993,7 +1019,10 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
     out.update(train_distribution_summary(per_seed, compile_only))
     if any(chosen_step(s["rows"]) is not None for s in per_seed):
         out["select"] = {"chosen_step": [chosen_step(s["rows"]) for s in per_seed],
-                         "rewards": [select_rewards(s["rows"]) for s in per_seed]}
+                         "rewards": [select_rewards(s["rows"]) for s in per_seed],
+                         "seeds": [s.get("seed") for s in per_seed],
+                         "reused_sft_evaluation": [s.get("select", {}).get(
+                             "reused_sft_evaluation", []) for s in per_seed]}
     return out
 
 
@@ -1184,6 +1213,11 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
         lines.append(f"- GRPO's agents: those of the step with the best select@ reward (early "
                      f"stopping; 0 is SFT's), per seed {chosen['chosen_step']}; select@ rewards "
                      f"per seed {[{k: round(v, 3) for k, v in r.items()} for r in chosen['rewards']]}")
+        reusing = [seed for seed, stages in zip(chosen["seeds"], chosen["reused_sft_evaluation"])
+                   if stages]
+        if reusing:
+            lines.append(f"- Seeds {reusing} kept SFT's agents: their grpo and train_grpo rows are "
+                         "SFT's greedy evaluation, not a second one (the same kernels)")
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     lines += train_distribution_lines(summary)  # after the targets: they are held-out only
     path.write_text("\n".join(lines) + "\n")
@@ -1203,6 +1237,8 @@ def outcome_table(output_dir: Path, seeds: list[int]) -> str:
     def stage_key(stage: str) -> tuple[int, int, str]:
         if stage.startswith("grpo@"):
             return (2, int(stage.removeprefix("grpo@")), "")
+        if stage.startswith(SELECT):  # select@4 before select@12
+            return (5 + len(TRAIN_STAGES), int(stage.removeprefix(SELECT)), "")
         order = {"base": 0, "sft": 1, "grpo": 3, **{st: 4 + i for i, st in enumerate(TRAIN_STAGES)}}
         return (order.get(stage, 4 + len(TRAIN_STAGES)), 0, stage)
 

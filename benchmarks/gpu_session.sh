@@ -255,12 +255,17 @@ for seed in ${LEARN_SEEDS:-0 1 2}; do
 done
 wait
 finished=\$(for s in ${LEARN_SEEDS:-0 1 2}; do [ -f /root/learning/seed\$s/seed_result.json ] && printf '%s ' \$s; done)
-# every seed; else every seed's stages so far; else the seeds that finished (a seed that died
-# in SFT, as seed 2 did on an H100 in session 22, leaves no partial.json to aggregate)
-$LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1 ||
-  $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1 ||
-  { [ -n "\$finished" ] && $LEARN --seeds \$finished --aggregate-only >> /root/learning/aggregate.log 2>&1; }
-rc=\$?
+# every seed; else both the seeds that finished (results.md: their GRPO - SFT) and every seed's
+# stages so far (results_partial.md). A seed cut before GRPO's evaluation leaves a partial.json
+# whose stages hide the other seeds' GRPO (session 23); one that died in SFT, as seed 2 did on
+# an H100 in session 22, leaves none.
+if ! $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-only > /root/learning/aggregate.log 2>&1; then
+  rc=1
+  [ -n "\$finished" ] && $LEARN --seeds \$finished --aggregate-only >> /root/learning/aggregate.log 2>&1 && rc=0
+  $LEARN --seeds ${LEARN_SEEDS:-0 1 2} --aggregate-partial >> /root/learning/aggregate.log 2>&1 && rc=0
+else
+  rc=0
+fi
 # the stages' correct kernels re-timed on the now quiet GPU: a paired comparison (RESCORE=0: no)
 [ "${RESCORE:-1}" = 0 ] || timeout ${RESCORE_LIMIT:-240} python3 benchmarks/rescore_heldout.py \
   /root/learning --seeds ${LEARN_SEEDS:-0 1 2} --repeats ${RESCORE_REPEATS:-1} > /root/learning/rescore.log 2>&1 ||

@@ -606,6 +606,16 @@ def test_outcome_table_puts_the_train_stages_after_the_held_out_ones(bench, tmp_
     assert lines[3].split("\t") == ["abs_1024", "-", "-", "compile_error", "ok"]
 
 
+def test_outcome_table_puts_the_select_stages_last_in_step_order(bench, tmp_path):
+    d = tmp_path / "seed0"
+    d.mkdir()
+    for stage in ("select@12", "select@4", "select@0", "train_sft", "sft"):
+        (d / f"episodes_{stage}.jsonl").write_text(_episode("relu_4096", "ok") + "\n")
+    header = bench.outcome_table(tmp_path, [0]).splitlines()[1].split("\t")
+    assert header == ["problem", "sft/s0", "train_sft/s0", "select@0/s0", "select@4/s0",
+                      "select@12/s0"]
+
+
 def test_a_finished_seed_runs_again_only_for_missing_train_stages_it_can_measure(bench, tmp_path):
     finished = {"rows": {"base": [], "sft": [], "grpo": []}}
     assert not bench.lacks_train_stages(tmp_path, 0, finished, sft_only=False)  # no SFT agents
@@ -688,6 +698,31 @@ def test_the_aggregate_names_the_chosen_steps(bench, tmp_path):
     bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
     assert "per seed [0, 0, 4]" in (tmp_path / "results.md").read_text()
     assert "select" not in bench.aggregate([_seed(bench, 0, stages)], compile_only=False)
+
+
+def test_sft_agents_kept_by_early_stopping_reuse_sfts_evaluation(bench, tmp_path):
+    """Step 0 chosen: grpo and train_grpo take SFT's rows and episodes, measured stages stay."""
+    rows = {"sft": [_row(True, True, 1.5, 0.7)], "train_sft": [_row(True, False, 0.0, 0.1)]}
+    (tmp_path / "episodes_sft.jsonl").write_text('{"problem": {"name": "p"}}\n')
+    assert bench.reuse_sft_evaluation(rows, tmp_path) == ["grpo", "train_grpo"]
+    assert rows["grpo"] == rows["sft"] and rows["train_grpo"] == rows["train_sft"]
+    assert rows["grpo"] is not rows["sft"]  # a copy: a later edit of one leaves the other
+    assert (tmp_path / "episodes_grpo.jsonl").read_text() == '{"problem": {"name": "p"}}\n'
+    assert not (tmp_path / "episodes_train_grpo.jsonl").exists()  # there was none to copy
+    rows["grpo"] = [_row(False, False, 0.0, -0.1)]  # measured before a resume: kept
+    assert bench.reuse_sft_evaluation(rows, tmp_path) == []
+    assert rows["grpo"][0]["reward"] == -0.1
+
+
+def test_the_aggregate_names_the_seeds_that_reused_sfts_evaluation(bench, tmp_path):
+    stages = {"base": [(False, False, 0.0, -0.1)], "sft": [(True, True, 1.0, 0.5)],
+              "grpo": [(True, True, 1.0, 0.5)], "select@0": [(True, True, 1.0, 0.4)]}
+    seeds = [_seed(bench, s, stages) for s in (0, 1)]
+    seeds[1]["select"] = {"reused_sft_evaluation": ["grpo"]}
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["select"]["reused_sft_evaluation"] == [[], ["grpo"]]
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    assert "Seeds [1] kept SFT's agents" in (tmp_path / "results.md").read_text()
 
 
 def test_the_chosen_steps_adapters_go_back_into_the_policy(bench, tmp_path):
