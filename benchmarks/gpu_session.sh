@@ -239,19 +239,48 @@ for part in "$@"; do
                # its finished stages, which --aggregate-partial compares.
                mkdir -p /root/learning/base
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
-               # an 80 GiB card holds two seeds' SFT, not three (2026-11-25): there the third
-               # seed waits for the first two SFTs unless SEED_STAGGER says otherwise
-               gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
-               SEED_STAGGER=${SEED_STAGGER:-$([ "${gpu_mib:-0}" -lt 100000 ] && echo 330 || echo 0)}
-               echo "third seed on starts after ${SEED_STAGGER} s (GPU memory ${gpu_mib} MiB)"
+               # An 80 GiB card held two seeds' SFT at batch 8, not three (2026-11-22, 2026-11-25).
+               # SEED_STAGGER=S starts the third seed on S s later (default 0). Either way a seed
+               # whose SFT ran out of GPU memory runs again once the others' SFTs are done, with
+               # what is left of its SEED_LIMIT.
+               echo "third seed on starts after ${SEED_STAGGER:-0} s; a seed that runs out of GPU memory in SFT retries"
+               rm -f /root/learning/seed*.waiting /root/learning/seed*.ended  # an earlier run's
                cat > /root/learning/driver.sh <<DRIVER
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
+seeds="${LEARN_SEEDS:-0 1 2}"
+sft_done() { [ -f /root/learning/seed\$1/sft_checkpoints/optimizer/adapter_config.json ]; }
+# waits until every other seed has finished SFT, ended, or is itself waiting to retry
+wait_for_other_sfts() {
+  local waited=0 s busy
+  while [ \$waited -lt ${RETRY_WAIT:-600} ]; do
+    busy=0
+    for s in \$seeds; do
+      [ \$s = \$1 ] || sft_done \$s || [ -f /root/learning/seed\$s.waiting ] ||
+        [ -f /root/learning/seed\$s.ended ] || busy=1
+    done
+    [ \$busy = 0 ] && return
+    sleep 10; waited=\$((waited + 10))
+  done
+}
+run_seed() {  # seed, delay: the seed's limit shrinks by its delay, so all end by SEED_LIMIT
+  local seed=\$1 delay=\$2 start left
+  sleep \$delay; start=\$(date +%s)
+  timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1
+  if [ \$? -ne 0 ] && ! sft_done \$seed && grep -q OutOfMemoryError /root/learning/seed\$seed.log; then
+    mv /root/learning/seed\$seed.log /root/learning/seed\$seed.oom.log
+    touch /root/learning/seed\$seed.waiting
+    wait_for_other_sfts \$seed
+    rm -f /root/learning/seed\$seed.waiting
+    left=\$(( ${SEED_LIMIT:-1560} - delay - (\$(date +%s) - start) ))
+    echo "seed \$seed: SFT ran out of GPU memory; again with \$left s left" >> /root/learning/retries.log
+    [ \$left -gt 60 ] && timeout \$left $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1
+  fi
+  touch /root/learning/seed\$seed.ended
+}
 i=0
-for seed in ${LEARN_SEEDS:-0 1 2}; do
-  # the third seed on waits SEED_STAGGER s, so that only two SFTs share the GPU; its limit
-  # shrinks by as much, so that every seed ends SEED_LIMIT s after the start
-  delay=\$(( i >= 2 ? ${SEED_STAGGER:-0} : 0 )); i=\$((i + 1))
-  (sleep \$delay; timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1) &
+for seed in \$seeds; do
+  run_seed \$seed \$(( i >= 2 ? ${SEED_STAGGER:-0} : 0 )) &
+  i=\$((i + 1))
 done
 wait
 finished=\$(for s in ${LEARN_SEEDS:-0 1 2}; do [ -f /root/learning/seed\$s/seed_result.json ] && printf '%s ' \$s; done)

@@ -149,6 +149,10 @@ def test_the_sft_recipe_records_steps_rate_and_method(bench):
     assert lora == {"steps": 500, "batch_size": 8, "learning_rate": 2e-4, "method": "lora r64"}
     full = bench.sft_recipe(bench.parse_args(["--sft-full-finetune", "--sft-learning-rate", "2e-5"]))
     assert (full["method"], full["learning_rate"]) == ("full", 2e-5)
+    halves = bench.sft_recipe(bench.parse_args(["--sft-batch-size", "4", "--sft-grad-accum", "2"]))
+    assert (halves["batch_size"], halves["grad_accum"]) == (4, 2)
+    with pytest.raises(SystemExit, match="--sft-grad-accum 0"):
+        bench.parse_args(["--sft-grad-accum", "0"])
 
 
 def test_the_note_names_sft_data_only_where_it_differs(bench):

@@ -54,3 +54,23 @@ def test_sft_on_four_examples_lowers_loss_and_saves_adapter(tmp_path):
     assert (tmp_path / "sft_checkpoints" / "generator" / "adapter_config.json").exists()
     after = policy.trainable_parameters(AgentRole.OPTIMIZER)
     assert all((a == b).all() for a, b in zip(before, after)), "the other agent's adapter moved"
+
+
+def test_sft_counts_the_examples_cut_at_max_seq_length(tmp_path):
+    """A reply cut at max_seq_length loses its end; run_sft says how many were cut."""
+    from datasets import Dataset
+
+    tok = gguf_tokenizer()
+    lengths = [len(tokenize_chat(tok, m, 4096)["input_ids"]) for m in EXAMPLES]
+    limit = min(lengths) - 2  # every example is longer; dropped == 0: each keeps reply tokens
+    cfg = SFTConfig(output_dir=tmp_path, max_steps=1, batch_size=4, max_seq_length=limit,
+                    report_to=())
+    policy = tiny_policy()
+    result = run_sft(AgentRole.GENERATOR, policy.config,
+                     Dataset.from_dict({"messages": EXAMPLES}), cfg, policy=policy)
+    assert (result.status, result.truncated, result.dropped) == (SFTStatus.OK, 4, 0)
+    roomy = SFTConfig(output_dir=tmp_path / "roomy", max_steps=1, batch_size=4,
+                      max_seq_length=max(lengths), report_to=())
+    policy = tiny_policy()
+    assert run_sft(AgentRole.GENERATOR, policy.config, Dataset.from_dict({"messages": EXAMPLES}),
+                   roomy, policy=policy).truncated == 0  # exactly at the limit is not cut

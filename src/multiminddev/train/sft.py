@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.train.checkpoints import SFT_DIR, save_role
 from multiminddev.policy.model import release_cached_gpu_memory
+from multiminddev.train.checkpoints import SFT_DIR, save_role
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class SFTResult:
     loss_before: float = math.nan  # mean assistant-token loss on loss_eval_examples, before
     loss_after: float = math.nan  # ... and after training
     dropped: int = 0  # examples with no assistant token left after truncation
+    truncated: int = 0  # examples cut at max_seq_length: their reply's end is not learned
     train_loss: float = math.nan  # Trainer's running mean
     seconds: float = 0.0
     qlora: bool = False
@@ -194,15 +195,24 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
         policy = load_policy(policy_cfg)
     model = _trainable_model(policy, role, cfg.full_finetune)
     tokenizer = policy.tokenizer
-    encoded = [tokenize_chat(tokenizer, m, cfg.max_seq_length) for m in dataset["messages"]]
+    # one token past the limit tells a cut example from one that fits exactly
+    longer = [tokenize_chat(tokenizer, m, cfg.max_seq_length + 1) for m in dataset["messages"]]
+    truncated = sum(len(e["input_ids"]) > cfg.max_seq_length for e in longer)
+    encoded = [{k: v[: cfg.max_seq_length] for k, v in e.items()} for e in longer]
     examples = [e for e in encoded if any(t != IGNORE_INDEX for t in e["labels"])]
     dropped = len(encoded) - len(examples)
+    if truncated:
+        # a cut reply never shows its end (closing fence, end-of-turn), so the agent may learn
+        # to run on; 25 of the Optimizer's 246 examples were cut at 2048 tokens (session 23)
+        log.warning("SFT %s: %d of %d examples were cut at max_seq_length=%d and lose their "
+                    "reply's end", role.value, truncated, len(encoded), cfg.max_seq_length)
     out_dir = cfg.checkpoint_root / role.value
     if not examples:
         log.warning("SFT %s: all %d examples lost their reply to truncation at max_seq_length=%d;"
                     " raise max_seq_length", role.value, len(encoded), cfg.max_seq_length)
         return SFTResult(status=SFTStatus.EMPTY_DATASET, role=role, output_dir=None,
-                         dropped=dropped, seconds=time.perf_counter() - start)
+                         dropped=dropped, truncated=truncated,
+                         seconds=time.perf_counter() - start)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     scored = examples[: cfg.loss_eval_examples]
     loss_before = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
@@ -214,6 +224,7 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     save_role(policy, role, cfg.checkpoint_root)
     return SFTResult(status=SFTStatus.OK, role=role, output_dir=out_dir,
                      num_examples=len(examples), steps=output.global_step, dropped=dropped,
+                     truncated=truncated,
                      loss_before=loss_before, loss_after=loss_after,
                      train_loss=float(output.training_loss), qlora=qlora,
                      seconds=time.perf_counter() - start,
