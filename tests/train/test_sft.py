@@ -74,3 +74,48 @@ def test_sft_counts_the_examples_cut_at_max_seq_length(tmp_path):
     policy = tiny_policy()
     assert run_sft(AgentRole.GENERATOR, policy.config, Dataset.from_dict({"messages": EXAMPLES}),
                    roomy, policy=policy).truncated == 0  # exactly at the limit is not cut
+
+
+@pytest.mark.parametrize("num_items", [None, 17])
+def test_logits_from_labels_gives_the_whole_sequences_loss_and_gradients(num_items):
+    """The trimmed batch (logits only from before the first assistant token) scores the same
+    loss and gradients as the whole sequence, for the model's own causal-LM loss, with and
+    without the Trainer's token count for gradient accumulation."""
+    import torch
+
+    from multiminddev.train.sft import collate_examples
+
+    tok = gguf_tokenizer()
+    examples = [tokenize_chat(tok, EXAMPLES[0], 4096),  # rows of different lengths and prompts
+                tokenize_chat(tok, [{"role": "user", "content": "a much longer request " * 6},
+                                    *EXAMPLES[1][1:]], 4096)]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    whole = collate_examples(pad)(examples)
+    trimmed = collate_examples(pad, logits_from_labels=True)(examples)
+    width = whole["input_ids"].shape[1]
+    assert 0 < trimmed["logits_to_keep"] < width / 2  # most positions are prompt
+    assert trimmed["labels"].shape == (2, trimmed["logits_to_keep"])
+    assert int((trimmed["labels"] != IGNORE_INDEX).sum()) == int((whole["labels"] != IGNORE_INDEX).sum())
+    model = tiny_policy().peft_model
+    model.train()
+    extra = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    results = []
+    for batch in (whole, trimmed):
+        model.zero_grad()
+        loss = model(**batch, **extra).loss
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                         if p.grad is not None}))
+    (loss_whole, grads_whole), (loss_trimmed, grads_trimmed) = results
+    torch.testing.assert_close(loss_trimmed, loss_whole, rtol=1e-5, atol=1e-6)
+    assert grads_whole and grads_whole.keys() == grads_trimmed.keys()
+    for name, grad in grads_whole.items():
+        torch.testing.assert_close(grads_trimmed[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_with_no_assistant_token_is_left_whole():
+    from multiminddev.train.sft import collate_examples
+
+    batch = collate_examples(0, logits_from_labels=True)(
+        [{"input_ids": [5, 6, 7], "labels": [IGNORE_INDEX] * 3}])
+    assert "logits_to_keep" not in batch and batch["labels"].shape == (1, 3)

@@ -109,8 +109,15 @@ def tokenize_chat(tokenizer, messages: list[dict[str, str]], max_len: int) -> di
     return {"input_ids": input_ids[:max_len], "labels": labels[:max_len]}
 
 
-def collate_examples(pad_id: int):
-    """Pads tokenized examples (``tokenize_chat``'s) into a batch: ids, attention mask, labels."""
+def collate_examples(pad_id: int, logits_from_labels: bool = False):
+    """Pads tokenized examples (``tokenize_chat``'s) into a batch: ids, attention mask, labels.
+
+    ``logits_from_labels``: the batch also asks the model for logits only from the position
+    before the batch's first assistant token on (``logits_to_keep``), with ``labels`` cut to
+    those positions, so that a causal LM's own loss is the same as on the whole sequence. Why:
+    the prompt's full-vocabulary logits were most of SFT's memory (3 GiB per float32 copy at
+    8 x 2048 tokens, 2026-11-25), and an Optimizer prompt is about three quarters of its example.
+    """
     import torch
 
     def collate(batch: list[dict[str, list[int]]]) -> dict[str, Any]:
@@ -123,7 +130,13 @@ def collate_examples(pad_id: int):
             ids[row, :n] = torch.tensor(b["input_ids"])
             labels[row, :n] = torch.tensor(b["labels"])
             mask[row, :n] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        labelled = (labels != IGNORE_INDEX).any(dim=0).nonzero()
+        if logits_from_labels and len(labelled) and int(labelled[0]) > 0:
+            # logits at position t score token t + 1: keep from the one before the first label
+            keep = width - int(labelled[0]) + 1
+            out["labels"], out["logits_to_keep"] = labels[:, width - keep:], keep
+        return out
 
     return collate
 
@@ -217,7 +230,8 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     scored = examples[: cfg.loss_eval_examples]
     loss_before = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
     trainer = Trainer(model=model, args=_training_args(cfg, out_dir / "trainer"),
-                      train_dataset=_ListDataset(examples), data_collator=collate_examples(pad_id))
+                      train_dataset=_ListDataset(examples),
+                      data_collator=collate_examples(pad_id, logits_from_labels=True))
     output = trainer.train()
     release_cached_gpu_memory()  # evaluation workers on this GPU come next
     loss_after = mean_assistant_loss(model, scored, pad_id, cfg.batch_size)
