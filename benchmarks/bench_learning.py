@@ -627,12 +627,21 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     # the stages it finished: evaluations from partial.json, SFT from its saved adapters, GRPO
     # from rl_checkpoints/latest.
     partial = _read_json(out / "partial.json") or {}
-    rows: dict[str, Any] = dict(partial.get("rows", {}))
-    seconds: dict[str, float] = dict(partial.get("seconds", {}))
-    sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     recipe = sft_recipe(args)
     if "optimizer_repair" in recipe:  # counted when SFT ran; a resumed seed keeps the count
         recipe["optimizer_repair"] = partial.get("sft_recipe", {}).get("optimizer_repair", {})
+    if sft_done:
+        check_sft_matches(partial, recipe, args.sft_problems, sft_dir)
+    settings = eval_settings(args, torch.cuda.get_device_name(0) if not compile_only else "cpu")
+    kept = drop_rows_of_other_settings(partial, settings, out.name)
+    if kept is not partial and (out / "rl_checkpoints").is_dir():
+        # select@K and grpo@K would be measured again with the last step's agents
+        raise SystemExit(f"{out}: GRPO ran here under other evaluation settings, and its earlier "
+                         "steps' agents are gone; use another --output-dir")
+    partial = kept
+    rows: dict[str, Any] = dict(partial.get("rows", {}))
+    seconds: dict[str, float] = dict(partial.get("seconds", {}))
+    sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
     # a rerun without the option keeps the spec of the train_* rows measured before
     spec = args.train_eval_problems or partial.get("train_eval_problems")
@@ -642,7 +651,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         (out / "partial.json").write_text(json.dumps(
             {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
              "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base,
-             **train_eval_spec}, default=str))
+             **train_eval_spec, "eval_settings": settings}, default=str))
 
     def evaluate(stage: str, problems: list[Any] | None = None) -> None:
         """``problems``: None for the held-out ones."""
@@ -745,8 +754,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     reused = (reuse_sft_evaluation(rows, out) if chosen == 0 and args.eval_temperature == 0
               else [])
     if reused:
-        print(f"seed {seed}: GRPO's agents are SFT's: {', '.join(reused)} reuse SFT's greedy "
-              "evaluation", flush=True)
+        print(f"seed {seed}: GRPO's agents are SFT's: stages {', '.join(reused)} take SFT's "
+              "greedy evaluation", flush=True)
         save_partial()
     evaluate("grpo")
     if train_eval and (grpo_trained_here or "train_grpo" in rows or chosen_loaded
@@ -769,6 +778,48 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def eval_settings(args: BenchArgs, device: str) -> dict[str, Any]:
+    """What an evaluation stage's rows depend on besides the agents and the problems: rows
+    measured under other settings (another GPU's timings, other turns or decoding) are not
+    reused when a seed resumes, e.g. from SFT checkpoints kept by another session."""
+    return {"device": device, "heldout_problems": args.heldout_problems,
+            "eval_problems": args.eval_problems,
+            "turns": args.eval_max_turns or args.max_turns,
+            "temperature": args.eval_temperature, "dtype": args.eval_dtype,
+            "compiled_decoding": args.eval_compiled_decoding,
+            "max_new_tokens": args.max_new_tokens,
+            "generator_max_new_tokens": args.generator_max_new_tokens}
+
+
+def drop_rows_of_other_settings(partial: dict[str, Any], settings: dict[str, Any],
+                                name: str) -> dict[str, Any]:
+    """``partial`` without its measured rows and their times when they were measured under other
+    evaluation settings than ``settings``. A record without settings (written before they were
+    kept) is taken as it is."""
+    kept = partial.get("eval_settings")
+    if kept is None or kept == settings or not partial.get("rows"):
+        return partial
+    changed = sorted(k for k in {*kept, *settings} if kept.get(k) != settings.get(k))
+    print(f"{name}: stages {sorted(partial['rows'])} were measured with other evaluation "
+          f"settings ({', '.join(f'{k} {kept.get(k)!r} -> {settings.get(k)!r}' for k in changed)}): "
+          "they are evaluated again", flush=True)
+    seconds = {k: v for k, v in partial.get("seconds", {}).items() if not k.startswith("eval_")}
+    return {**partial, "rows": {}, "seconds": seconds}
+
+
+def check_sft_matches(partial: dict[str, Any], recipe: dict[str, Any], sft_problems: str,
+                      sft_dir: Path) -> None:
+    """Stops the run when the saved SFT agents were trained another way than this run asks for:
+    GRPO and the sft stage would otherwise be of another SFT than the one reported."""
+    kept_recipe, kept_problems = partial.get("sft_recipe"), partial.get("sft_problems")
+    if kept_recipe is None and kept_problems is None:
+        return  # no record of how they were trained (an older or a hand-made folder)
+    if kept_recipe != recipe or kept_problems != sft_problems:
+        raise SystemExit(f"{sft_dir} holds SFT agents of recipe {kept_recipe} on "
+                         f"{kept_problems}; this run asks for {recipe} on {sft_problems}. Use "
+                         "another --output-dir, or the SFT flags those agents were trained with")
 
 
 def sft_recipe(args: BenchArgs) -> dict[str, Any]:

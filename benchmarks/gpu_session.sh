@@ -92,8 +92,14 @@ stage-a)
   # stage-a twice, .stage/a holding part_aa, then part_ab; the last part goes in .stage/b)
   mkdir -p /root/stage && cp .stage/a/part_* /root/stage/ && echo "staged $(ls .stage/a)"
   exit 0 ;;
+sft-stage)
+  # SFT agents an earlier session kept (sft-keep, benchmarks/sft_keep.py): the chunks in
+  # .stage/sft, three per call (the repository travels with each call, 64 MiB in all), the
+  # manifest with any. learning-start restores them into a fresh /root/learning.
+  mkdir -p /root/stage_sft && cp .stage/sft/sft.tar.* /root/stage_sft/ && echo "staged $(ls /root/stage_sft)"
+  exit 0 ;;
 run) shift ;;
-*) echo "usage: $0 stage-a | run PARTS..."; exit 2 ;;
+*) echo "usage: $0 stage-a | sft-stage | run PARTS..."; exit 2 ;;
 esac
 
 needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" tests-rest-split "*|*" diag-exit "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
@@ -239,6 +245,12 @@ for part in "$@"; do
                # its finished stages, which --aggregate-partial compares.
                mkdir -p /root/learning/base
                [ -f .scratch/base/partial.json ] && cp .scratch/base/partial.json /root/learning/base/
+               # SFT agents staged by sft-stage: the seeds load them instead of training, and
+               # reuse their SFT evaluations where the evaluation settings (GPU included) match
+               if ls /root/stage_sft/sft.tar.part_* > /dev/null 2>&1; then
+                 python3 benchmarks/sft_keep.py restore /root/stage_sft /root/learning ||
+                   echo "the staged SFT agents were not restored: the seeds train their own"
+               fi
                # An 80 GiB card held two seeds' SFT at batch 8, not three (2026-11-22, 2026-11-25).
                # SEED_STAGGER=S starts the third seed on S s later (default 0). Either way a seed
                # whose SFT ran out of GPU memory runs again once the others' SFTs are done, with
@@ -336,6 +348,16 @@ DRIVER
                rm -f /root/learning/DONE
                setsid nohup bash /root/learning/driver.sh > /root/learning/driver.log 2>&1 < /dev/null &
                echo "sft mixes started: $SFT_MIXES" > "$RES/$part.log" ;;
+  sft-keep)    # after a learning run: its seeds' SFT adapters and records (sft_keep.py pack) as
+               # 13 MiB chunks; SFT_KEEP_PART=K returns chunks 3K-2 to 3K and the manifest (8
+               # files and 64 MiB come back per call, the results pack among them). Three seeds
+               # make 9 chunks: SFT_KEEP_PART=1, 2 and 3.
+               [ -f /root/sft_keep/sft.tar.manifest.json ] ||
+                 python3 benchmarks/sft_keep.py pack /root/learning /root/sft_keep \
+                   --seeds ${LEARN_SEEDS:-0 1 2} > "$RES/$part.log" 2>&1
+               first=$(( ${SFT_KEEP_PART:-1} * 3 - 2 ))
+               ls /root/sft_keep/sft.tar.part_* | sed -n "${first},$(( first + 2 ))p" | xargs -r cp -t "$OUT/" &&
+                 cp /root/sft_keep/sft.tar.manifest.json "$OUT/" ;;
   learning-wait)
                # a fresh machine (the last one went back) has no run to wait for: say so at once
                if [ ! -f /root/learning/driver.sh ]; then

@@ -771,3 +771,34 @@ def test_the_chosen_steps_adapters_go_back_into_the_policy(bench, tmp_path):
     assert all(torch.equal(generator_lora()[n], w) for n, w in at_sft.items())
     with pytest.raises(RuntimeError, match="holds step 4's agents, not step 8's"):
         bench.load_chosen_agents(policy, 8, tmp_path / "sft_checkpoints", tmp_path, roles)
+
+
+def test_rows_of_other_evaluation_settings_are_measured_again(bench, capsys):
+    args = bench.parse_args([])
+    here = bench.eval_settings(args, "NVIDIA H100 80GB HBM3")
+    partial = {"rows": {"sft": [_row(True, True, 1.2, 0.7)]},
+               "seconds": {"sft": 250.0, "eval_sft": 170.0}, "sft_recipe": {"steps": 150}}
+    assert bench.drop_rows_of_other_settings(partial, here, "seed0") is partial  # no record
+    same = {**partial, "eval_settings": dict(here)}
+    assert bench.drop_rows_of_other_settings(same, here, "seed0") is same
+    elsewhere = {**partial, "eval_settings": {**here, "device": "NVIDIA H200"}}
+    kept = bench.drop_rows_of_other_settings(elsewhere, here, "seed0")
+    assert kept["rows"] == {} and kept["seconds"] == {"sft": 250.0}  # SFT's own time stays
+    assert kept["sft_recipe"] == {"steps": 150}
+    assert "device 'NVIDIA H200' -> 'NVIDIA H100 80GB HBM3'" in capsys.readouterr().out
+    two_turns = bench.eval_settings(bench.parse_args(["--eval-max-turns", "3"]), "cpu")
+    assert two_turns["turns"] == 3 and bench.eval_settings(args, "cpu")["turns"] == args.max_turns
+
+
+def test_saved_sft_agents_of_another_recipe_stop_the_run(bench, tmp_path):
+    args = bench.parse_args(["--sft-steps", "300"])
+    recipe = bench.sft_recipe(args)
+    record = {"sft_recipe": recipe, "sft_problems": args.sft_problems}
+    bench.check_sft_matches(record, recipe, args.sft_problems, tmp_path)  # the same: no error
+    bench.check_sft_matches({}, recipe, args.sft_problems, tmp_path)  # no record: no error
+    other = bench.sft_recipe(bench.parse_args(["--sft-steps", "300", "--sft-batch-size", "4",
+                                               "--sft-grad-accum", "2"]))
+    with pytest.raises(SystemExit, match="another --output-dir"):
+        bench.check_sft_matches(record, other, args.sft_problems, tmp_path)
+    with pytest.raises(SystemExit, match="builtin:tier0:train"):
+        bench.check_sft_matches(record, recipe, "builtin:tier0:train", tmp_path)
