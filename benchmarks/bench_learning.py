@@ -64,6 +64,7 @@ class BenchArgs:
     sft_steps: int
     sft_batch_size: int
     sft_grad_accum: int
+    sft_max_seq_length: int
     rl_steps: int
     problems_per_step: int
     group_size: int
@@ -150,6 +151,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "--sft-batch-size 4 --sft-grad-accum 2 takes steps of 8 examples with "
                         "half the memory (SFT's full-vocabulary logits, about 3 GiB per copy at "
                         "8 x 2048 tokens, filled an 80 GiB card with three seeds)")
+    p.add_argument("--sft-max-seq-length", type=int, default=2048,
+                   help="SFT's example length (SFTConfig.max_seq_length); longer examples lose "
+                        "their reply's end. 25 of RESIZED_MIX's 246 Optimizer examples with "
+                        "--sft-strip-comments are longer than 2048, up to 2091 (session 23)")
     p.add_argument("--sft-learning-rate", type=float, default=2e-4,
                    help="SFT's learning rate (SFTConfig.learning_rate; for --sft-full-finetune "
                         "something like 2e-5)")
@@ -325,9 +330,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.optimizer_repair_per_family < 0:
         raise SystemExit(f"--optimizer-repair-per-family {a.optimizer_repair_per_family}: "
                          "use N >= 1, or 0 for a pair per problem")
-    if a.sft_batch_size < 1 or a.sft_grad_accum < 1:
+    if min(a.sft_batch_size, a.sft_grad_accum, a.sft_max_seq_length) < 1:
         raise SystemExit(f"--sft-batch-size {a.sft_batch_size} / --sft-grad-accum "
-                         f"{a.sft_grad_accum}: both need to be at least 1")
+                         f"{a.sft_grad_accum} / --sft-max-seq-length {a.sft_max_seq_length}: "
+                         "each needs to be at least 1")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
     if a.select_problems:
@@ -614,7 +620,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         anchor_problems = (load_problems(args.sft_anchor_problems) if args.sft_anchor_problems
                            else train if sft is None else sft)
         anchor = sft_anchor_examples(policy.tokenizer, cfg.train_roles, anchor_problems, seed,
-                                     args.generator_variants, args.sft_strip_comments)
+                                     args.generator_variants, args.sft_strip_comments,
+                                     args.sft_max_seq_length)
     else:
         anchor = None
     trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
@@ -701,6 +708,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      grad_accum=args.sft_grad_accum,
+                                     max_seq_length=args.sft_max_seq_length,
                                      learning_rate=args.sft_learning_rate,
                                      full_finetune=args.sft_full_finetune,
                                      loss_eval_examples=1 if args.sft_steps < 5 else 8,
@@ -828,6 +836,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
             # the examples per optimizer step are batch_size x grad_accum; 1 is left out, so
             # that records from before the option compare equal
             **({"grad_accum": args.sft_grad_accum} if args.sft_grad_accum != 1 else {}),
+            **({"max_seq_length": args.sft_max_seq_length}
+               if args.sft_max_seq_length != 2048 else {}),
             "learning_rate": args.sft_learning_rate,
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
             **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
@@ -916,12 +926,13 @@ def load_chosen_agents(policy: Any, step: int, sft_dir: Path, seed_dir: Path,
 
 
 def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
-                        generator_variants: list[str], strip_comments: bool = False
-                        ) -> dict[Any, list[dict[str, list[int]]]]:
-    """Per role, the SFT data tokenized as SFT tokenizes it: GRPO's SFT anchor."""
+                        generator_variants: list[str], strip_comments: bool = False,
+                        max_len: int | None = None) -> dict[Any, list[dict[str, list[int]]]]:
+    """Per role, the SFT data tokenized as SFT tokenizes it (``max_len``: SFT's
+    max_seq_length, None: SFTConfig's): GRPO's SFT anchor."""
     from multiminddev.train.sft import SFTConfig, tokenize_chat
 
-    max_len = SFTConfig.max_seq_length
+    max_len = max_len or SFTConfig.max_seq_length
     return {role: [tokenize_chat(tokenizer, m, max_len)
                    for m in sft_data(role, problems, seed, generator_variants,
                                      strip_comments=strip_comments)["messages"]]

@@ -153,6 +153,9 @@ def test_the_sft_recipe_records_steps_rate_and_method(bench):
     assert (halves["batch_size"], halves["grad_accum"]) == (4, 2)
     with pytest.raises(SystemExit, match="--sft-grad-accum 0"):
         bench.parse_args(["--sft-grad-accum", "0"])
+    assert "max_seq_length" not in halves  # the default, as older records have it
+    longer = bench.sft_recipe(bench.parse_args(["--sft-max-seq-length", "2304"]))
+    assert longer["max_seq_length"] == 2304
 
 
 def test_the_note_names_sft_data_only_where_it_differs(bench):
@@ -355,6 +358,11 @@ def test_sft_anchor_examples_are_the_sft_data_tokenized_per_role(bench):
         assert all(any(label != -100 for label in e["labels"]) for e in anchor[role])
     args = bench.parse_args(["--sft-anchor", "0.5"])
     assert args.sft_anchor == 0.5 and bench.parse_args([]).sft_anchor == 0.0
+    # tokenized at SFT's length: a shorter one cuts every example there
+    short = bench.sft_anchor_examples(tokenizer, [AgentRole.GENERATOR], problems, 0, ["naive"],
+                                      max_len=300)
+    assert max(len(e["input_ids"]) for e in anchor[AgentRole.GENERATOR]) > 300
+    assert {len(e["input_ids"]) for e in short[AgentRole.GENERATOR]} == {300}
 
 
 def _episode(problem, *turns):
