@@ -116,7 +116,7 @@ def collate_examples(pad_id: int, logits_from_labels: bool = False):
     before the batch's first assistant token on (``logits_to_keep``), with ``labels`` cut to
     those positions, so that a causal LM's own loss is the same as on the whole sequence. Why:
     the prompt's full-vocabulary logits were most of SFT's memory (3 GiB per float32 copy at
-    8 x 2048 tokens, 2026-11-25), and an Optimizer prompt is about three quarters of its example.
+    8 x 2048 tokens, 2026-11-25), and an Optimizer example is about 60% prompt.
     """
     import torch
 
