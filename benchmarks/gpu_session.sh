@@ -102,7 +102,7 @@ run) shift ;;
 *) echo "usage: $0 stage-a | sft-stage | run PARTS..."; exit 2 ;;
 esac
 
-needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" tests-rest-split "*|*" diag-exit "*|*" bench-generation "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
+needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" tests-rest-split "*|*" diag-exit "*|*" bench-generation "*|*" bench-sft-memory "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
 if needs_model "$@" && [ ! -f "$GGUF" ]; then
   cat /root/stage/part_* .stage/b/part_* > "$GGUF" || { echo "stage-a first"; exit 1; }
 fi
@@ -197,6 +197,8 @@ for part in "$@"; do
   bench-eval)  timeout 300 python3 benchmarks/bench_eval.py --out "$RES" ${BENCH_EVAL_MODE---quick} ${BENCH_EVAL_ONLY:+--only $BENCH_EVAL_ONLY} \
                  ${BENCH_EVAL_TRANSFER:+--tensor-transfer $BENCH_EVAL_TRANSFER} \
                  > "$RES/$part.log" 2>&1 ;;
+  bench-sft-memory) timeout 300 python3 benchmarks/bench_sft_memory.py --model "$GGUF" --batch 4 8 \
+                 --out "$RES" > "$RES/$part.log" 2>&1 ;;
   bench-generation) timeout 420 python3 benchmarks/bench_generation.py --model "$GGUF" \
                  --batch 1 32 --new-tokens 256 --repeats 2 --episodes 8 --turns 2 \
                  --out "$RES/generation.jsonl" > "$RES/$part.log" 2>&1 ;;
