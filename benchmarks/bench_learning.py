@@ -129,6 +129,10 @@ class BenchArgs:
     # the held-out element-wise problems while its training reward rose)
     select_problems: str = ""
     select_count: int = 16
+    # a second sample joined to the first, e.g. GRPO's own families at sizes nobody trained on
+    # beside the first's families it may drift on
+    select_also: str = ""
+    select_also_count: int = 6
     select_every: int = 4
 
 
@@ -298,6 +302,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "Default: off (the last step's agents)")
     p.add_argument("--select-count", type=int, default=16, metavar="N",
                    help="problems in that sample (fixed RNG, as --train-eval-count's)")
+    p.add_argument("--select-also", default="", metavar="SPEC",
+                   help="a second fixed sample joined to --select-problems' (duplicates once), "
+                        "drawn the same way, so that early stopping sees two kinds of problems "
+                        "in set proportions: e.g. GRPO's own families at sizes nobody trained "
+                        "on (where its learning shows) beside the others (where drift shows)")
+    p.add_argument("--select-also-count", type=int, default=6, metavar="N",
+                   help="problems in that second sample")
     p.add_argument("--select-every", type=int, default=4, metavar="K",
                    help="GRPO steps between select@K evaluations (and after the last)")
     p.add_argument("--cpu-smoke", action="store_true",
@@ -336,10 +347,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                          "each needs to be at least 1")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
+    if a.select_also and not a.select_problems:
+        raise SystemExit("--select-also adds to --select-problems' sample: give both")
     if a.select_problems:
-        if a.select_count < 1 or a.select_every < 1:
+        if a.select_count < 1 or a.select_every < 1 or (a.select_also and a.select_also_count < 1):
             raise SystemExit(f"--select-count {a.select_count} / --select-every "
-                             f"{a.select_every}: both need to be at least 1")
+                             f"{a.select_every} / --select-also-count {a.select_also_count}: "
+                             "each needs to be at least 1")
         if a.sft_full_finetune:
             raise SystemExit("--select-problems reloads LoRA adapters of the chosen step; with "
                              "--sft-full-finetune leave it off")
@@ -515,15 +529,22 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
         start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction))
 
 
-def select_problems(spec: str, count: int, heldout: list[Any]) -> list[Any]:
+def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
+                    also_count: int = 0) -> list[Any]:
     """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
-    sample is. Choosing agents on held-out problems would make the held-out figures biased, so a
-    held-out problem in the sample is an error."""
+    sample is, joined to a second one drawn from ``also`` (--select-also). Choosing agents on
+    held-out problems would make the held-out figures biased, so a held-out problem in the
+    sample is an error."""
     from multiminddev.tasks.loaders import load_problems
 
     if not spec:
         return []
     chosen = train_eval_subset(load_problems(spec), count)
+    if also:
+        names = {p.name for p in chosen}
+        chosen = sorted([*chosen, *(p for p in train_eval_subset(load_problems(also), also_count)
+                                    if p.name not in names)], key=lambda p: p.name)
+        spec = f"{spec} and {also}"
     shared = sorted({p.name for p in chosen} & {p.name for p in heldout})
     if shared:
         raise SystemExit(f"--select-problems {spec}: {', '.join(shared)} are held out; choose "
@@ -662,6 +683,15 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     def evaluate(stage: str, problems: list[Any] | None = None) -> None:
         """``problems``: None for the held-out ones."""
+        wanted = heldout if problems is None else problems
+        if stage in rows and not measured_on(rows[stage], wanted):
+            # e.g. kept SFT's select@0 and a run whose --select-problems draw another sample
+            if not stage_agents_at_hand(stage):
+                raise SystemExit(f"{out}: stage {stage} was measured on other problems, and the "
+                                 "agents it measured are gone; use another --output-dir")
+            print(f"seed {seed}: {stage} was measured on other problems; evaluating it again",
+                  flush=True)
+            del rows[stage]
         if stage in rows:
             print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
             return
@@ -779,13 +809,26 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
               "seconds": seconds, **shared_base, **train_eval_spec,
-              **({"select": {"problems": args.select_problems, "rewards": select_rewards(rows),
+              **({"select": {"problems": args.select_problems,
+                             **({"also": args.select_also} if args.select_also else {}),
+                             "rewards": select_rewards(rows),
                              "chosen_step": chosen, "reused_sft_evaluation": reused}}
                  if chosen is not None else {}),
               "episodes_per_min_eval": 60 * len(heldout) * len(evaluated)
               / max(1e-9, sum(seconds[f"eval_{s}"] for s in evaluated))}
     (out / "seed_result.json").write_text(json.dumps(result, indent=2, default=str))
     return result
+
+
+def measured_on(stage_rows: list[dict[str, Any]], problems: list[Any]) -> bool:
+    """Whether a stage's rows are one per problem of ``problems`` (names, in any order)."""
+    return sorted(r["problem"] for r in stage_rows) == sorted(p.name for p in problems)
+
+
+def stage_agents_at_hand(stage: str) -> bool:
+    """Whether a stage's agents can still be evaluated when it is reached again: the base
+    model's and SFT's can (SFT's are saved); an intermediate GRPO step's are gone."""
+    return stage in ("base", "sft", "train_sft", f"{SELECT}0")
 
 
 def eval_settings(args: BenchArgs, device: str) -> dict[str, Any]:
@@ -1083,6 +1126,14 @@ def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str,
     return {"mean": mean, "std": spread, "per_seed": gains, "exceeds_spread": mean > spread}
 
 
+def spread_text(gain: dict[str, Any]) -> str:
+    """A gain's spread as results.md says it; one seed has none (gain_summary counts it as
+    infinite, so that no single seed meets a target)."""
+    if math.isinf(gain["std"]):
+        return "one seed: no spread, so it cannot exceed it"
+    return f"std over seeds {gain['std']:.3f}"
+
+
 def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
               base_run: dict[str, Any] | None = None) -> dict[str, Any]:
     share_base_stage(per_seed, compile_only, base_run)
@@ -1263,8 +1314,8 @@ def train_distribution_lines(summary: dict[str, Any]) -> list[str]:
                   ""]
     for m in TRAIN_GAIN_METRICS:
         if (g := summary.get(f"train_gain/{m}")) is not None:
-            lines.append(f"- train_grpo - train_sft {m}: {g['mean']:+.3f} (std over seeds "
-                         f"{g['std']:.3f}); per seed {[round(x, 3) for x in g['per_seed']]}")
+            lines.append(f"- train_grpo - train_sft {m}: {g['mean']:+.3f} ({spread_text(g)}); "
+                         f"per seed {[round(x, 3) for x in g['per_seed']]}")
     lines += within_two_turns_lines(summary, TRAIN_STAGES)
     if info["stages"]:
         lines += episode_count_lines(summary, info["stages"])
@@ -1282,7 +1333,7 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
     lines += ["", "mean ± std over seeds [bootstrap 95% CI over pooled episodes]", ""]
     for m in ("reward_mean", "fast_1"):
         g = summary[f"gain/{m}"]
-        lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} (std over seeds {g['std']:.3f}); "
+        lines.append(f"- GRPO - SFT {m}: {g['mean']:+.3f} ({spread_text(g)}); "
                      f"per seed {[round(x, 3) for x in g['per_seed']]}")
     lines += within_two_turns_lines(summary)
     lines += episode_count_lines(summary, STAGES)
@@ -1433,7 +1484,8 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(p.name for p in train_eval), flush=True)
             done = {s: r for s, r in done.items()
                     if not lacks_train_stages(args.output_dir, s, r, args.sft_only)}
-        select = select_problems(args.select_problems, args.select_count, heldout)
+        select = select_problems(args.select_problems, args.select_count, heldout,
+                                 args.select_also, args.select_also_count)
         start = time.perf_counter()
         with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
             per_seed = []

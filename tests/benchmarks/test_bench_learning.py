@@ -690,13 +690,62 @@ def test_select_problems_are_a_fixed_sample_that_refuses_held_out_problems(bench
         bench.select_problems("builtin:tier0:heldout", 3, heldout)
 
 
+def test_select_also_joins_a_second_fixed_sample_once(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    heldout = load_problems("builtin:tier0,tier1:heldout")
+    spec = "builtin:tier0,tier1:train:resized2from12"
+    families = "builtin:tier1:train:resized2from12:cumsum:transpose:matvec:argmax_dim"
+    first = bench.select_problems(spec, 12, heldout)
+    joined = bench.select_problems(spec, 12, heldout, families, 6)
+    also = bench.select_problems(families, 6, heldout)
+    names = [p.name for p in joined]
+    # the first sample is the one a run without --select-also draws, so their select@ agree
+    assert {p.name for p in first} <= set(names)
+    assert set(names) == {p.name for p in first} | {p.name for p in also}
+    assert len(names) == len(set(names)) == 12 + 6 - len({p.name for p in first}
+                                                          & {p.name for p in also})
+    assert names == sorted(names)
+    assert names == [p.name for p in bench.select_problems(spec, 12, heldout, families, 6)]
+    with pytest.raises(SystemExit, match="are held out"):
+        bench.select_problems(spec, 12, heldout, "builtin:tier1:heldout", 2)
+
+
+def test_a_stage_measured_on_other_problems_is_not_reused(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems("builtin:tier0:train")[:3]
+    rows = [{"problem": p.name} for p in reversed(problems)]
+    assert bench.measured_on(rows, problems)
+    assert not bench.measured_on(rows[:2], problems)
+    assert not bench.measured_on(rows, problems[:2])
+    # SFT's agents are saved and can be measured again; a GRPO step's are gone
+    assert all(bench.stage_agents_at_hand(s) for s in ("base", "sft", "train_sft", "select@0"))
+    assert not any(bench.stage_agents_at_hand(s)
+                   for s in ("select@6", "grpo", "train_grpo", "grpo@4"))
+
+
 def test_select_options_are_checked_before_any_model_loads(bench):
     args = bench.parse_args(["--select-problems", "builtin:tier0:train:resized2from12"])
     assert (args.select_count, args.select_every) == (16, 4)
     assert bench.parse_args([]).select_problems == ""
-    for bad in (["--select-count", "0"], ["--select-every", "0"], ["--sft-full-finetune"]):
+    for bad in (["--select-count", "0"], ["--select-every", "0"], ["--sft-full-finetune"],
+                ["--select-also", "builtin:tier1:train", "--select-also-count", "0"]):
         with pytest.raises(SystemExit):
             bench.parse_args(["--select-problems", "builtin:tier0:train", *bad])
+    with pytest.raises(SystemExit, match="give both"):
+        bench.parse_args(["--select-also", "builtin:tier1:train"])
+
+
+def test_one_seed_has_no_spread_and_results_say_so(bench, tmp_path):
+    stages = {"base": [(False, False, 0.0, -0.1)], "sft": [(True, True, 1.0, 0.5)],
+              "grpo": [(True, True, 1.2, 0.6)]}
+    summary = bench.aggregate([_seed(bench, 0, stages)], compile_only=False)
+    assert summary["gain/reward_mean"]["exceeds_spread"] is False  # one seed meets no target
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    text = (tmp_path / "results.md").read_text()
+    assert "- GRPO - SFT reward_mean: +0.100 (one seed: no spread" in text
+    assert "std over seeds inf" not in text
 
 
 def test_the_aggregate_names_the_chosen_steps(bench, tmp_path):
