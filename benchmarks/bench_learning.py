@@ -668,6 +668,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                          "steps' agents are gone; use another --output-dir")
     partial = kept
     rows: dict[str, Any] = dict(partial.get("rows", {}))
+    check_gone_stages_problems(rows, heldout, train_eval or [], select or [], out)
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
     sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
@@ -686,7 +687,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         wanted = heldout if problems is None else problems
         if stage in rows and not measured_on(rows[stage], wanted):
             # e.g. kept SFT's select@0 and a run whose --select-problems draw another sample
-            if not stage_agents_at_hand(stage):
+            if not stage_agents_at_hand(stage):  # check_gone_stages_problems stops it earlier
                 raise SystemExit(f"{out}: stage {stage} was measured on other problems, and the "
                                  "agents it measured are gone; use another --output-dir")
             print(f"seed {seed}: {stage} was measured on other problems; evaluating it again",
@@ -782,6 +783,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             if mark in select_marks and f"{SELECT}{mark}" not in rows:
                 evaluate(f"{SELECT}{mark}", select)
                 keep_if_best(rows, mark, args.rl_steps, policy, cfg.train_roles, out)
+            # a select@ stage measured before is of these problems: check_gone_stages_problems
         trainer.finish()
     chosen = chosen_step(rows) if select else None
     chosen_loaded = chosen is not None and chosen < args.rl_steps
@@ -823,6 +825,22 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 def measured_on(stage_rows: list[dict[str, Any]], problems: list[Any]) -> bool:
     """Whether a stage's rows are one per problem of ``problems`` (names, in any order)."""
     return sorted(r["problem"] for r in stage_rows) == sorted(p.name for p in problems)
+
+
+def check_gone_stages_problems(rows: dict[str, Any], heldout: list[Any], train_eval: list[Any],
+                               select: list[Any], out: Path) -> None:
+    """Stops a resumed seed whose GRPO stages were measured on other problems than this run
+    draws (another --select-problems sample, another corpus): their agents are gone, so they
+    cannot be measured again, and comparing them with new ones would choose among
+    incomparable figures. Stages of the base model and SFT are measured again instead."""
+    for stage, stage_rows in rows.items():
+        problems = (select if stage.startswith(SELECT) else
+                    train_eval if stage in TRAIN_STAGES else heldout)
+        # a rerun without --train-eval-problems or --select-problems keeps those rows as they are
+        if problems and not stage_agents_at_hand(stage) and not measured_on(stage_rows, problems):
+            raise SystemExit(f"{out}: stage {stage} was measured on other problems than this "
+                             "run's, and the agents it measured are gone; use another "
+                             "--output-dir")
 
 
 def stage_agents_at_hand(stage: str) -> bool:

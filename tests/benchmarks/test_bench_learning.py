@@ -725,6 +725,31 @@ def test_a_stage_measured_on_other_problems_is_not_reused(bench):
                    for s in ("select@6", "grpo", "train_grpo", "grpo@4"))
 
 
+def test_a_resumed_seed_stops_when_its_grpo_stages_were_measured_on_other_problems(bench,
+                                                                                   tmp_path):
+    from multiminddev.tasks.loaders import load_problems
+
+    heldout, train_eval, select = (load_problems("builtin:tier0:train")[i:i + 2]
+                                   for i in (0, 2, 4))
+
+    def rows(stages):
+        return {st: [{"problem": p.name} for p in ps] for st, ps in stages.items()}
+
+    same = {"sft": heldout, "grpo": heldout, "train_grpo": train_eval, "select@0": select,
+            "select@6": select}
+    bench.check_gone_stages_problems(rows(same), heldout, train_eval, select, tmp_path)
+    # SFT's stages on other problems are measured again, not refused
+    bench.check_gone_stages_problems(rows({**same, "select@0": heldout, "sft": select}),
+                                     heldout, train_eval, select, tmp_path)
+    # a rerun without the train_* or select@ sample leaves those rows alone
+    bench.check_gone_stages_problems(rows({**same, "select@6": heldout, "train_grpo": select}),
+                                     heldout, [], [], tmp_path)
+    for stage, other in (("select@6", heldout), ("grpo", select), ("train_grpo", heldout)):
+        with pytest.raises(SystemExit, match=f"stage {stage} was measured on other problems"):
+            bench.check_gone_stages_problems(rows({**same, stage: other}), heldout,
+                                             train_eval, select, tmp_path)
+
+
 def test_select_options_are_checked_before_any_model_loads(bench):
     args = bench.parse_args(["--select-problems", "builtin:tier0:train:resized2from12"])
     assert (args.select_count, args.select_every) == (16, 4)
