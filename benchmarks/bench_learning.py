@@ -304,9 +304,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="problems in that sample (fixed RNG, as --train-eval-count's)")
     p.add_argument("--select-also", default="", metavar="SPEC",
                    help="a second fixed sample joined to --select-problems' (duplicates once), "
-                        "drawn the same way, so that early stopping sees two kinds of problems "
-                        "in set proportions: e.g. GRPO's own families at sizes nobody trained "
-                        "on (where its learning shows) beside the others (where drift shows)")
+                        "drawn the same way from SPEC's problems that neither SFT nor GRPO "
+                        "trains on, so that early stopping sees two kinds of problems in set "
+                        "proportions: e.g. GRPO's own families at sizes nobody trained on (where "
+                        "its learning shows) beside the others (where drift shows)")
     p.add_argument("--select-also-count", type=int, default=6, metavar="N",
                    help="problems in that second sample")
     p.add_argument("--select-every", type=int, default=4, metavar="K",
@@ -530,11 +531,12 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
 
 
 def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
-                    also_count: int = 0) -> list[Any]:
+                    also_count: int = 0, trained: list[Any] = ()) -> list[Any]:
     """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
-    sample is, joined to a second one drawn from ``also`` (--select-also). Choosing agents on
-    held-out problems would make the held-out figures biased, so a held-out problem in the
-    sample is an error."""
+    sample is, joined to a second one drawn from ``also``'s problems that are not ``trained``
+    (--select-also: SFT's and GRPO's problems are left out, so that it shows whether GRPO's
+    learning carries to sizes it never saw). Choosing agents on held-out problems would make the
+    held-out figures biased, so a held-out problem in the sample is an error."""
     from multiminddev.tasks.loaders import load_problems
 
     if not spec:
@@ -542,7 +544,11 @@ def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
     chosen = train_eval_subset(load_problems(spec), count)
     if also:
         names = {p.name for p in chosen}
-        chosen = sorted([*chosen, *(p for p in train_eval_subset(load_problems(also), also_count)
+        unseen = [p for p in load_problems(also) if p.name not in {t.name for t in trained}]
+        if not unseen:
+            raise SystemExit(f"--select-also {also}: every problem of it is trained on (SFT or "
+                             "GRPO); choose sizes neither saw, e.g. :resized2from12")
+        chosen = sorted([*chosen, *(p for p in train_eval_subset(unseen, also_count)
                                     if p.name not in names)], key=lambda p: p.name)
         spec = f"{spec} and {also}"
     shared = sorted({p.name for p in chosen} & {p.name for p in heldout})
@@ -1503,7 +1509,7 @@ def main(argv: list[str] | None = None) -> int:
             done = {s: r for s, r in done.items()
                     if not lacks_train_stages(args.output_dir, s, r, args.sft_only)}
         select = select_problems(args.select_problems, args.select_count, heldout,
-                                 args.select_also, args.select_also_count)
+                                 args.select_also, args.select_also_count, [*train, *sft])
         start = time.perf_counter()
         with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
             per_seed = []
