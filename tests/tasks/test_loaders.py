@@ -406,6 +406,22 @@ def test_resolver_builtin_specs():
 _FP16_FAMILIES = {"relu", "gelu_tanh", "sigmoid", "silu", "add", "mul"}
 
 
+def test_a_dtype_part_keeps_the_problems_of_that_dtype():
+    both = load_problems("builtin:tier0:train:resized8from4")
+    half = load_problems("builtin:tier0:train:resized8from4:fp16")
+    single = load_problems("builtin:tier0:train:resized8from4:float32")
+    assert half and all(p.dtype == "float16" for p in half)
+    assert {p.family for p in half} == _FP16_FAMILIES
+    assert single and all(p.dtype == "float32" for p in single)
+    assert sorted(p.name for p in both) == sorted(p.name for p in half + single)
+    assert {p.name for p in load_problems("builtin:tier0:train:resized8from4:FP16")} == {
+        p.name for p in half}
+    with pytest.raises(ProblemError, match="selects no problem"):
+        load_problems("builtin:tier1:train:fp16")  # no tier-1 family has float16 shapes
+    with pytest.raises(ProblemError, match="takes no dtype"):
+        load_problems("builtin:breadth:fp16")
+
+
 def test_allshapes_trains_on_fp16_and_leaves_the_heldout_set_alone():
     """``:allshapes`` keeps every training shape, so the float16 shapes (listed after the
     float32 ones) reach the training set; the held-out set is the one earlier runs used."""

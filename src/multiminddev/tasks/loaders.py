@@ -639,6 +639,7 @@ _SPEC_HELP = (
     "instead of the first 2 of the split, or :shapesN for the first N; with :train, :resizedN "
     "adds N new sizes per training family and dtype, none of them a corpus shape, and "
     ":resizedNfromK the N after the first K, none of them a size :resizedK gives), "
+    "fp16 or fp32 keeps the problems of that dtype (builtin:tier0:train:resized8:fp16), "
     "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small, "
     "builtin:breadth:shapes1), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
@@ -653,6 +654,7 @@ _TIER_RE = re.compile(r"^(?:tier|t)(\d+)$", re.IGNORECASE)
 _SPLITS = ("train", "heldout")
 _SHAPES_RE = re.compile(r"^shapes(\d+)$", re.IGNORECASE)
 _RESIZED_RE = re.compile(r"^resized(\d+)(?:from(\d+))?$", re.IGNORECASE)
+_DTYPES = {"fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
 
 
 def _builtin(parts: list[str]) -> list[Problem]:
@@ -663,8 +665,13 @@ def _builtin(parts: list[str]) -> list[Problem]:
     tiers: list[int] = []
     families: list[str] = []
     breadth = False
+    dtype = None
     for part in (p.strip() for p in parts if p.strip()):
-        if m := _TIER_RE.match(part):
+        if part.lower() in _DTYPES:
+            # e.g. GRPO review problems of one dtype only: a float32-only mix taught the
+            # Generator to write float kernels for float16 problems (session 24)
+            dtype = _DTYPES[part.lower()]
+        elif m := _TIER_RE.match(part):
             tiers.append(int(m.group(1)))
         elif part.lower() in _SPLITS:
             kwargs["split"] = part.lower()
@@ -694,7 +701,7 @@ def _builtin(parts: list[str]) -> list[Problem]:
     if breadth:
         # Breadth families are in no split and no tier selection: only `small` and the shape
         # count apply.
-        other = sorted(set(kwargs) - {"small", "shapes_per_family"})
+        other = sorted(set(kwargs) - {"small", "shapes_per_family"}) + (["dtype"] if dtype else [])
         if other:
             raise ProblemError(
                 f"spec {spec!r}: builtin:breadth takes no {', '.join(other)} part (it is every "
@@ -710,6 +717,8 @@ def _builtin(parts: list[str]) -> list[Problem]:
         problems = builtin_problems(**kwargs)
     except KeyError as exc:  # an unknown family name
         raise ProblemError(f"spec {spec!r}: {exc.args[0]}; valid specs: {_SPEC_HELP}") from None
+    if dtype is not None:
+        problems = [p for p in problems if p.dtype == dtype]
     if not problems:
         raise ProblemError(f"spec {spec!r} selects no problem; valid specs: {_SPEC_HELP}")
     return problems
