@@ -692,10 +692,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         """``problems``: None for the held-out ones."""
         wanted = heldout if problems is None else problems
         if stage in rows and not measured_on(rows[stage], wanted):
-            # e.g. kept SFT's select@0 and a run whose --select-problems draw another sample
-            if not stage_agents_at_hand(stage):  # check_gone_stages_problems stops it earlier
-                raise SystemExit(f"{out}: stage {stage} was measured on other problems, and the "
-                                 "agents it measured are gone; use another --output-dir")
+            # e.g. kept SFT's select@0 and a run whose --select-problems draw another sample;
+            # a GRPO stage on other problems stopped the seed earlier (check_gone_stages_problems)
             print(f"seed {seed}: {stage} was measured on other problems; evaluating it again",
                   flush=True)
             del rows[stage]
@@ -789,7 +787,6 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             if mark in select_marks and f"{SELECT}{mark}" not in rows:
                 evaluate(f"{SELECT}{mark}", select)
                 keep_if_best(rows, mark, args.rl_steps, policy, cfg.train_roles, out)
-            # a select@ stage measured before is of these problems: check_gone_stages_problems
         trainer.finish()
     chosen = chosen_step(rows) if select else None
     chosen_loaded = chosen is not None and chosen < args.rl_steps
