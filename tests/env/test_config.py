@@ -22,6 +22,8 @@ def test_defaults_keep_candidate_stages_under_a_minute():
     ({"arch": "hopper"}, "sm_90"),
     ({"tensor_transfer": "shm"}, "pipe"),
     ({"infra_retries": -1}, "infra_retries"),
+    ({"candidate_memory_factor": 0}, "None for no cap"),
+    ({"candidate_memory_floor_gib": -1.0}, "candidate_memory_floor_gib"),
 ])
 def test_invalid_values_raise_with_the_fix(kwargs, text):
     with pytest.raises(ValueError, match=text):

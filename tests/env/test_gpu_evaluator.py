@@ -90,3 +90,19 @@ def test_memfd_transfer_gives_the_same_verdicts_as_the_pipe():
             expected = EvalStatus(fixture_header(path)["expect"])
             result = ev.evaluate(problem_for(path), path.read_text())
             assert result.status is expected, (path.stem, result.message)
+
+
+def test_a_candidate_past_its_memory_cap_fails_alone_with_the_cap_in_its_message(evaluator,
+                                                                                fixtures_dir):
+    import torch
+
+    huge = (fixtures_dir / "wrong" / "relu_huge_scratch.py").read_text()
+    good = (fixtures_dir / "honest" / "relu_basic.py").read_text()
+    free_before = torch.cuda.mem_get_info()[0]
+    result = evaluator.evaluate(problem_named("1_relu"), huge)
+    assert result.status is EvalStatus.RUNTIME_ERROR, result.message
+    assert "out of GPU memory" in result.message and "cap" in result.message, result.message
+    # the 40 GiB were never taken from the card: the worker stopped at its cap
+    assert torch.cuda.mem_get_info()[0] > free_before - (8 << 30)
+    after = evaluator.evaluate(problem_named("1_relu"), good)
+    assert after.status is EvalStatus.OK, after.message

@@ -44,3 +44,35 @@ def test_out_of_memory_without_a_device_to_ask_stays_a_runtime_error():
     (tag, payload), = pipe.sent
     assert tag == "fail" and payload["kind"] == worker.FailureKind.RUNTIME
     assert "out of memory" in payload["message"] and not payload["fatal"]
+
+
+def test_candidate_memory_cap_is_what_the_worker_holds_plus_a_multiple_of_the_setup_peak():
+    cap = worker.candidate_memory_cap(4.0, 2.0, held_bytes=1 * GIB, setup_peak_bytes=3 * GIB,
+                                      total_bytes=80 * GIB)
+    assert cap.cap_bytes == 13 * GIB and cap.factor == 4.0
+    # a small problem gets the floor
+    small = worker.candidate_memory_cap(4.0, 2.0, held_bytes=GIB // 2, setup_peak_bytes=1 << 20,
+                                        total_bytes=80 * GIB)
+    assert small.cap_bytes == GIB // 2 + 2 * GIB
+    # never above the card
+    assert worker.candidate_memory_cap(4.0, 2.0, 10 * GIB, 30 * GIB, 80 * GIB).cap_bytes == 80 * GIB
+    assert worker.candidate_memory_cap(None, 2.0, GIB, GIB, 80 * GIB) is None  # off
+    assert worker.candidate_memory_cap(4.0, 2.0, GIB, GIB, 0) is None  # card size unknown
+    assert "13.00 GiB" in cap.describe() and "candidate_memory_factor" in cap.describe()
+
+
+def test_an_allocation_past_the_cap_is_the_candidates_doing():
+    cap = worker.candidate_memory_cap(4.0, 2.0, GIB, GIB, 80 * GIB)  # 5 GiB
+    assert worker.over_memory_cap(40 * GIB, GIB, cap)  # run F's 40 GiB scratch
+    assert worker.over_memory_cap(5 * GIB - GIB // 2, GIB, cap)  # over by the allocator's rounding
+    assert not worker.over_memory_cap(64 << 20, 2 * GIB, cap)  # a small request under the cap
+    assert not worker.over_memory_cap(40 * GIB, GIB, None)  # no cap
+
+
+def test_out_of_memory_with_a_cap_but_no_device_to_ask_stays_a_runtime_error():
+    pipe = _Pipe()
+    cap = worker.candidate_memory_cap(4.0, 2.0, GIB, GIB, 80 * GIB)
+    worker._report_exception(pipe, worker.Stage.RUN, torch.cuda.OutOfMemoryError(TORCH_OOM),
+                             trusted=False, cap=cap)
+    (tag, payload), = pipe.sent
+    assert tag == "fail" and payload["kind"] == worker.FailureKind.RUNTIME

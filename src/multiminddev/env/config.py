@@ -87,6 +87,12 @@ class EvalConfig:
     # says nothing about the candidate: evaluate it again, after a pause that grows per attempt.
     infra_retries: int = 1
     infra_retry_delay_s: float = 2.0
+    # GPU memory a candidate may take beyond what its worker holds when it loads: this many times
+    # the reference setup's peak, and at least candidate_memory_floor_gib. Without a cap one
+    # candidate's wrong-shaped output took 50.8 GiB in a worker and ran two of three trainers
+    # sharing the H100 out of memory (2026-11-25 12:58 UTC). None: no cap.
+    candidate_memory_factor: float | None = 4.0
+    candidate_memory_floor_gib: float = 2.0
 
     def __post_init__(self) -> None:
         if isinstance(self.start_method, str) and not isinstance(self.start_method, StartMethod):
@@ -117,6 +123,12 @@ class EvalConfig:
             raise ValueError("target_relative_spread is IQR/median; use a value in (0, 1), e.g. 0.02")
         if not 0 <= self.min_kernel_coverage <= 1:
             raise ValueError("min_kernel_coverage is a fraction in [0, 1]")
+        if self.candidate_memory_factor is not None and self.candidate_memory_factor <= 0:
+            raise ValueError("candidate_memory_factor must be > 0 (times the reference's peak GPU "
+                             f"memory), or None for no cap; got {self.candidate_memory_factor}")
+        if self.candidate_memory_floor_gib <= 0:
+            raise ValueError("candidate_memory_floor_gib must be > 0 GiB, got "
+                             f"{self.candidate_memory_floor_gib}")
         if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
             raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
         if self.cache_dir is None:  # resolved once, so the evaluator and its workers agree

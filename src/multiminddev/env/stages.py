@@ -55,7 +55,7 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         conn.send(("done", {"notes": state.notes}))
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
-        return _report_exception(conn, stage, exc, trusted=False)
+        return _report_exception(conn, stage, exc, trusted=False, cap=state.memory_cap)
 
 
 def _reject(conn: Any, stage: Stage, findings: list[Finding]) -> bool:

@@ -70,6 +70,38 @@ class WorkerState:
     timings: dict[str, float] = field(default_factory=dict)  # this job's sub-steps, seconds
     startup: dict[str, float] = field(default_factory=dict)  # worker start-up steps, seconds
     pinned_copies: bool = False  # copy big outputs to the host through pinned memory
+    memory_cap: MemoryCap | None = None  # this job's GPU memory cap on candidate code
+
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class MemoryCap:
+    """The GPU memory the worker process may reserve while candidate code runs."""
+
+    cap_bytes: int
+    held_bytes: int  # what the worker held when the candidate loaded (inputs, model, buffers)
+    setup_peak_bytes: int  # the reference setup's peak allocation
+    factor: float
+
+    def describe(self) -> str:
+        return (f"{self.cap_bytes / GIB:.2f} GiB: the {self.held_bytes / GIB:.2f} GiB the "
+                f"evaluation held when the candidate loaded, plus {self.factor:g} x the reference's "
+                f"peak of {self.setup_peak_bytes / GIB:.2f} GiB or the floor, whichever is more "
+                "(EvalConfig.candidate_memory_factor, candidate_memory_floor_gib)")
+
+
+def candidate_memory_cap(factor: float | None, floor_gib: float, held_bytes: int,
+                         setup_peak_bytes: int, total_bytes: int) -> MemoryCap | None:
+    """The cap for a candidate: what the worker holds plus ``factor`` times the reference
+    setup's peak (at least ``floor_gib``), never above the card; None when off (no factor) or
+    when the card's size is unknown."""
+    if factor is None or total_bytes <= 0:
+        return None
+    allowance = max(int(floor_gib * GIB), int(factor * setup_peak_bytes))
+    return MemoryCap(cap_bytes=min(total_bytes, held_bytes + allowance), held_bytes=held_bytes,
+                     setup_peak_bytes=setup_peak_bytes, factor=factor)
 
 
 PINNED_MIN_BYTES = 1 << 20
@@ -270,6 +302,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     try:
         reference = None
         if state.gpu:
+            _lift_memory_cap(state)  # the trusted setup is not capped; its peak sets the cap
             send(("begin", Stage.SETUP.value))
             with timed(clock, "setup.reference"):
                 reference = _setup_reference(problem, cfg, state.pinned_copies)
@@ -283,6 +316,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                 with timed(clock, "baseline"):
                     baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"))
                 send(("baseline", baseline))
+            state.memory_cap = _cap_candidate_memory(cfg)
         stage = Stage.COMPILE
         send(("begin", stage.value))
         with timed(clock, "compile.import"):
@@ -298,7 +332,31 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
 
         return stages.run_candidate_stages(conn, state, cfg, problem, reference, module)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
-        return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE))
+        return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
+                                 cap=state.memory_cap)
+
+
+def _lift_memory_cap(state: WorkerState) -> None:
+    import torch
+
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    torch.cuda.reset_peak_memory_stats()
+    state.memory_cap = None
+
+
+def _cap_candidate_memory(cfg: EvalConfig) -> MemoryCap | None:
+    """Caps this process's GPU memory before candidate code loads: a candidate that allocates
+    far more than the problem needs fails alone (out of memory here) instead of starving the
+    processes sharing the GPU (trainers, other evaluations)."""
+    import torch
+
+    _, total = torch.cuda.mem_get_info()
+    cap = candidate_memory_cap(cfg.candidate_memory_factor, cfg.candidate_memory_floor_gib,
+                               torch.cuda.memory_reserved(), torch.cuda.max_memory_allocated(),
+                               total)
+    if cap is not None:
+        torch.cuda.set_per_process_memory_fraction(cap.cap_bytes / total)
+    return cap
 
 
 @dataclass
@@ -521,8 +579,10 @@ def _compile_message(result: CompileResult) -> str:
     return f"CUDA compile failed: {result.error.strip().splitlines()[0] if result.error.strip() else 'see log'}"
 
 
-def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: bool) -> bool:
-    """Send a ("fail", ...) for ``exc``; returns True when the CUDA context is unusable."""
+def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: bool,
+                      cap: MemoryCap | None = None) -> bool:
+    """Send a ("fail", ...) for ``exc``; returns True when the CUDA context is unusable.
+    ``cap``: the job's GPU memory cap on candidate code, if any."""
     text = f"{type(exc).__name__}: {exc}".strip()
     lowered = text.lower()
     fatal = "cuda error" in lowered or "illegal" in lowered or "cudaerror" in lowered
@@ -532,8 +592,8 @@ def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: b
         kind, message = FailureKind.REJECTED, f"sandbox refused an operation: {text[:400]}"
     elif _is_no_gpu(exc):
         kind, message = FailureKind.NO_GPU, f"needs a GPU: {text[:300]}"
-    elif (crowded := _crowded_device_note(exc)) is not None:
-        kind, message = FailureKind.INFRA, crowded
+    elif (verdict := _out_of_memory_verdict(exc, stage, cap)) is not None:
+        kind, message = verdict
     else:
         kind, message = FailureKind.RUNTIME, f"{stage.value}: {_short(text)}"
     payload = {"kind": kind, "stage": stage.value, "message": message,
@@ -567,9 +627,20 @@ def device_was_crowded(requested: int, process_bytes: int, total_bytes: int,
     return total_bytes > 0 and process_bytes + requested < share * total_bytes
 
 
-def _crowded_device_note(exc: BaseException) -> str | None:
-    """An infrastructure message when ``exc`` is an out-of-memory error on a GPU crowded by
-    other processes; None for any other exception, or when the candidate asked for the memory."""
+def over_memory_cap(requested: int, process_bytes: int, cap: MemoryCap | None) -> bool:
+    """True when an out-of-memory error is the cap's doing: the process held ``process_bytes``
+    and asked for ``requested`` more, past the cap (less the allocator's rounding)."""
+    return cap is not None and process_bytes + requested > cap.cap_bytes - CAP_ROUNDING_BYTES
+
+
+CAP_ROUNDING_BYTES = 32 << 20  # the caching allocator rounds large requests up (2 MiB steps)
+
+
+def _out_of_memory_verdict(exc: BaseException, stage: Stage,
+                           cap: MemoryCap | None) -> tuple[str, str] | None:
+    """(kind, message) for an out-of-memory ``exc``: the candidate's runtime error when it went
+    past the cap, an infrastructure error when other processes had taken the GPU; None for any
+    other exception, or when the candidate asked for the memory (a plain runtime error)."""
     text = f"{type(exc).__name__}: {exc}"
     if "OutOfMemoryError" not in text and "out of memory" not in text.lower():
         return None
@@ -581,13 +652,19 @@ def _crowded_device_note(exc: BaseException) -> str | None:
     except Exception:  # noqa: BLE001 - no usable device to ask: leave the error to the candidate
         return None
     asked = requested_bytes(text)
+    if over_memory_cap(asked, held, cap):
+        assert cap is not None
+        return FailureKind.RUNTIME, (
+            f"{stage.value}: out of GPU memory: the candidate asked for {asked / GIB:.2f} GiB more "
+            f"while its evaluation held {held / GIB:.2f} GiB, past its cap of {cap.describe()}. "
+            "Allocate outputs and scratch buffers the size Model's are.")
     if not device_was_crowded(asked, held, total):
         return None
-    gib = 1 << 30
-    return (f"the GPU ran out of memory while this evaluation held {held / gib:.2f} GiB and asked "
-            f"for {asked / gib:.2f} GiB more, of {total / gib:.1f} GiB ({free / gib:.2f} GiB free): "
-            "other processes hold the rest, so this is not the candidate's fault. Free GPU memory "
-            "(a trainer's cache, other jobs) or run fewer processes on this GPU.")
+    return FailureKind.INFRA, (
+        f"the GPU ran out of memory while this evaluation held {held / GIB:.2f} GiB and asked "
+        f"for {asked / GIB:.2f} GiB more, of {total / GIB:.1f} GiB ({free / GIB:.2f} GiB free): "
+        "other processes hold the rest, so this is not the candidate's fault. Free GPU memory "
+        "(a trainer's cache, other jobs) or run fewer processes on this GPU.")
 
 
 def _short(text: str) -> str:
