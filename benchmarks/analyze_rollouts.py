@@ -193,6 +193,20 @@ def reward_delta_split(before: list[dict[str, Any]], after: list[dict[str, Any]]
     return split
 
 
+def trained_family_split(rewards_before: dict[str, float], rewards_after: dict[str, float],
+                         family_of: dict[str, str], trained: set[str]
+                         ) -> dict[str, tuple[int, float]]:
+    """The summed reward change between two evaluations, split into the problems of families
+    GRPO trained on and the rest: (problems, sum) each. In runs E and F (2026-11-25) GRPO's own
+    families gained on every seed while the others lost about as much."""
+    split = {"trained": (0, 0.0), "other": (0, 0.0)}
+    for name in sorted(rewards_before.keys() & rewards_after.keys()):
+        part = "trained" if family_of.get(name) in trained else "other"
+        n, total = split[part]
+        split[part] = (n + 1, total + rewards_after[name] - rewards_before[name])
+    return split
+
+
 def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[float]:
     """after/before speedup of every turn whose kernel is the same source, correct in both
     evaluations of the same problem: how far the timings of unchanged kernels moved."""
@@ -217,6 +231,25 @@ def fast_references() -> dict[str, str]:
             if (source := reference_solution(p, variant="fast")) is not None}
 
 
+def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
+    """grpo - sft on the held-out problems and select@K - select@0 on the early-stopping ones,
+    each split into GRPO's training families and the rest."""
+    partial = seed_dir / "partial.json"
+    rows = json.loads(partial.read_text()).get("rows", {}) if partial.is_file() else {}
+    family_of = {e["problem"]["name"]: e["problem"].get("family", "")
+                 for path in seed_dir.glob("episodes_*.jsonl") for e in _read_jsonl(path)}
+    selects = sorted((k for k in rows if k.startswith("select@") and k != "select@0"),
+                     key=lambda k: int(k.split("@")[1]))
+    pairs = [("sft", "grpo"), *(("select@0", k) for k in selects)]
+    for before, after in pairs:
+        if before in rows and after in rows:
+            split = trained_family_split(*({r["problem"]: r["reward"] for r in rows[stage]}
+                                           for stage in (before, after)), family_of, trained)
+            (nt, t), (no, o) = split["trained"], split["other"]
+            print(f"seed {seed} reward, {after} - {before}, summed: {t:+.2f} on {nt} problems of "
+                  f"GRPO's training families, {o:+.2f} on the {no} others")
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -226,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("output_dir", type=Path)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sft-problems", help="the run's SFT problem spec, to split prompts")
+    p.add_argument("--grpo-problems", help="the run's GRPO problem spec (--train-problems), to "
+                   "split reward changes into its families and the rest")
     p.add_argument("--stages", nargs="*", default=["sft", "grpo"],
                    help="held-out stages (episodes_<stage>.jsonl) whose Optimizer turns to count")
     args = p.parse_args(argv)
@@ -234,6 +269,11 @@ def main(argv: list[str] | None = None) -> int:
         from multiminddev.tasks.loaders import load_problems
 
         sft_names = {q.name for q in load_problems(args.sft_problems)}
+    trained: set[str] | None = None
+    if args.grpo_problems:
+        from multiminddev.tasks.loaders import load_problems
+
+        trained = {q.family for q in load_problems(args.grpo_problems)}
     for seed in args.seeds:
         path = args.output_dir / f"seed{seed}" / "episodes.jsonl"
         if not path.is_file():
@@ -286,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seed {seed} held-out reward, {args.stages[-1]} - {args.stages[0]}: "
                       f"{split['total']:+.4f} = {split['generator_changed']:+.4f} on problems "
                       f"whose Generator reply changed + {split['rest']:+.4f} on the rest")
+        if trained is not None:
+            print_family_splits(args.output_dir / f"seed{seed}", seed, trained)
     if all_ratios:
         far = sum(abs(r - 1) > 0.05 for r in all_ratios)
         print(f"same correct kernel in {args.stages[0]} and {args.stages[-1]}: {len(all_ratios)} "

@@ -123,3 +123,14 @@ def test_broken_rewrites_report_the_first_line_the_reference_lacks(analyze):
     assert [analyze.is_comment_line(line) for _, line in broken] == [True, False, True, False]
     assert not analyze.is_comment_line("#define FULL_MASK 1") and not analyze.is_comment_line(
         "  #pragma unroll")
+
+
+def test_trained_family_split_sums_the_reward_change_per_side(analyze):
+    family_of = {"matvec_1x2": "matvec", "matvec_3x4": "matvec", "relu_5x6": "relu",
+                 "abs_7x8": "abs"}
+    before = {"matvec_1x2": 0.1, "matvec_3x4": 0.5, "relu_5x6": 0.8, "abs_7x8": 0.6}
+    after = {"matvec_1x2": 0.9, "matvec_3x4": 0.5, "relu_5x6": 0.2, "abs_7x8": 0.6,
+             "extra_1x1": 1.0}  # measured only once: left out
+    split = analyze.trained_family_split(before, after, family_of, {"matvec"})
+    assert split["trained"][0] == 2 and split["trained"][1] == pytest.approx(0.8)
+    assert split["other"][0] == 2 and split["other"][1] == pytest.approx(-0.6)
