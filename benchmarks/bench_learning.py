@@ -298,14 +298,15 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="choose GRPO's final agents by their greedy reward on a fixed sample of "
                         "these problems (stages select@K), measured after SFT (K=0) and every "
                         "--select-every GRPO steps: early stopping. They must not be held out; "
-                        "sizes no training saw suit, e.g. builtin:tier0,tier1:train:resized2from12. "
+                        "the sample leaves out problems SFT or GRPO trains on, so sizes no "
+                        "training saw suit, e.g. builtin:tier0,tier1:train:resized2from12. "
                         "Default: off (the last step's agents)")
     p.add_argument("--select-count", type=int, default=16, metavar="N",
                    help="problems in that sample (fixed RNG, as --train-eval-count's)")
     p.add_argument("--select-also", default="", metavar="SPEC",
                    help="a second fixed sample joined to --select-problems' (duplicates once), "
-                        "drawn the same way from SPEC's problems that neither SFT nor GRPO "
-                        "trains on, so that early stopping sees two kinds of problems in set "
+                        "drawn the same way from SPEC's problems (like the first, only those "
+                        "that neither SFT nor GRPO trains on), so that early stopping sees two kinds of problems in set "
                         "proportions: e.g. GRPO's own families at sizes nobody trained on (where "
                         "its learning shows) beside the others (where drift shows)")
     p.add_argument("--select-also-count", type=int, default=6, metavar="N",
@@ -533,22 +534,31 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
 def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
                     also_count: int = 0, trained: list[Any] = ()) -> list[Any]:
     """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
-    sample is, joined to a second one drawn from ``also``'s problems that are not ``trained``
-    (--select-also: SFT's and GRPO's problems are left out, so that it shows whether GRPO's
-    learning carries to sizes it never saw). Choosing agents on held-out problems would make the
-    held-out figures biased, so a held-out problem in the sample is an error."""
+    sample is, joined to a second one drawn from ``also`` (--select-also). Both are drawn from
+    problems that are not ``trained`` (SFT's and GRPO's): agents chosen on problems they were
+    trained on are chosen for fitting them. In runs E and F (2026-11-25) half of a sample of
+    ``:resized2from12`` (a family's fixed shapes) was GRPO's own problems, and early stopping
+    picked steps whose gains on GRPO's families came with losses on the others. Choosing agents
+    on held-out problems would make the held-out figures biased, so a held-out problem in the
+    sample is an error."""
     from multiminddev.tasks.loaders import load_problems
 
     if not spec:
         return []
-    chosen = train_eval_subset(load_problems(spec), count)
+    seen = {t.name for t in trained}
+
+    def unseen(source: str, option: str) -> list[Any]:
+        problems = [p for p in load_problems(source) if p.name not in seen]
+        if not problems:
+            raise SystemExit(f"{option} {source}: every problem of it is trained on (SFT or "
+                             "GRPO); choose sizes neither saw, e.g. :resized2from12")
+        return problems
+
+    chosen = train_eval_subset(unseen(spec, "--select-problems"), count)
     if also:
         names = {p.name for p in chosen}
-        unseen = [p for p in load_problems(also) if p.name not in {t.name for t in trained}]
-        if not unseen:
-            raise SystemExit(f"--select-also {also}: every problem of it is trained on (SFT or "
-                             "GRPO); choose sizes neither saw, e.g. :resized2from12")
-        chosen = sorted([*chosen, *(p for p in train_eval_subset(unseen, also_count)
+        chosen = sorted([*chosen, *(p for p in train_eval_subset(unseen(also, "--select-also"),
+                                                                 also_count)
                                     if p.name not in names)], key=lambda p: p.name)
         spec = f"{spec} and {also}"
     shared = sorted({p.name for p in chosen} & {p.name for p in heldout})

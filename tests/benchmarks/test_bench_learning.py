@@ -709,14 +709,17 @@ def test_select_also_joins_a_second_fixed_sample_once(bench):
     assert names == [p.name for p in bench.select_problems(spec, 12, heldout, families, 6)]
     with pytest.raises(SystemExit, match="are held out"):
         bench.select_problems(spec, 12, heldout, "builtin:tier1:heldout", 2)
-    # problems SFT or GRPO trained on are left out of the second sample, not of the first
+    # problems SFT or GRPO trained on are left out of both samples
     trained = load_problems("builtin:tier1:train:resized8from4:cumsum:transpose:matvec:argmax_dim")
-    unseen = bench.select_problems(spec, 12, heldout, families, 8, trained)
-    extra = {p.name for p in unseen} - {p.name for p in first}
-    assert len(extra) == 8 and not extra & {p.name for p in trained}
     assert {p.name for p in first} & {p.name for p in trained}  # transpose_4095x3001
-    with pytest.raises(SystemExit, match="every problem of it is trained on"):
+    unseen = bench.select_problems(spec, 12, heldout, families, 8, trained)
+    assert len(unseen) == 20 and not {p.name for p in unseen} & {p.name for p in trained}
+    alone = bench.select_problems(spec, 18, heldout, trained=trained)
+    assert len(alone) == 18 and not {p.name for p in alone} & {p.name for p in trained}
+    with pytest.raises(SystemExit, match="--select-also .* every problem of it is trained on"):
         bench.select_problems(spec, 12, heldout, families, 2, load_problems(families))
+    with pytest.raises(SystemExit, match="--select-problems .* every problem of it is trained on"):
+        bench.select_problems(families, 2, heldout, trained=load_problems(families))
 
 
 def test_a_stage_measured_on_other_problems_is_not_reused(bench):
