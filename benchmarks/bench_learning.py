@@ -536,9 +536,10 @@ def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
     """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
     sample is, joined to a second one drawn from ``also`` (--select-also). Both are drawn from
     problems that are not ``trained`` (SFT's and GRPO's): agents chosen on problems they were
-    trained on are chosen for fitting them. In runs E and F (2026-11-25) half of a sample of
-    ``:resized2from12`` (a family's fixed shapes) was GRPO's own problems, and early stopping
-    picked steps whose gains on GRPO's families came with losses on the others. Choosing agents
+    trained on are chosen for fitting them. In runs E and F (2026-11-25) 7 of an 18-problem
+    sample of ``:resized2from12`` were trained on (a family's fixed shapes, which SFT's
+    ``:allshapes`` holds), and early stopping picked steps whose gains on GRPO's families came
+    with losses on the others. Choosing agents
     on held-out problems would make the held-out figures biased, so a held-out problem in the
     sample is an error."""
     from multiminddev.tasks.loaders import load_problems
