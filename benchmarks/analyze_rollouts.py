@@ -11,7 +11,8 @@ rollouts with their advantages. Two tables:
   after GRPO the held-out elu and leaky_relu got it;
 - with --sft-problems: correctness and groups with mixed outcomes on prompts SFT trained on
   versus new ones.
-Then, from the held-out files seed<k>/episodes_<stage>.jsonl, what the Optimizer's turn did to
+Then, from the held-out files seed<k>/episodes_<stage>.jsonl, Generator kernels whose precision
+is not the problem's (float for float16, __half for float32), and what the Optimizer's turn did to
 the Generator's kernel (fixed, broke, faster, slower...). Fifteenth session: after SFT it made
 19-21 of ~24 correct kernels per seed faster (0.61x of eager to 0.97x, typically) and fixed none
 of the failing ones; GRPO on the Optimizer kept that on two seeds and broke it on the third.
@@ -40,6 +41,43 @@ def kernel_template(source: str | None) -> str:
         return "no_reply"
     m = _KERNEL_RE.search(source)
     return m.group(1) if m else "no_kernel"
+
+
+_SIGNATURE_RE = re.compile(r"__global__\s+void\s+\w+\s*\(([^)]*)\)")
+_HALF_RE = re.compile(r"\b(?:__half2?|half|__nv_bfloat16|__half2float|__float2half)\b")
+
+
+def kernel_precision(source: str | None) -> str:
+    """"half" when the first kernel's parameters include a 16-bit float pointer, "float" when
+    they hold float pointers and no 16-bit ones, "" otherwise (no kernel, integer-only)."""
+    match = _SIGNATURE_RE.search(source or "")
+    if not match:
+        return ""
+    if _HALF_RE.search(match.group(1)):
+        return "half"
+    return "float" if re.search(r"\bfloat\b", match.group(1)) else ""
+
+
+def dtype_mismatches(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Generator replies whose kernel does not match the problem's dtype: (mismatched, of the
+    problems of that dtype with a kernel). A float16 problem's kernel mismatches when it takes
+    float pointers (a runtime error: runs C and D lost fp16 problems so after GRPO); a float32
+    problem's when it uses 16-bit floats anywhere, which the static checks reject (run E's
+    seed 2 lost six float32 problems so)."""
+    counts = {"float16 with float kernels": [0, 0], "float32 with 16-bit floats": [0, 0]}
+    for episode in episodes:
+        turns = episode.get("turns") or []
+        source = (turns[0].get("candidate_source") if turns else None) or ""
+        dtype = episode["problem"].get("dtype")
+        if not _SIGNATURE_RE.search(source) or dtype not in ("float16", "float32"):
+            continue
+        if dtype == "float16":
+            key, wrong = "float16 with float kernels", kernel_precision(source) == "float"
+        else:
+            key, wrong = "float32 with 16-bit floats", bool(_HALF_RE.search(source))
+        counts[key][0] += wrong
+        counts[key][1] += 1
+    return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
 def template_credit(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
@@ -304,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
             path = args.output_dir / f"seed{seed}" / f"episodes_{stage}.jsonl"
             if path.is_file():
                 held[stage] = _read_jsonl(path)
+                mismatched = "; ".join(f"{k}: {n} of {total}"
+                                       for k, (n, total) in dtype_mismatches(held[stage]).items())
+                print(f"seed {seed} held-out {stage}: Generator kernels of the wrong precision: "
+                      f"{mismatched}")
                 counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
                 broken = broken_rewrites(held[stage], fast_references())

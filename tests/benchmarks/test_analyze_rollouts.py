@@ -134,3 +134,24 @@ def test_trained_family_split_sums_the_reward_change_per_side(analyze):
     split = analyze.trained_family_split(before, after, family_of, {"matvec"})
     assert split["trained"][0] == 2 and split["trained"][1] == pytest.approx(0.8)
     assert split["other"][0] == 2 and split["other"][1] == pytest.approx(-0.6)
+
+
+def _dtype_episode(dtype, params, body=""):
+    source = None if params is None else f'extern "C" __global__ void k({params}) {{ {body} }}'
+    return {"problem": {"name": "p", "dtype": dtype}, "turns": [{"candidate_source": source}]}
+
+
+def test_dtype_mismatches_count_kernels_of_the_other_precision(analyze):
+    assert analyze.kernel_precision('extern "C" __global__ void k(const __half* x, __half* y, long n)') == "half"
+    assert analyze.kernel_precision("__global__ void k(const float* __restrict__ x, long n)") == "float"
+    assert analyze.kernel_precision("__global__ void k(const long* i, long n)") == ""
+    assert analyze.kernel_precision("no kernel here") == ""
+    episodes = [_dtype_episode("float16", "const float* x, float* y"),
+                _dtype_episode("float16", "const __half* x, __half* y"),
+                _dtype_episode("float32", "const __half* a, __half* y"),
+                # run E's leaky_relu: float pointers, 16-bit conversions inside
+                _dtype_episode("float32", "const float* x, float* y", "y[0] = __half2float(x[0]);"),
+                _dtype_episode("float32", "const float* x, float* y"),
+                _dtype_episode("float32", None)]  # no reply: not counted
+    assert analyze.dtype_mismatches(episodes) == {"float16 with float kernels": (1, 2),
+                                                  "float32 with 16-bit floats": (2, 3)}
