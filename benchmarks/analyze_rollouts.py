@@ -281,11 +281,20 @@ def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
     pairs = [("sft", "grpo"), *(("select@0", k) for k in selects)]
     for before, after in pairs:
         if before in rows and after in rows:
-            split = trained_family_split(*({r["problem"]: r["reward"] for r in rows[stage]}
+            split = trained_family_split(*(mean_reward_by_problem(rows[stage])
                                            for stage in (before, after)), family_of, trained)
             (nt, t), (no, o) = split["trained"], split["other"]
             print(f"seed {seed} reward, {after} - {before}, summed: {t:+.2f} on {nt} problems of "
                   f"GRPO's training families, {o:+.2f} on the {no} others")
+
+
+def mean_reward_by_problem(stage_rows: list[dict[str, Any]]) -> dict[str, float]:
+    """A stage's mean reward per problem: bench_learning --eval-samples K records K rows per
+    problem, one otherwise."""
+    rewards: dict[str, list[float]] = collections.defaultdict(list)
+    for row in stage_rows:
+        rewards[row["problem"]].append(row["reward"])
+    return {name: statistics.fmean(values) for name, values in rewards.items()}
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -363,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = json.loads(partial.read_text()).get("rows", {}) if partial.is_file() else {}
             if args.stages[0] in rows and args.stages[-1] in rows:
                 split = reward_delta_split(
-                    first, last, *({r["problem"]: r["reward"] for r in rows[stage]}
+                    first, last, *(mean_reward_by_problem(rows[stage])
                                    for stage in (args.stages[0], args.stages[-1])))
                 print(f"seed {seed} held-out reward, {args.stages[-1]} - {args.stages[0]}: "
                       f"{split['total']:+.4f} = {split['generator_changed']:+.4f} on problems "

@@ -32,6 +32,7 @@ printed, never assumed.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import enum
 import json
@@ -76,6 +77,10 @@ class BenchArgs:
     output_dir: Path
     generator_variants: list[str]
     max_batch_size: int = 64
+    # episodes per problem in every evaluation stage, sampled at eval_temperature (> 0): the
+    # mean reward of the sampling policy, which is what GRPO optimises, where greedy decoding
+    # measures one reply per problem
+    eval_samples: int = 1
     generator_max_new_tokens: int = 0  # 0: --max-new-tokens
     rl_learning_rate: float = 2e-5
     kl_reference: str = "base"
@@ -261,6 +266,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "turns' rates can be read from the same episodes")
     p.add_argument("--max-new-tokens", type=int, default=768)
     p.add_argument("--eval-temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--eval-samples", type=int, default=1, metavar="K",
+                   help="episodes per problem in every evaluation stage (held-out, train_*, "
+                        "select@), sampled at --eval-temperature, which must then be > 0: "
+                        "a stage's rates are then the sampling policy's expected ones, the "
+                        "quantity GRPO raises, rather than those of one greedy reply per "
+                        "problem. Each evaluation takes up to K times as many kernel "
+                        "evaluations (identical kernels of a problem are evaluated once)")
     p.add_argument("--eval-workers", type=int, default=2)
     p.add_argument("--output-dir", type=Path, default=Path("runs/bench_learning"))
     p.add_argument("--generator-variants", nargs="+", choices=["naive", "fast"], default=["naive"],
@@ -340,6 +352,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.eval_dtype != "same" and a.sft_full_finetune:
         raise SystemExit("--eval-dtype needs LoRA adapters (it decodes from a cast copy of the "
                          "merged weights); with --sft-full-finetune use --eval-dtype same")
+    if a.eval_samples < 1:
+        raise SystemExit(f"--eval-samples {a.eval_samples}: use 1 (one episode per problem) "
+                         "or more")
+    if a.eval_samples > 1 and a.eval_temperature <= 0:
+        raise SystemExit(f"--eval-samples {a.eval_samples} samples each problem that many "
+                         "times, and greedy decoding repeats one reply: give --eval-temperature "
+                         "> 0 too, e.g. 1.0 (GRPO's rollout temperature)")
     if a.optimizer_repair_per_family < 0:
         raise SystemExit(f"--optimizer-repair-per-family {a.optimizer_repair_per_family}: "
                          "use N >= 1, or 0 for a pair per problem")
@@ -468,7 +487,9 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
                    max_batch_size: int = 64, compiled_decoding: bool | None = None,
-                   dtype: str = "same") -> list[dict[str, Any]]:
+                   dtype: str = "same", samples: int = 1) -> list[dict[str, Any]]:
+    """One row per episode: ``samples`` episodes per problem (a group, as GRPO's), decoded as
+    ``trainer.episode_config`` says."""
     import torch
 
     from multiminddev.episode import write_episodes_jsonl
@@ -482,7 +503,7 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
                                           sampling_dtype=(None if dtype == "same"
                                                           else getattr(torch, dtype)))
     try:
-        episodes = trainer.run_episodes(problems, 1)
+        episodes = trainer.run_episodes(problems, samples)
     finally:
         trainer.backend = training_backend
     if save is not None:  # the full conversations, kernels and EvalResults, for inspection
@@ -685,7 +706,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                          "steps' agents are gone; use another --output-dir")
     partial = kept
     rows: dict[str, Any] = dict(partial.get("rows", {}))
-    check_gone_stages_problems(rows, heldout, train_eval or [], select or [], out)
+    check_gone_stages_problems(rows, heldout, train_eval or [], select or [], out,
+                               args.eval_samples)
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
     sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
@@ -702,7 +724,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     def evaluate(stage: str, problems: list[Any] | None = None) -> None:
         """``problems``: None for the held-out ones."""
         wanted = heldout if problems is None else problems
-        if stage in rows and not measured_on(rows[stage], wanted):
+        if stage in rows and not measured_on(rows[stage], wanted, args.eval_samples):
             # e.g. kept SFT's select@0 and a run whose --select-problems draw another sample;
             # a GRPO stage on other problems stopped the seed earlier (check_gone_stages_problems)
             print(f"seed {seed}: {stage} was measured on other problems; evaluating it again",
@@ -715,7 +737,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         rows[stage] = evaluate_stage(trainer, heldout if problems is None else problems,
                                      out / f"episodes_{stage}.jsonl",
                                      args.max_batch_size, args.eval_compiled_decoding,
-                                     args.eval_dtype)
+                                     args.eval_dtype, args.eval_samples)
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
         save_partial()
 
@@ -805,11 +827,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         load_chosen_agents(policy, chosen, sft_dir, out, cfg.train_roles)
         print(f"seed {seed}: GRPO's agents chosen at step {chosen} of {args.rl_steps} by their "
               f"select@ reward {select_rewards(rows)}", flush=True)
-    reused = (reuse_sft_evaluation(rows, out) if chosen == 0 and args.eval_temperature == 0
-              else [])
+    reused = reuse_sft_evaluation(rows, out) if chosen == 0 else []
     if reused:
         print(f"seed {seed}: GRPO's agents are SFT's: stages {', '.join(reused)} take SFT's "
-              "greedy evaluation", flush=True)
+              "evaluation", flush=True)
         save_partial()
     evaluate("grpo")
     if train_eval and (grpo_trained_here or "train_grpo" in rows or chosen_loaded
@@ -836,13 +857,14 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     return result
 
 
-def measured_on(stage_rows: list[dict[str, Any]], problems: list[Any]) -> bool:
-    """Whether a stage's rows are one per problem of ``problems`` (names, in any order)."""
-    return sorted(r["problem"] for r in stage_rows) == sorted(p.name for p in problems)
+def measured_on(stage_rows: list[dict[str, Any]], problems: list[Any], samples: int = 1) -> bool:
+    """Whether a stage's rows are ``samples`` per problem of ``problems`` (names, any order)."""
+    return (collections.Counter(r["problem"] for r in stage_rows)
+            == collections.Counter({p.name: samples for p in problems}))
 
 
 def check_gone_stages_problems(rows: dict[str, Any], heldout: list[Any], train_eval: list[Any],
-                               select: list[Any], out: Path) -> None:
+                               select: list[Any], out: Path, samples: int = 1) -> None:
     """Stops a resumed seed whose GRPO stages were measured on other problems than this run
     draws (another --select-problems sample, another corpus): their agents are gone, so they
     cannot be measured again, and comparing them with new ones would choose among
@@ -851,7 +873,8 @@ def check_gone_stages_problems(rows: dict[str, Any], heldout: list[Any], train_e
         problems = (select if stage.startswith(SELECT) else
                     train_eval if stage in TRAIN_STAGES else heldout)
         # a rerun without --train-eval-problems or --select-problems keeps those rows as they are
-        if problems and not stage_agents_at_hand(stage) and not measured_on(stage_rows, problems):
+        if problems and not stage_agents_at_hand(stage) and not measured_on(stage_rows, problems,
+                                                                              samples):
             raise SystemExit(f"{out}: stage {stage} was measured on other problems than this "
                              "run's, and the agents it measured are gone; use another "
                              "--output-dir")
@@ -873,7 +896,9 @@ def eval_settings(args: BenchArgs, device: str) -> dict[str, Any]:
             "temperature": args.eval_temperature, "dtype": args.eval_dtype,
             "compiled_decoding": args.eval_compiled_decoding,
             "max_new_tokens": args.max_new_tokens,
-            "generator_max_new_tokens": args.generator_max_new_tokens}
+            "generator_max_new_tokens": args.generator_max_new_tokens,
+            # only when sampled several times, so that earlier records' settings still match
+            **({"samples": args.eval_samples} if args.eval_samples > 1 else {})}
 
 
 def drop_rows_of_other_settings(partial: dict[str, Any], settings: dict[str, Any],
@@ -952,9 +977,10 @@ def chosen_step(rows: dict[str, list[dict[str, Any]]]) -> int | None:
 
 def reuse_sft_evaluation(rows: dict[str, list[dict[str, Any]]], seed_dir: Path) -> list[str]:
     """When early stopping keeps SFT's agents (step 0), the grpo and train_grpo stages are SFT's
-    agents decoded greedily on the same prompts: the same kernels, so SFT's rows (and episodes)
-    stand for them rather than a second GPU evaluation of about 4 minutes, which would differ
-    only by timing noise. Returns the stages filled in this way."""
+    agents on the same prompts, so SFT's rows (and episodes) stand for them rather than a second
+    GPU evaluation of about 4 minutes. Greedily decoded, it would give the same kernels and
+    differ only by timing noise; sampled (--eval-samples), only by sampling noise, which would
+    enter the GRPO - SFT gain of agents GRPO did not change. Returns the stages filled so."""
     import shutil
 
     reused = []
@@ -1121,14 +1147,17 @@ def share_base_stage(per_seed: list[dict[str, Any]], compile_only: bool,
 
 def stage_summary(per_seed: list[dict[str, Any]], stage: str,
                   compile_only: bool) -> dict[str, Any]:
-    """``{stage}/{metric}``: mean and std over seeds, bootstrap CI over pooled episodes."""
+    """``{stage}/{metric}``: mean and std over seeds, bootstrap CI over pooled episodes (those
+    of one problem and seed resampled together: --eval-samples' episodes are not independent)."""
     from multiminddev.report.metrics import bootstrap_ci
 
     pooled = [r for s in per_seed for r in s["rows"][stage]]
+    clusters = [rows for s in per_seed for rows in rows_by_problem(s["rows"][stage]).values()]
     out: dict[str, Any] = {}
     for metric in METRICS:
         values = [s["metrics"][stage][metric] for s in per_seed]
-        ci = bootstrap_ci(pooled, lambda rs, m=metric: stage_metrics(list(rs), compile_only)[m])
+        ci = bootstrap_ci(clusters, lambda cs, m=metric: stage_metrics(
+            [r for c in cs for r in c], compile_only)[m])
         out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                     "ci95": list(ci), "per_seed": values}
@@ -1140,6 +1169,14 @@ def stage_summary(per_seed: list[dict[str, Any]], stage: str,
                 "mean": statistics.fmean(values),
                 "std": statistics.stdev(values) if len(values) > 1 else 0.0, "per_seed": values}
     return out
+
+
+def rows_by_problem(stage_rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """A stage's rows grouped by problem, in the order the problems first appear."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for row in stage_rows:
+        grouped.setdefault(row["problem"], []).append(row)
+    return grouped
 
 
 def rate_within_turns(rows: list[dict[str, Any]], metric: str, turns: int) -> float:
@@ -1377,7 +1414,7 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
                    if stages]
         if reusing:
             lines.append(f"- Seeds {reusing} kept SFT's agents: their grpo and train_grpo rows are "
-                         "SFT's greedy evaluation, not a second one (the same kernels)")
+                         "SFT's evaluation, not a second one (the same agents)")
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     lines += train_distribution_lines(summary)  # after the targets: they are held-out only
     path.write_text("\n".join(lines) + "\n")
@@ -1412,8 +1449,11 @@ def outcome_table(output_dir: Path, seeds: list[int]) -> str:
             continue
         for line in path.read_text().splitlines():
             episode = json.loads(line)
-            cells.setdefault(episode["problem"]["name"], {})[(stage, s)] = ">".join(
-                turn_status(t) for t in episode["turns"])
+            # --eval-samples' episodes of one problem share a cell, separated by " | "
+            cell = cells.setdefault(episode["problem"]["name"], {})
+            statuses = ">".join(turn_status(t) for t in episode["turns"])
+            cell[(stage, s)] = (f"{cell[(stage, s)]} | {statuses}" if (stage, s) in cell
+                                else statuses)
     lines = [("# problem (held-out; in train_* columns one of GRPO's training problems), then "
               "per stage and seed the status of each turn (generator>optimizer...), from "
               "episodes_<stage>.jsonl"),
@@ -1421,6 +1461,15 @@ def outcome_table(output_dir: Path, seeds: list[int]) -> str:
     for problem, row in cells.items():
         lines.append("\t".join([problem, *(row.get(c, "-") for c in columns)]))
     return "\n".join(lines) + "\n"
+
+
+def eval_decoding_note(args: BenchArgs) -> str:
+    """How the evaluations decoded, for results.md's first line; "" for one greedy episode per
+    problem, the default."""
+    if args.eval_temperature <= 0:
+        return ""
+    return (f"; evaluations sampled at temperature {args.eval_temperature:g}, "
+            f"{args.eval_samples} episode{'s' * (args.eval_samples > 1)} per problem")
 
 
 def write_outcomes(output_dir: Path, seeds: list[int]) -> None:
@@ -1495,7 +1544,7 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.cuda.get_device_name(0) if not compile_only else "cpu"
         # Seeds may run in parallel processes sharing the output directory: the note names the
         # device and model; the seeds are added when results are aggregated.
-        note = f"{device}; model {args.model}" + (
+        note = f"{device}; model {args.model}" + eval_decoding_note(args) + (
             "; COMPILE-ONLY REWARDS (no GPU): correctness and speed were not measured"
             if compile_only else "")
         print(f"{note}; seeds {args.seeds}", flush=True)

@@ -155,3 +155,9 @@ def test_dtype_mismatches_count_kernels_of_the_other_precision(analyze):
                 _dtype_episode("float32", None)]  # no reply: not counted
     assert analyze.dtype_mismatches(episodes) == {"float16 with float kernels": (1, 2),
                                                   "float32 with 16-bit floats": (2, 3)}
+
+
+def test_a_stage_of_several_samples_per_problem_gives_each_problem_its_mean_reward(analyze):
+    rows = [{"problem": "relu", "reward": 1.0}, {"problem": "abs", "reward": -0.1},
+            {"problem": "relu", "reward": 0.0}, {"problem": "relu", "reward": 0.5}]
+    assert analyze.mean_reward_by_problem(rows) == {"relu": pytest.approx(0.5), "abs": -0.1}

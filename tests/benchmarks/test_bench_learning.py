@@ -895,3 +895,67 @@ def test_saved_sft_agents_of_another_recipe_stop_the_run(bench, tmp_path):
         bench.check_sft_matches(record, other, args.sft_problems, tmp_path)
     with pytest.raises(SystemExit, match="builtin:tier0:train"):
         bench.check_sft_matches(record, recipe, "builtin:tier0:train", tmp_path)
+
+
+def test_eval_samples_need_a_sampling_temperature(bench):
+    assert bench.parse_args([]).eval_samples == 1
+    args = bench.parse_args(["--eval-samples", "4", "--eval-temperature", "1.0"])
+    assert (args.eval_samples, args.eval_temperature) == (4, 1.0)
+    with pytest.raises(SystemExit, match="give --eval-temperature > 0"):
+        bench.parse_args(["--eval-samples", "4"])  # greedy would repeat one reply 4 times
+    with pytest.raises(SystemExit, match="--eval-samples 0"):
+        bench.parse_args(["--eval-samples", "0", "--eval-temperature", "1.0"])
+
+
+def test_sampled_evaluations_are_other_settings_and_the_note_says_how_they_decoded(bench):
+    greedy = bench.parse_args([])
+    sampled = bench.parse_args(["--eval-samples", "4", "--eval-temperature", "1.0"])
+    # records written before the option (one greedy episode per problem) still match
+    assert "samples" not in bench.eval_settings(greedy, "cpu")
+    assert bench.eval_settings(sampled, "cpu")["samples"] == 4
+    assert bench.eval_settings(sampled, "cpu") != bench.eval_settings(greedy, "cpu")
+    assert bench.eval_decoding_note(greedy) == ""
+    assert bench.eval_decoding_note(sampled) == ("; evaluations sampled at temperature 1, "
+                                                 "4 episodes per problem")
+    one = bench.parse_args(["--eval-temperature", "0.7"])
+    assert bench.eval_decoding_note(one).endswith("0.7, 1 episode per problem")
+
+
+def test_a_stage_of_k_samples_is_measured_on_k_episodes_of_each_problem(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems("builtin:tier0:train")[:2]
+    rows = [{"problem": p.name} for p in problems for _ in range(3)]
+    assert bench.measured_on(rows, problems, samples=3)
+    assert not bench.measured_on(rows, problems)  # one per problem was asked for
+    assert not bench.measured_on(rows[:-1], problems, samples=3)  # a problem lacks one
+    bench.check_gone_stages_problems({"grpo": rows}, problems, [], [], None, samples=3)
+    with pytest.raises(SystemExit, match="stage grpo was measured on other problems"):
+        bench.check_gone_stages_problems({"grpo": rows}, problems, [], [], None)
+
+
+def test_the_interval_resamples_a_problems_samples_together(bench):
+    def rows(k):  # 8 problems, half of them correct; each problem's k samples alike
+        return [{**_row(True, i % 2 == 0, 1.0, 1.0 if i % 2 == 0 else 0.0), "problem": f"p{i}"}
+                for i in range(8) for _ in range(k)]
+
+    def interval(k):
+        seed = {"rows": {"sft": rows(k)}, "metrics": {"sft": bench.stage_metrics(rows(k), False)}}
+        return bench.stage_summary([seed], "sft", compile_only=False)["sft/reward_mean"]["ci95"]
+
+    assert bench.rows_by_problem(rows(2))["p3"] == rows(2)[6:8]
+    # identical samples add no information: the interval stays that of one episode per
+    # problem, where resampling single episodes would have narrowed it
+    assert interval(4) == interval(1)
+    assert interval(1)[1] - interval(1)[0] > 0.4
+
+
+def test_outcome_table_puts_a_problems_samples_in_one_cell(bench, tmp_path):
+    d = tmp_path / "seed0"
+    d.mkdir()
+    (d / "episodes_sft.jsonl").write_text("\n".join(
+        [_episode("relu_4096", "ok"), _episode("relu_4096", "incorrect", "ok"),
+         _episode("abs_4096", "syntax_error")]) + "\n")
+    lines = bench.outcome_table(tmp_path, [0]).splitlines()
+    assert lines[2].split("\t") == ["relu_4096", "ok | incorrect>ok"]
+    assert lines[3].split("\t") == ["abs_4096", "syntax_error"]
