@@ -123,6 +123,9 @@ class BenchArgs:
     optimizer_repair_reply: str = "naive"  # the repair pairs' reply: the naive or fast kernel
     optimizer_repair_per_family: int = 0  # at most this many pairs per family and defect (0: all)
     sft_strip_comments: bool = False  # the Optimizer's SFT replies without whole-line comments
+    # every prompt (SFT data, GRPO, evaluations) ends with the line naming the pointer type of
+    # the problem's dtype (agents.prompts.element_type_line)
+    element_type_line: bool = False
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
     # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
     # "train_sft", "train_grpo"); "": no such evaluation. parse_args resolves "same".
@@ -178,6 +181,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="train the Optimizer on fast solutions without their whole-line comments "
                         "(tasks.sft_data.strip_comment_lines): its held-out rewrites went astray "
                         "in comment prose (docs/BENCHMARKS.md, eighteenth session)")
+    p.add_argument("--element-type-line", action="store_true",
+                   help="end every prompt of both agents (SFT data, GRPO rollouts, evaluations) "
+                        "with a line naming the pointer type of the problem's dtype (`float*`, "
+                        "`__half*`; agents.prompts.element_type_line): the Generator wrote float "
+                        "kernels for float16 problems and __half ones for float32 problems "
+                        "(docs/BENCHMARKS.md, runs C-G). SFT agents kept from a run without it "
+                        "do not fit these prompts, and the run refuses them")
     p.add_argument("--optimizer-repair", nargs="*", default=None, metavar="KIND",
                    choices=REPAIR_KINDS,
                    help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
@@ -668,11 +678,13 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             else {})
     train_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
                                    sampling=SamplingParams(temperature=cfg.temperature,
-                                                           max_new_tokens=args.max_new_tokens))
+                                                           max_new_tokens=args.max_new_tokens),
+                                   element_type=args.element_type_line)
     eval_episodes = EpisodeConfig(max_turns=args.eval_max_turns or args.max_turns,
                                   max_new_tokens_by_role=caps,
                                   sampling=SamplingParams(temperature=args.eval_temperature,
-                                                          max_new_tokens=args.max_new_tokens))
+                                                          max_new_tokens=args.max_new_tokens),
+                                  element_type=args.element_type_line)
     if args.sft_anchor > 0:
         from multiminddev.tasks.loaders import load_problems
 
@@ -680,7 +692,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                            else train if sft is None else sft)
         anchor = sft_anchor_examples(policy.tokenizer, cfg.train_roles, anchor_problems, seed,
                                      args.generator_variants, args.sft_strip_comments,
-                                     args.sft_max_seq_length)
+                                     args.sft_max_seq_length, args.element_type_line)
     else:
         anchor = None
     trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
@@ -772,7 +784,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                     repair_kinds=args.optimizer_repair, repair_counts=recipe,
                                     repair_reply=args.optimizer_repair_reply,
                                     repair_per_family=args.optimizer_repair_per_family,
-                                    strip_comments=args.sft_strip_comments),
+                                    strip_comments=args.sft_strip_comments,
+                                    element_type=args.element_type_line),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      grad_accum=args.sft_grad_accum,
@@ -898,7 +911,9 @@ def eval_settings(args: BenchArgs, device: str) -> dict[str, Any]:
             "max_new_tokens": args.max_new_tokens,
             "generator_max_new_tokens": args.generator_max_new_tokens,
             # only when sampled several times, so that earlier records' settings still match
-            **({"samples": args.eval_samples} if args.eval_samples > 1 else {})}
+            **({"samples": args.eval_samples} if args.eval_samples > 1 else {}),
+            # other prompts (the same rule)
+            **({"element_type_line": True} if args.element_type_line else {})}
 
 
 def drop_rows_of_other_settings(partial: dict[str, Any], settings: dict[str, Any],
@@ -941,6 +956,7 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
             "learning_rate": args.sft_learning_rate,
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
             **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
+            **({"element_type_line": True} if args.element_type_line else {}),
             **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all",
                 "optimizer_repair_reply": args.optimizer_repair_reply,
                 "optimizer_repair_per_family": args.optimizer_repair_per_family}
@@ -1028,7 +1044,8 @@ def load_chosen_agents(policy: Any, step: int, sft_dir: Path, seed_dir: Path,
 
 def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
                         generator_variants: list[str], strip_comments: bool = False,
-                        max_len: int | None = None) -> dict[Any, list[dict[str, list[int]]]]:
+                        max_len: int | None = None,
+                        element_type: bool = False) -> dict[Any, list[dict[str, list[int]]]]:
     """Per role, the SFT data tokenized as SFT tokenizes it (``max_len``: SFT's
     max_seq_length, None: SFTConfig's): GRPO's SFT anchor."""
     from multiminddev.train.sft import SFTConfig, tokenize_chat
@@ -1036,21 +1053,26 @@ def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: i
     max_len = max_len or SFTConfig.max_seq_length
     return {role: [tokenize_chat(tokenizer, m, max_len)
                    for m in sft_data(role, problems, seed, generator_variants,
-                                     strip_comments=strip_comments)["messages"]]
+                                     strip_comments=strip_comments,
+                                     element_type=element_type)["messages"]]
             for role in roles}
 
 
 def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[str],
              repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
              repair_counts: dict[str, Any] | None = None, strip_comments: bool = False,
-             repair_reply: str = "naive", repair_per_family: int = 0) -> Any:
+             repair_reply: str = "naive", repair_per_family: int = 0,
+             element_type: bool = False) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
     Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
     written to
-    ``repair_counts["optimizer_repair"]``."""
+    ``repair_counts["optimizer_repair"]``. ``element_type``: the prompts end with the
+    element-type line (--element-type-line), as the episodes' do."""
+    import functools
     import random
 
+    from multiminddev.agents.prompts import generator_messages, optimizer_messages
     from multiminddev.agents.roles import AgentRole
     from multiminddev.tasks import repair_data
     from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
@@ -1058,8 +1080,13 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
     kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
                               if role is AgentRole.GENERATOR
                               else {"strip_comments": True} if strip_comments else {})
+    prompt = functools.partial(
+        generator_messages if role is AgentRole.GENERATOR else optimizer_messages,
+        element_type=element_type)
+    kwargs["prompt"] = prompt
     if role is AgentRole.OPTIMIZER and repair_evaluator is not None:
         extra = repair_data.optimizer_repair_examples(train, repair_evaluator.evaluate,
+                                                      prompt=prompt,
                                                       kinds=repair_kinds or repair_data.KINDS,
                                                       reply=repair_reply,
                                                       strip_comments=strip_comments,

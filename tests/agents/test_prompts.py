@@ -1,5 +1,13 @@
+import dataclasses
+
 from multiminddev.agents.parsing import parse_candidate
-from multiminddev.agents.prompts import generator_messages, load_template, optimizer_messages
+from multiminddev.agents.prompts import (
+    element_type_line,
+    generator_messages,
+    load_template,
+    optimizer_messages,
+    render,
+)
 from multiminddev.policy import encode_chat, render_chat
 from multiminddev.tasks.problem import load_problem_source
 from tests.policy.helpers import gguf_tokenizer
@@ -49,3 +57,31 @@ def test_prompts_render_with_the_chat_template_within_budget():
     ids = encode_chat(tok, messages)
     assert 300 < len(ids) < 1000  # leaves most of SmolLM2's 8k window for the reply
     assert tok.decode(ids) == text
+
+
+def _fp16(problem):
+    return dataclasses.replace(problem, name=f"{problem.name}_fp16", dtype="float16",
+                               atol=None, rtol=None)
+
+
+def test_the_element_type_line_names_the_pointer_type_last_before_the_reply():
+    _, user = generator_messages(_fp16(PROBLEM), element_type=True)
+    assert user["content"].rstrip().endswith(element_type_line(_fp16(PROBLEM)))
+    assert "`__half*`" in element_type_line(_fp16(PROBLEM))
+    assert "`float*`" in element_type_line(PROBLEM)
+    _, user = optimizer_messages(PROBLEM, "KERNEL", "REPORT", [], element_type=True)
+    assert user["content"].rstrip().endswith("(no `__half`).")
+
+
+def test_without_the_element_type_line_the_prompts_are_unchanged_byte_for_byte():
+    # agents trained before the option see the prompts they were trained on
+    for problem in (PROBLEM, _fp16(PROBLEM)):
+        plain = render("generator_user", name=problem.name, dtype=problem.dtype,
+                       atol=f"{problem.tolerances[0]:g}", rtol=f"{problem.tolerances[1]:g}",
+                       problem_source=problem.source.strip())
+        assert generator_messages(problem)[1]["content"] == plain
+        with_line = generator_messages(problem, element_type=True)[1]["content"]
+        assert with_line == f"{plain}\n{element_type_line(problem)}\n"
+    bf16 = dataclasses.replace(PROBLEM, dtype="bfloat16", atol=None, rtol=None)
+    assert element_type_line(bf16) == ""  # no line rather than a wrong one
+    assert generator_messages(bf16, element_type=True) == generator_messages(bf16)

@@ -959,3 +959,36 @@ def test_outcome_table_puts_a_problems_samples_in_one_cell(bench, tmp_path):
     lines = bench.outcome_table(tmp_path, [0]).splitlines()
     assert lines[2].split("\t") == ["relu_4096", "ok | incorrect>ok"]
     assert lines[3].split("\t") == ["abs_4096", "syntax_error"]
+
+
+def test_the_element_type_line_reaches_every_sft_prompt_the_recipe_and_the_settings(bench):
+    from multiminddev.agents.prompts import element_type_line
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.tasks.loaders import load_problems
+
+    args = bench.parse_args(["--element-type-line"])
+    assert args.element_type_line and bench.sft_recipe(args)["element_type_line"]
+    assert bench.eval_settings(args, "cpu")["element_type_line"]
+    # off, records from before the option compare equal (kept SFT agents, kept rows)
+    assert "element_type_line" not in bench.sft_recipe(bench.parse_args([]))
+    assert "element_type_line" not in bench.eval_settings(bench.parse_args([]), "cpu")
+    relu = [p for p in load_problems("builtin:allshapes") if p.family == "relu"]
+    problems = [next(p for p in relu if p.dtype == d) for d in ("float32", "float16")]
+
+    def users(data):
+        return [next(m["content"] for m in ms if m["role"] == "user") for ms in data["messages"]]
+
+    for role in (AgentRole.GENERATOR, AgentRole.OPTIMIZER):
+        for problem in problems:  # one problem at a time: the data is shuffled
+            (plain,) = users(bench.sft_data(role, [problem], 0, ["naive"]))
+            (lined,) = users(bench.sft_data(role, [problem], 0, ["naive"], element_type=True))
+            assert "Element type" not in plain
+            assert lined == f"{plain}\n{element_type_line(problem)}\n"
+    with Evaluator(EvalConfig(num_workers=1, compile_baseline=False)) as evaluator:
+        repaired = bench.sft_data(AgentRole.OPTIMIZER, problems[:1], 0, ["naive"],
+                                  repair_evaluator=evaluator, repair_kinds=["misspelt_math"],
+                                  element_type=True)
+    line = element_type_line(problems[0])
+    assert len(repaired["messages"]) == 2  # the naive -> fast pair and one repair pair
+    assert all(u.endswith(f"\n{line}\n") for u in users(repaired))

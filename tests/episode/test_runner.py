@@ -235,3 +235,15 @@ def test_tiny_model_episode_end_to_end(evaluator):
             assert len(t.response_ids) == len(t.logprobs) > 0
             assert t.prompt_ids and t.feedback and t.reward is not None
             assert all(lp <= 0 for lp in t.logprobs)
+
+
+def test_prompts_of_both_roles_end_with_the_element_type_line_when_asked():
+    from multiminddev.agents.prompts import element_type_line
+
+    tok = gguf_tokenizer()
+    ep = Episode(problem=relu_problem(), current_source=RELU_KERNEL, current_feedback="r")
+    line = element_type_line(ep.problem)
+    for role in (G, O):
+        plain = build_prompt(ep, role, tok, EpisodeConfig())[0][-1]["content"]
+        asked = build_prompt(ep, role, tok, EpisodeConfig(element_type=True))[0][-1]["content"]
+        assert line not in plain and asked == f"{plain}\n{line}\n"

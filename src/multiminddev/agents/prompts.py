@@ -41,12 +41,41 @@ def _problem_values(problem: Problem) -> dict[str, Any]:
     }
 
 
-def generator_messages(problem: Problem) -> Messages:
-    """System + user messages asking for a first ModelNew."""
+# The C type of a problem's tensors, named where the reply starts (``element_type_line``).
+# Why: the header gives the dtype as one word near the top ("relu_..._fp16, float16, ..."), and
+# a 135M Generator wrote `float*` kernels for float16 problems after SFT (run E, seed 1) and
+# after GRPO on mostly float32 problems (runs C, D, G), and `__half` for float32 ones (run E,
+# seed 2): a line with the exact pointer type, last before the reply, gives it a token to copy.
+# Index tensors (embedding's, argmax's output) keep their own types: the line names the
+# floating-point ones only.
+ELEMENT_TYPE_LINES = {
+    "float32": "Element type: float32. Floating-point tensors are `float*` in kernels (no `__half`).",
+    "float16": ("Element type: float16. Floating-point tensors are `__half*` in kernels "
+                "(#include <cuda_fp16.h>); convert with __half2float / __float2half to compute "
+                "in float."),
+}
+
+
+def element_type_line(problem: Problem) -> str:
+    """The line naming ``problem``'s pointer type; "" for a dtype without one here."""
+    return ELEMENT_TYPE_LINES.get(problem.dtype, "")
+
+
+def _with_element_type(user: str, problem: Problem, on: bool) -> str:
+    """``user`` with the element-type line appended when ``on`` (off: unchanged, byte for byte,
+    so agents trained without the line see the prompts they were trained on)."""
+    line = element_type_line(problem) if on else ""
+    return f"{user}\n{line}\n" if line else user
+
+
+def generator_messages(problem: Problem, *, element_type: bool = False) -> Messages:
+    """System + user messages asking for a first ModelNew; ``element_type`` appends the line
+    naming the kernels' pointer type (``element_type_line``)."""
     fmt = render("candidate_format")
+    user = render("generator_user", **_problem_values(problem))
     return [
         {"role": "system", "content": render("generator_system", candidate_format=fmt)},
-        {"role": "user", "content": render("generator_user", **_problem_values(problem))},
+        {"role": "user", "content": _with_element_type(user, problem, element_type)},
     ]
 
 
@@ -74,11 +103,13 @@ def optimizer_messages(
     history: list[str],
     *,
     omitted: int = 0,
+    element_type: bool = False,
 ) -> Messages:
     """System + user messages asking to fix or speed up ``current_source``.
 
     ``history`` holds one line per earlier attempt (strategy tags and outcome); ``omitted``
-    says how many older lines were dropped to fit the window (the prompt says so).
+    says how many older lines were dropped to fit the window (the prompt says so);
+    ``element_type`` appends the line naming the kernels' pointer type.
     """
     fmt = render("candidate_format")
     user = render(
@@ -90,5 +121,5 @@ def optimizer_messages(
     )
     return [
         {"role": "system", "content": render("optimizer_system", candidate_format=fmt)},
-        {"role": "user", "content": user},
+        {"role": "user", "content": _with_element_type(user, problem, element_type)},
     ]

@@ -66,6 +66,9 @@ class EpisodeConfig:
     max_prompt_tokens: int = 6144
     feedback_chars: int = 1500
     reward: Any = None  # rewards.functions.RewardConfig; None: no per-turn reward
+    # prompts end with a line naming the kernels' pointer type (agents.prompts.element_type_line);
+    # agents must be trained (SFT) on the same prompts
+    element_type: bool = False
 
     def __post_init__(self) -> None:
         self.schedule = tuple(AgentRole(r) for r in self.schedule)
@@ -195,7 +198,7 @@ def build_prompt(
 ) -> tuple[list[dict[str, str]], list[int], int] | None:
     """(messages, token ids, history lines omitted), or None when nothing fits the window."""
     if role is AgentRole.GENERATOR:
-        messages = generator_messages(episode.problem)
+        messages = generator_messages(episode.problem, element_type=config.element_type)
         ids = encode_chat(tokenizer, messages)
         return (messages, ids, 0) if len(ids) <= config.max_prompt_tokens else None
     history, tail = optimizer_context(episode)
@@ -203,7 +206,8 @@ def build_prompt(
     omitted = 0
     while True:
         messages = optimizer_messages(episode.problem, episode.current_source, feedback,
-                                      history + tail, omitted=omitted)
+                                      history + tail, omitted=omitted,
+                                      element_type=config.element_type)
         ids = encode_chat(tokenizer, messages)
         if len(ids) <= config.max_prompt_tokens:
             return messages, ids, omitted
