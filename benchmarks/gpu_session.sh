@@ -77,6 +77,9 @@
 # LEARN_SEEDS="0 1" (72 repair pairs: SFT 404 s) ended 19.7 min after its start; run B (one-turn
 # Generator-only GRPO, 12 steps in 316-348 s) 17.0 min, its third seed out of memory in SFT.
 # After each, tests-corpus + tests-hacks (345 s) or tests-rest + tests-env (440 s) still fit.
+# Twenty-sixth session (2026-11-25 13:58 UTC, one H100 counted in full): GRPO only from kept SFT
+# (sft-stage x3, 12 steps, select@0/6/12 on 18 problems) ended 16.6 min after its start, 17.5 min
+# held with staging; tests-env (264 s), tests-hacks (123 s) and tests-rest (256 s) then fit.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
