@@ -11,8 +11,9 @@ rollouts with their advantages. Two tables:
   after GRPO the held-out elu and leaky_relu got it;
 - with --sft-problems: correctness and groups with mixed outcomes on prompts SFT trained on
   versus new ones.
-Then, from the held-out files seed<k>/episodes_<stage>.jsonl, Generator kernels whose precision
-is not the problem's (float for float16, __half for float32), and what the Optimizer's turn did to
+Then, from the held-out files seed<k>/episodes_<stage>.jsonl (``--stages``; the select@ stages
+too), Generator kernels whose precision is not the problem's (float for float16, __half for
+float32), those written on another family's template, and what the Optimizer's turn did to
 the Generator's kernel (fixed, broke, faster, slower...). Fifteenth session: after SFT it made
 19-21 of ~24 correct kernels per seed faster (0.61x of eager to 0.97x, typically) and fixed none
 of the failing ones; GRPO on the Optimizer kept that on two seeds and broke it on the third.
@@ -78,6 +79,42 @@ def dtype_mismatches(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, int
         counts[key][0] += wrong
         counts[key][1] += 1
     return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def template_drift(episodes: list[dict[str, Any]],
+                   family_templates: dict[str, str]) -> tuple[list[tuple[str, str]], int]:
+    """Generator kernels written on another family's template: ((problem, template) for each,
+    the number of Generator kernels of known families). A template is the first kernel's name;
+    ``family_templates`` maps each family to its naive reference's (``reference_templates``),
+    and a kernel counts when its template is some other family's. Run G (twenty-sixth session):
+    at GRPO step 12 the Generator wrote the element-wise ``unary_naive`` kernel for
+    ``matvec_2168x4923`` on every seed, after ``unary_naive`` had collected about half of the
+    rollouts and the largest positive advantages."""
+    known = set(family_templates.values())
+    drifted, total = [], 0
+    for e in episodes:
+        turns = e.get("turns") or []
+        family = e["problem"].get("family", "")
+        if not turns or family not in family_templates or not turns[0].get("candidate_source"):
+            continue
+        total += 1
+        template = kernel_template(turns[0]["candidate_source"])
+        if template in known and template != family_templates[family]:
+            drifted.append((e["problem"]["name"], template))
+    return drifted, total
+
+
+@functools.cache
+def reference_templates() -> dict[str, str]:
+    """family -> the first kernel's name in its naive reference solution (the built-in corpus)."""
+    from multiminddev.tasks.builtin import reference_solution
+    from multiminddev.tasks.loaders import load_problems
+
+    out: dict[str, str] = {}
+    for p in load_problems("builtin:allshapes"):
+        if p.family not in out and (source := reference_solution(p, variant="naive")):
+            out[p.family] = kernel_template(source)
+    return out
 
 
 def template_credit(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, float]]:
@@ -355,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                                        for k, (n, total) in dtype_mismatches(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Generator kernels of the wrong precision: "
                       f"{mismatched}")
+                drifted, total = template_drift(held[stage], reference_templates())
+                print(f"seed {seed} held-out {stage}: Generator kernels on another family's "
+                      f"template: {len(drifted)} of {total}"
+                      + "".join(f"; {name}: {t}" for name, t in drifted[:6]))
                 counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
                 broken = broken_rewrites(held[stage], fast_references())

@@ -161,3 +161,22 @@ def test_a_stage_of_several_samples_per_problem_gives_each_problem_its_mean_rewa
     rows = [{"problem": "relu", "reward": 1.0}, {"problem": "abs", "reward": -0.1},
             {"problem": "relu", "reward": 0.0}, {"problem": "relu", "reward": 0.5}]
     assert analyze.mean_reward_by_problem(rows) == {"relu": pytest.approx(0.5), "abs": -0.1}
+
+
+def test_template_drift_counts_kernels_on_another_familys_template(analyze):
+    templates = analyze.reference_templates()  # from the built-in corpus's naive solutions
+    assert templates["relu"] == templates["gelu_tanh"] == "unary_naive"
+    assert templates["matvec"] == "matvec_naive"
+
+    def episode(name, family, kernel):
+        source = None if kernel is None else f'__global__ void {kernel}(const float* x) {{}}'
+        return {"problem": {"name": name, "family": family},
+                "turns": [{"candidate_source": source}]}
+
+    episodes = [episode("matvec_2168x4923", "matvec", "unary_naive"),  # run G's step 12
+                episode("matvec_1x1", "matvec", "matvec_naive"),
+                episode("relu_1x1", "relu", "unary_naive"),  # its own family's template
+                episode("relu_2x2", "relu", "my_relu"),  # a name of its own: not another's
+                episode("relu_3x3", "relu", None),  # no kernel: not counted
+                episode("x_1", "not_a_builtin_family", "unary_naive")]  # unknown family
+    assert analyze.template_drift(episodes, templates) == ([("matvec_2168x4923", "unary_naive")], 4)
