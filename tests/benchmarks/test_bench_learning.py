@@ -992,3 +992,37 @@ def test_the_element_type_line_reaches_every_sft_prompt_the_recipe_and_the_setti
     line = element_type_line(problems[0])
     assert len(repaired["messages"]) == 2  # the naive -> fast pair and one repair pair
     assert all(u.endswith(f"\n{line}\n") for u in users(repaired))
+
+
+def test_a_sampled_evaluation_runs_k_episodes_of_each_problem(bench, tmp_path):
+    """A tiny Llama and the compile-only evaluator: evaluate_stage through the real runner."""
+    import collections
+
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import HFGenerationBackend, SamplingParams
+    from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
+    from multiminddev.tasks.curriculum import Curriculum
+    from multiminddev.tasks.loaders import load_problems
+    from tests.policy.helpers import tiny_policy
+
+    problems = load_problems("builtin:tier0:train")[:2]
+    policy = tiny_policy()
+    with Evaluator(EvalConfig(num_workers=1)) as evaluator:
+        trainer = GRPOTrainer(
+            GRPOConfig(num_steps=1, problems_per_step=2, group_size=2, max_turns=1,
+                       max_new_tokens=8, eval_every=0),
+            policy=policy, backend=HFGenerationBackend(policy), evaluator=evaluator,
+            curriculum=Curriculum.from_problems(problems),
+            episode_config=EpisodeConfig(max_turns=1, element_type=True, sampling=SamplingParams(
+                temperature=1.0, max_new_tokens=8)),
+            output_dir=tmp_path, compile_only=True)
+        rows = bench.evaluate_stage(trainer, problems, tmp_path / "episodes_sft.jsonl",
+                                    samples=3)
+    assert collections.Counter(r["problem"] for r in rows) == {p.name: 3 for p in problems}
+    assert bench.measured_on(rows, problems, samples=3)
+    saved = [json.loads(line) for line in (tmp_path / "episodes_sft.jsonl").read_text().splitlines()]
+    assert len(saved) == 6
+    # the episode config's prompts reached the agent: here with the element-type line
+    assert all(e["turns"][0]["messages"][-1]["content"].endswith(
+        "Floating-point tensors are `float*` in kernels (no `__half`).\n") for e in saved)
