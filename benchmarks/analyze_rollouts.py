@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_learning import turn_status  # a sibling script, not a package
+from bench_learning import rows_by_problem, turn_status  # a sibling script, not a package
 
 _KERNEL_RE = re.compile(r"__global__\s+void\s+(\w+)")
 
@@ -328,10 +328,8 @@ def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
 def mean_reward_by_problem(stage_rows: list[dict[str, Any]]) -> dict[str, float]:
     """A stage's mean reward per problem: bench_learning --eval-samples K records K rows per
     problem, one otherwise."""
-    rewards: dict[str, list[float]] = collections.defaultdict(list)
-    for row in stage_rows:
-        rewards[row["problem"]].append(row["reward"])
-    return {name: statistics.fmean(values) for name, values in rewards.items()}
+    return {name: statistics.fmean(r["reward"] for r in rows)
+            for name, rows in rows_by_problem(stage_rows).items()}
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
