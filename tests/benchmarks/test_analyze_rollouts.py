@@ -180,3 +180,12 @@ def test_template_drift_counts_kernels_on_another_familys_template(analyze):
                 episode("relu_3x3", "relu", None),  # no kernel: not counted
                 episode("x_1", "not_a_builtin_family", "unary_naive")]  # unknown family
     assert analyze.template_drift(episodes, templates) == ([("matvec_2168x4923", "unary_naive")], 4)
+
+
+def test_compared_stages_uses_the_stages_a_seed_reached(analyze):
+    requested = ["select@0", "select@6", "select@12"]
+    assert analyze.compared_stages(requested, {"select@0": [], "select@6": [], "select@12": []}) \
+        == ("select@0", "select@12")
+    assert analyze.compared_stages(requested, {"select@0": [], "select@6": []}) \
+        == ("select@0", "select@6")
+    assert analyze.compared_stages(requested, {"select@6": []}) is None
