@@ -89,6 +89,10 @@ class BenchArgs:
     # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
     curriculum_start_tier: int | None = None
     review_fraction: float = 0.2  # CurriculumConfig's default
+    # CurriculumConfig.family_sampling / family_floor: within a tier, draw families by p(1-p) of
+    # their recent pass rate ("signal") rather than every problem alike ("uniform")
+    family_sampling: str = "uniform"
+    family_floor: float = 0.02
     mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
@@ -245,6 +249,14 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--review-fraction", type=float, default=0.2,
                    help="share of each GRPO batch drawn from tiers before the current one "
                         "(CurriculumConfig.review_fraction)")
+    p.add_argument("--family-sampling", choices=["uniform", "signal"], default="uniform",
+                   help="how GRPO draws a tier's problems: every problem alike (uniform), or a "
+                        "family first, weighted by p(1-p) of its recent pass rate p (signal): "
+                        "solved families give tied groups, and in run H (2026-11-25) they were "
+                        "a third of the rollouts (CurriculumConfig.family_sampling)")
+    p.add_argument("--family-floor", type=float, default=0.02,
+                   help="least weight of a family under --family-sampling signal (p(1-p) is at "
+                        "most 0.25), so solved families still come up and keep their KL term")
     p.add_argument("--grpo-eval-every", type=int, default=0, metavar="K",
                    help="also evaluate the held-out set after every K GRPO steps (stages "
                         "'grpo@K' in partial.json), so a run cut before its end still compares "
@@ -559,7 +571,8 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
     from multiminddev.tasks.curriculum import Curriculum, CurriculumConfig
 
     return Curriculum.from_problems(train, CurriculumConfig(
-        start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction))
+        start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction,
+        family_sampling=args.family_sampling, family_floor=args.family_floor))
 
 
 def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",

@@ -322,6 +322,26 @@ def test_grpo_curriculum_can_train_both_tiers_from_the_first_step(bench):
     assert 0.35 < tiers.count(0) / len(tiers) < 0.65  # half review of tier 0
 
 
+def test_grpo_curriculum_can_draw_families_by_their_signal(bench):
+    from multiminddev.tasks.loaders import load_problems
+
+    train = load_problems("builtin:tier0,tier1:train:resized8from4")
+    assert bench.grpo_curriculum(bench.parse_args([]), train).config.family_sampling.value \
+        == "uniform"
+    args = bench.parse_args(["--curriculum-start-tier", "1", "--review-fraction", "0.5",
+                             "--family-sampling", "signal", "--family-floor", "0.05"])
+    curriculum = bench.grpo_curriculum(args, train)
+    for problem in train:  # every add problem solved, every matvec problem half solved
+        if problem.family in ("add", "matvec"):
+            for ok in (True, problem.family == "add"):
+                curriculum.record(problem, {"compiled": True, "correct": ok})
+    weights = curriculum.family_weights(0)
+    assert weights["add"] == pytest.approx(0.05) and weights["relu"] == pytest.approx(0.25)
+    assert curriculum.family_weights(1)["matvec"] == pytest.approx(0.25)
+    drawn = [p.family for p in curriculum.sample(400, 0) if p.tier == 0]
+    assert drawn.count("add") < drawn.count("relu") / 2  # 0.05 against 0.25
+
+
 def test_eval_decoding_follows_compiled_decoding_unless_set(bench):
     assert bench.parse_args([]).eval_compiled_decoding is None
     args = bench.parse_args(["--compiled-decoding", "on", "--eval-compiled-decoding", "off"])

@@ -377,6 +377,9 @@ def test_resume_after_kill_reproduces_uninterrupted_training(tmp_path):
         assert all(torch.equal(sa["state"][k]["exp_avg"], sb["state"][k]["exp_avg"])
                    for k in sa["state"])
     assert straight.curriculum.state_dict() == resumed.curriculum.state_dict()
+    # the episodes' outcomes reached the family windows that --family-sampling signal reads
+    families = straight.curriculum.state_dict()["families"]
+    assert sum(len(w) for w in families.values()) == straight.episodes_done
 
 
 @pytest.mark.slow

@@ -19,8 +19,10 @@ from multiminddev.env.results import (
 from multiminddev.tasks.curriculum import (
     Curriculum,
     CurriculumConfig,
+    FamilySampling,
     Outcome,
     TierGate,
+    family_weights,
     gate_failures,
     tier_stats,
 )
@@ -198,6 +200,70 @@ def test_a_batch_covers_the_current_tier_before_repeating():
     assert sorted(p.name for p in batch) == sorted(p.name for p in cur.problems[0])
 
 
+# --------------------------------------------------------------------------- family sampling
+
+
+def families_curriculum(**config) -> Curriculum:
+    """Tier 0: family "easy" with 6 problems, "half" with 3, "hard" with 3."""
+    sizes = {"easy": 6, "half": 3, "hard": 3}
+    problems = [Problem(name=f"{family}_{i}", source=SOURCE, tier=0, family=family)
+                for family, n in sizes.items() for i in range(n)]
+    return Curriculum.from_problems(problems, CurriculumConfig(**config))
+
+
+def test_family_weights_match_the_posterior_variance_with_a_floor():
+    weights = family_weights({"a": [True] * 6 + [False] * 2, "b": [True] * 10},
+                             ["a", "b", "unseen"], prior=0.5, floor=0.02)
+    p_a, p_b = (6 + 0.5) / (8 + 1), (10 + 0.5) / (10 + 1)
+    assert weights["a"] == pytest.approx(p_a * (1 - p_a))
+    assert weights["b"] == pytest.approx(max(p_b * (1 - p_b), 0.02))
+    assert weights["unseen"] == pytest.approx(0.25)  # p = 0.5 before any outcome
+    assert family_weights({"b": [True] * 100}, ["b"], prior=0.5, floor=0.02) == {"b": 0.02}
+
+
+def test_signal_sampling_draws_families_by_their_weights():
+    cur = families_curriculum(family_sampling="signal", family_window=40)
+    for family, correct in (("easy", [True] * 40), ("half", [True, False] * 20),
+                            ("hard", [False] * 38 + [True] * 2)):
+        for i, ok in enumerate(correct):
+            cur.record(f"{family}_{i % 3}", PASS if ok else COMPILED_WRONG)
+    weights = cur.family_weights(0)
+    drawn = Counter(p.family for p in cur.sample(6000, random.Random(5)))
+    total = sum(weights.values())
+    for family, weight in weights.items():
+        assert drawn[family] / 6000 == pytest.approx(weight / total, abs=0.02)
+    assert drawn["half"] > 4 * drawn["easy"]  # p(1-p): 0.25 against the 0.02 floor
+
+
+def test_uniform_sampling_ignores_families():
+    cur = families_curriculum()
+    assert cur.config.family_sampling is FamilySampling.UNIFORM
+    drawn = Counter(p.family for p in cur.sample(6000, random.Random(5)))
+    assert drawn["easy"] / 6000 == pytest.approx(0.5, abs=0.02)  # 6 of the 12 problems
+
+
+def test_family_windows_keep_the_latest_outcomes_and_survive_a_checkpoint():
+    cur = families_curriculum(family_sampling="signal", family_window=4)
+    for ok in (False, False, True, True, True, True):
+        cur.record("half_0", PASS if ok else COMPILED_WRONG)
+    # the 4 kept are correct: p = 4.5 / 5 (all 6 would give 4.5 / 7)
+    assert cur.family_weights(0)["half"] == pytest.approx(0.9 * 0.1)
+    restored = families_curriculum(family_sampling="signal", family_window=4)
+    restored.load_state_dict(json.loads(json.dumps(cur.state_dict())))
+    assert restored.family_weights(0) == cur.family_weights(0)
+    assert [p.name for p in restored.sample(30, 9)] == [p.name for p in cur.sample(30, 9)]
+    older = cur.state_dict()
+    del older["families"]  # a checkpoint from before family sampling
+    restored.load_state_dict(older)
+    assert restored.family_weights(0)["half"] == pytest.approx(0.25)
+
+
+def test_signal_summary_has_each_familys_weight():
+    summary = families_curriculum(family_sampling="signal").summary()
+    assert summary["curriculum/family_weight/hard"] == pytest.approx(0.25)
+    assert "curriculum/family_weight/hard" not in families_curriculum().summary()
+
+
 # --------------------------------------------------------------------------- state
 
 
@@ -242,6 +308,10 @@ def test_summary_is_flat_numbers_for_reached_tiers():
         ({"window": 0}, "window"),
         ({"tiers": []}, "tiers is empty"),
         ({"tiers": [0, 0]}, "duplicates"),
+        ({"family_sampling": "loudest"}, "loudest"),
+        ({"family_window": 0}, "family_window"),
+        ({"family_prior": 0.0}, "family_prior"),
+        ({"family_floor": 0.3}, "family_floor"),
     ],
 )
 def test_config_validation(kwargs, message):

@@ -7,6 +7,13 @@ over its window and after a minimum number of episodes on it, the compile rate a
 are above their thresholds (defaults from the seeds' critique: compile > 0.9, pass > 0.75)
 and, optionally, the geometric-mean speedup of correct kernels reaches a floor.
 
+Within a tier, problems are drawn uniformly by default. With ``family_sampling="signal"`` a
+family is drawn first, weighted by how much GRPO can learn from it: p(1-p) of its recent pass
+rate p (the spread of a group's outcomes), never below ``family_floor``. Why: in run H
+(2026-11-25) the families GRPO's Generator already solved (add, relu, tanh, ...: pass rate
+0.94-1.00) made up a third of the rollouts and gave tied groups, while those it half solved
+(p(1-p) near 0.25) came up as often as any other.
+
 Everything here is plain Python: sampling takes an explicit ``random.Random``; state is a
 JSON-serialisable dict so checkpoints restore it exactly.
 """
@@ -18,6 +25,7 @@ import random
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 from multiminddev.report.metrics import geometric_mean
@@ -50,6 +58,13 @@ class TierGate:
             raise ValueError(f"TierGate.min_episodes must be >= 1, got {self.min_episodes}")
 
 
+class FamilySampling(str, Enum):
+    """How a tier's problems are drawn: every problem alike, or families by their signal."""
+
+    UNIFORM = "uniform"
+    SIGNAL = "signal"
+
+
 @dataclass(kw_only=True)
 class CurriculumConfig:
     """``tiers``: the order to progress through (None = every tier that has problems, sorted).
@@ -62,8 +77,32 @@ class CurriculumConfig:
     review_fraction: float = 0.2
     window: int = 64
     start_tier: int | None = None  # None = the first tier
+    family_sampling: FamilySampling = FamilySampling.UNIFORM
+    family_window: int = 32  # a family's latest outcomes that estimate its pass rate
+    family_prior: float = 0.5  # Beta(prior, prior) pseudo-counts: an unseen family has p = 0.5
+    family_floor: float = 0.02  # least weight, so solved families still come up (p(1-p) <= 0.25)
 
     def __post_init__(self) -> None:
+        try:
+            self.family_sampling = FamilySampling(self.family_sampling)
+        except ValueError:
+            raise ValueError(
+                f"CurriculumConfig.family_sampling {self.family_sampling!r} is not one of "
+                f"{[m.value for m in FamilySampling]}"
+            ) from None
+        if self.family_window < 1:
+            raise ValueError(
+                f"CurriculumConfig.family_window must be >= 1, got {self.family_window}"
+            )
+        if self.family_prior <= 0:
+            raise ValueError(
+                f"CurriculumConfig.family_prior must be > 0, got {self.family_prior}"
+            )
+        if not 0.0 < self.family_floor <= 0.25:
+            raise ValueError(
+                "CurriculumConfig.family_floor must be in (0, 0.25] (p(1-p) is at most 0.25), "
+                f"got {self.family_floor}"
+            )
         if self.tiers is not None:
             if not self.tiers:
                 raise ValueError(
@@ -157,6 +196,26 @@ def gate_failures(stats: TierStats, gate: TierGate) -> list[str]:
     return failures
 
 
+def family_of(problem: Problem) -> str:
+    """A problem's family; a problem without one is a family of its own."""
+    return problem.family or problem.name
+
+
+def family_weights(
+    correct_by_family: Mapping[str, Sequence[bool]], families: Sequence[str],
+    prior: float, floor: float,
+) -> dict[str, float]:
+    """Each family's sampling weight, max(p(1-p), floor), where p is its posterior mean pass
+    rate under a Beta(prior, prior) prior (pure). p(1-p) is the variance of one episode's
+    outcome, so it is largest where a GRPO group is most likely to be mixed."""
+    weights = {}
+    for family in families:
+        outcomes = correct_by_family.get(family, ())
+        p = (sum(outcomes) + prior) / (len(outcomes) + 2 * prior)
+        weights[family] = max(p * (1 - p), floor)
+    return weights
+
+
 def _draw(pool: Sequence[Problem], k: int, rng: random.Random) -> list[Problem]:
     """k problems from pool: successive shuffled passes, so a batch repeats none until all
     have been drawn once."""
@@ -197,6 +256,12 @@ class Curriculum:
         self._windows = {t: deque(maxlen=self.config.window) for t in self.tiers}
         self._episodes = {t: 0 for t in self.tiers}
         self.history: list[dict[str, Any]] = []  # one entry per advancement
+        self._family_of = {p.name: family_of(p) for ps in self.problems.values() for p in ps}
+        self._families: dict[int, dict[str, list[Problem]]] = {}
+        for t, ps in self.problems.items():
+            for p in ps:
+                self._families.setdefault(t, {}).setdefault(family_of(p), []).append(p)
+        self._family_windows: dict[str, deque[bool]] = {}
 
     @classmethod
     def from_problems(
@@ -226,10 +291,23 @@ class Curriculum:
         rng = rng if isinstance(rng, random.Random) else random.Random(rng)
         earlier = self.tiers[: self.index]
         drawn = [self._pick_tier(earlier, rng) for _ in range(n)]
-        pools = {
-            t: iter(_draw(self.problems[t], c, rng)) for t, c in sorted(Counter(drawn).items())
-        }
-        return [next(pools[t]) for t in drawn]
+        if self.config.family_sampling is FamilySampling.SIGNAL:
+            drawn = [(t, self._pick_family(t, rng)) for t in drawn]
+            pools = {key: iter(_draw(self._families[key[0]][key[1]], c, rng))
+                     for key, c in sorted(Counter(drawn).items())}
+        else:
+            pools = {t: iter(_draw(self.problems[t], c, rng))
+                     for t, c in sorted(Counter(drawn).items())}
+        return [next(pools[key]) for key in drawn]
+
+    def family_weights(self, tier: int) -> dict[str, float]:
+        """The sampling weight of each of the tier's families (``family_sampling="signal"``)."""
+        return family_weights(self._family_windows, sorted(self._families[tier]),
+                              self.config.family_prior, self.config.family_floor)
+
+    def _pick_family(self, tier: int, rng: random.Random) -> str:
+        weights = self.family_weights(tier)
+        return rng.choices(list(weights), weights=list(weights.values()))[0]
 
     def _pick_tier(self, earlier: list[int], rng: random.Random) -> int:
         if earlier and rng.random() < self.config.review_fraction:
@@ -251,8 +329,13 @@ class Curriculum:
         tier = self.tier_of(problem)
         if tier not in self._windows:  # a problem outside the curriculum's tiers: not gated
             return
-        self._windows[tier].append(Outcome.of(result))
+        outcome = Outcome.of(result)
+        self._windows[tier].append(outcome)
         self._episodes[tier] += 1
+        name = problem if isinstance(problem, str) else problem.name
+        family = self._family_of.get(name) or family_of(problem)
+        self._family_windows.setdefault(
+            family, deque(maxlen=self.config.family_window)).append(outcome.correct)
 
     def update(self, outcomes: Iterable[tuple[Problem | str, Any]]) -> bool:
         """Record a batch of (problem, result) pairs, then try to advance; True if it did."""
@@ -299,6 +382,7 @@ class Curriculum:
                 for t, w in self._windows.items()
             },
             "history": [dict(h) for h in self.history],
+            "families": {f: list(w) for f, w in sorted(self._family_windows.items())},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -319,6 +403,11 @@ class Curriculum:
                     Outcome(compiled=bool(compiled), correct=bool(correct), speedup=float(speedup))
                 )
         self.history = [dict(h) for h in state.get("history", [])]
+        # checkpoints from before family sampling have no "families": their windows start empty
+        self._family_windows = {
+            f: deque((bool(c) for c in w), maxlen=self.config.family_window)
+            for f, w in state.get("families", {}).items()
+        }
 
     def summary(self) -> dict[str, float]:
         """Flat scalars for the metrics logger (``curriculum/...``)."""
@@ -334,4 +423,8 @@ class Curriculum:
             out[f"{prefix}/pass_rate"] = stats.pass_rate
             out[f"{prefix}/mean_speedup"] = stats.mean_speedup
             out[f"{prefix}/episodes"] = float(stats.episodes)
+        if self.config.family_sampling is FamilySampling.SIGNAL:
+            for tier in self.tiers[: self.index + 1]:
+                for family, weight in self.family_weights(tier).items():
+                    out[f"curriculum/family_weight/{family}"] = weight
         return out
