@@ -13,7 +13,7 @@
 #        evaldir learning-seed0 learning-seed1 learning-seed2 learning-parallel quickstart
 #        learning-start learning-wait (the learning run detached, then waited on call by call)
 #        sft-mixes-start (SFT recipes, SFT only; SFT_MIXES="SPEC[@--option=value...] ...", then learning-wait)
-#        tests-qlora (no model; carry .stage/bnb)
+#        tests-qlora (no model; carry .stage/bnb, or bnb-stage with .stage/bnb1 then .stage/bnb2)
 #        rescore (no model; carry .scratch/rescore: a learning run's held-out kernels re-timed)
 # Budget (2026-11-22, one H200, device time counted at 50% of held time; a machine goes back
 # after 30 minutes held, or 30 s after a call's end with no call in flight, taking /root with it):
@@ -80,6 +80,13 @@
 # Twenty-sixth session (2026-11-25 13:58 UTC, one H100 counted in full): GRPO only from kept SFT
 # (sft-stage x3, 12 steps, select@0/6/12 on 18 problems) ended 16.6 min after its start, 17.5 min
 # held with staging; tests-env (264 s), tests-hacks (123 s) and tests-rest (256 s) then fit.
+# Twenty-seventh session (2026-11-25 15:02 UTC, run H, full SFT + 12 GRPO steps + select@0/6/12,
+# three seeds at once on one H100): seeds done after 25.6 and 27.2 min; SEED_LIMIT=1650 cut the
+# third (GRPO 561 s) in its select@12. The machine goes back 30 min after it is taken, so with
+# the run started 40 s in, SEED_LIMIT can be at most ~1690. tests-qlora's 43 MB bitsandbytes
+# wheel with the 23 MB working tree passes the 64 MiB carry limit: split it (split -b 22M) into
+# .stage/bnb1 and .stage/bnb2; `bnb-stage` (carry .stage/bnb1) puts the first half in /root/bnb,
+# and tests-qlora in the next call (carry .stage/bnb2) joins the halves.
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
@@ -101,8 +108,14 @@ sft-stage)
   # manifest with any. learning-start restores them into a fresh /root/learning.
   mkdir -p /root/stage_sft && cp .stage/sft/sft.tar.* /root/stage_sft/ && echo "staged $(ls /root/stage_sft)"
   exit 0 ;;
+bnb-stage)
+  # tests-qlora's bitsandbytes wheel (43 MB) and the working tree pass the 64 MiB carry limit
+  # together: its first half (.stage/bnb1, from split -b 22M) waits in /root/bnb, and
+  # tests-qlora joins it to the second half (.stage/bnb2) in the next call
+  mkdir -p /root/bnb && cp .stage/bnb1/bnbpart_* /root/bnb/ && echo "staged $(ls /root/bnb)"
+  exit 0 ;;
 run) shift ;;
-*) echo "usage: $0 stage-a | sft-stage | run PARTS..."; exit 2 ;;
+*) echo "usage: $0 stage-a | sft-stage | bnb-stage | run PARTS..."; exit 2 ;;
 esac
 
 needs_model() { case " $* " in *" sft-mixes-start "*|*" tests-rest "*|*" tests-rest-split "*|*" diag-exit "*|*" bench-generation "*|*" bench-sft-memory "*|*" gen-compiled "*|*" gen-profile "*|*" learning-seed"*|*" learning-parallel "*|*" learning-start "*|*" quickstart "*) return 0;; esac; return 1; }
@@ -193,6 +206,10 @@ for part in "$@"; do
                # travels (43 MB, too big to go with a model half): carry .stage/bnb, made by
                # pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
                # manylinux_2_24_x86_64 -d .stage/bnb bitsandbytes==0.50.2
+               if ! ls .stage/bnb/*.whl > /dev/null 2>&1 && [ -d /root/bnb ] && [ -d .stage/bnb2 ]; then
+                 mkdir -p .stage/bnb && cat /root/bnb/bnbpart_* .stage/bnb2/bnbpart_* \
+                   > .stage/bnb/bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl
+               fi
                python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                  --target /tmp/site-bnb .stage/bnb/*.whl > "$RES/$part.log" 2>&1 &&
                PYTHONPATH=$PYTHONPATH:/tmp/site-bnb timeout 300 python3 -m pytest -m gpu -q -rs \

@@ -45,6 +45,18 @@ def test_kl_reference_flag_reaches_the_grpo_config():
         TrainSettings(kl_reference="sft")
 
 
+def test_family_sampling_flag_reaches_the_curriculum():
+    from multiminddev.train.pipeline import curriculum_config
+
+    ctx = Context.__new__(Context)
+    ctx.settings = _settings(["rl", "--output-dir", "/tmp/x"])
+    assert curriculum_config(ctx).family_sampling.value == "uniform"
+    ctx.settings = _settings(["train", "--family-sampling", "signal", "--output-dir", "/tmp/x"])
+    assert curriculum_config(ctx).family_sampling.value == "signal"
+    with pytest.raises(ValueError, match="'uniform' or 'signal'"):
+        TrainSettings(family_sampling="loudest")
+
+
 def test_bare_resume_uses_output_dir_and_resume_path_sets_it():
     s = _settings(["train", "--resume", "--output-dir", "/tmp/run1"])
     assert s.resume == Path("/tmp/run1")

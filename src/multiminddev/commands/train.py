@@ -53,6 +53,11 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="what GRPO's KL term pulls toward: the pre-trained base (default) or each "
                         "agent as RL starts, e.g. its SFT checkpoint")
+    p.add_argument("--family-sampling", choices=["uniform", "signal"], default="uniform",
+                   help="how RL draws problems: every problem of the curriculum's tier alike "
+                        "(default), or a family first, weighted by p(1-p) of its recent pass "
+                        "rate p, so solved and hopeless families give way to those with a "
+                        "learning signal")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
@@ -122,7 +127,7 @@ def _settings(args, **overrides):
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
-                 "wandb", "sft_steps", "kl_reference", "sft_problems"):
+                 "wandb", "sft_steps", "kl_reference", "sft_problems", "family_sampling"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
     kwargs.update(overrides)

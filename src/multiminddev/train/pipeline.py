@@ -60,6 +60,8 @@ class TrainSettings:
     max_new_tokens: int | None = None
     learning_rate: float | None = None
     kl_reference: str = "base"  # GRPO's KL reference: "base" (pre-trained) or "start" (after SFT)
+    # how GRPO draws a tier's problems: "uniform" or "signal" (CurriculumConfig.family_sampling)
+    family_sampling: str = "uniform"
     sft_steps: int | None = None
     sft_learning_rate: float | None = None
     full_finetune: bool = False
@@ -85,6 +87,8 @@ class TrainSettings:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.kl_reference not in ("base", "start"):  # checked here, not after SFT has run
             raise ValueError(f"kl_reference={self.kl_reference!r}: use 'base' or 'start'")
+        if self.family_sampling not in ("uniform", "signal"):
+            raise ValueError(f"family_sampling={self.family_sampling!r}: use 'uniform' or 'signal'")
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
@@ -273,6 +277,13 @@ def grpo_config(ctx: Context) -> Any:
                       kl_reference=s.kl_reference, train_roles=s.roles, seed=s.seed)
 
 
+def curriculum_config(ctx: Context) -> Any:
+    """GRPO's problem sampler settings: CurriculumConfig's defaults and the run's flags."""
+    from multiminddev.tasks.curriculum import CurriculumConfig
+
+    return CurriculumConfig(family_sampling=ctx.settings.family_sampling)
+
+
 def rl_phase(ctx: Context, evaluator: Any) -> Any:
     from multiminddev.policy import HFGenerationBackend
     from multiminddev.rl.grpo import GRPOTrainer
@@ -284,7 +295,7 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
     metrics = MetricsLogger(MetricsConfig(output_dir=s.output_dir, wandb=s.wandb,
                                           run_name=s.output_dir.name), run_config=cfg.to_dict())
     trainer = GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
-                          evaluator=evaluator, curriculum=Curriculum.from_problems(ctx.train_problems),
+                          evaluator=evaluator, curriculum=Curriculum.from_problems(ctx.train_problems, curriculum_config(ctx)),
                           episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
                           heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
                           console=ctx.console)
