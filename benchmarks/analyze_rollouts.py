@@ -132,6 +132,57 @@ def template_credit(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, floa
     return {k: (count[k], credit[k]) for k in sorted(count, key=lambda k: -count[k])}
 
 
+def template_credit_by_tier(episodes: list[dict[str, Any]], family_templates: dict[str, str],
+                            ) -> dict[tuple[int, str], tuple[int, float]]:
+    """(problem tier, kind of Generator kernel) -> (turns, sum of their advantages). The kind is
+    "own template" (its family's naive reference's kernel name), "another family's",
+    "a name of its own" or "no kernel". Run H (twenty-seventh session): on tier-1 problems the
+    own templates got positive sums and the others negative on every seed, while the Generator
+    still moved tier-1 problems onto the element-wise template."""
+    known = set(family_templates.values())
+    count: collections.Counter[tuple[int, str]] = collections.Counter()
+    credit: dict[tuple[int, str], float] = collections.defaultdict(float)
+    for e in episodes:
+        turn = (e.get("turns") or [{}])[0]
+        breakdown = turn.get("reward_breakdown") or {}
+        family = e["problem"].get("family", "")
+        if "advantage" not in breakdown or family not in family_templates:
+            continue
+        template = kernel_template(turn.get("candidate_source"))
+        if template == family_templates[family]:
+            kind = "own template"
+        elif template in known:
+            kind = "another family's"
+        elif template in ("no_reply", "no_kernel"):
+            kind = "no kernel"
+        else:
+            kind = "a name of its own"
+        key = (int(e["problem"].get("tier", 0)), kind)
+        count[key] += 1
+        credit[key] += breakdown["advantage"]
+    return {k: (count[k], credit[k]) for k in sorted(count)}
+
+
+def family_signal(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """family -> Generator turns, their pass rate, GRPO groups and the groups whose turns differ
+    in correctness (mixed: the only ones with a pass/fail signal), sorted by pass rate. What
+    ``--family-sampling signal`` weighs: in run H, families at pass rate 0.92-1.00 took 28% of
+    the episodes and 10 of their 61 groups were mixed."""
+    turns: dict[str, list[bool]] = collections.defaultdict(list)
+    groups: dict[tuple[str, str, Any], list[bool]] = collections.defaultdict(list)
+    for e in episodes:
+        family = e["problem"].get("family") or e["problem"]["name"]
+        ok = turn_status((e.get("turns") or [{}])[0]) == "ok"
+        turns[family].append(ok)
+        groups[(family, e["problem"]["name"], e.get("group"))].append(ok)
+    out = {}
+    for family, oks in turns.items():
+        gs = [v for (f, *_), v in groups.items() if f == family]
+        out[family] = {"episodes": len(oks), "pass_rate": sum(oks) / len(oks),
+                       "groups": len(gs), "mixed": sum(len(set(v)) > 1 for v in gs)}
+    return dict(sorted(out.items(), key=lambda kv: (kv[1]["pass_rate"], kv[0])))
+
+
 def seen_versus_new(episodes: list[dict[str, Any]], sft_names: set[str]) -> dict[str, dict[str, float]]:
     """For prompts in / not in SFT's problems: episodes, share correct (any turn), groups, and
     share of groups whose Generator turns differ in correctness (where GRPO has a signal)."""
@@ -380,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
             for kind, row in seen_versus_new(episodes, sft_names).items():
                 print(f"  {kind}: {row['episodes']} episodes, {row['correct']:.0%} correct, "
                       f"{row['mixed_groups']:.0%} of {row['groups']} groups mixed")
+        print("  (tier, Generator kernel): turns, sum of advantages")
+        for (tier, kind), (n, adv) in template_credit_by_tier(episodes,
+                                                              reference_templates()).items():
+            print(f"    tier {tier}, {kind}: {n}, {adv:+.2f}")
+        print("  family: Generator turns, pass rate, mixed groups of all")
+        print("    " + "; ".join(f"{f} {r['episodes']} {r['pass_rate']:.2f} {r['mixed']}/{r['groups']}"
+                                 for f, r in family_signal(episodes).items()))
         tied = tied_groups(episodes)
         print(f"  Generator groups all correct with rewards within 0.01: {tied['tied']:.0f} of "
               f"{tied['groups']:.0f}, largest |advantage| among them {tied['max_abs_advantage']:.2f}")

@@ -189,3 +189,36 @@ def test_compared_stages_uses_the_stages_a_seed_reached(analyze):
     assert analyze.compared_stages(requested, {"select@0": [], "select@6": []}) \
         == ("select@0", "select@6")
     assert analyze.compared_stages(requested, {"select@6": []}) is None
+
+
+def _family_episode(name, family, tier, group, kernel, status, advantage):
+    episode = _episode(name, group, kernel, status, advantage)
+    episode["problem"].update(family=family, tier=tier)
+    return episode
+
+
+def test_template_credit_by_tier_splits_own_templates_from_the_rest(analyze):
+    templates = {"relu": "unary_naive", "matvec": "matvec_naive"}
+    episodes = [_family_episode("matvec_1", "matvec", 1, 0, "matvec_naive", "ok", 0.6),
+                _family_episode("matvec_1", "matvec", 1, 0, "unary_naive", "incorrect", -0.2),
+                _family_episode("matvec_1", "matvec", 1, 0, "mv", "incorrect", -0.3),
+                _family_episode("matvec_1", "matvec", 1, 0, None, None, -0.1),
+                _family_episode("relu_1", "relu", 0, 1, "unary_naive", "ok", 0.0),
+                _family_episode("abs_1", "abs", 0, 2, "unary_naive", "ok", 0.5)]  # unknown family
+    assert analyze.template_credit_by_tier(episodes, templates) == {
+        (0, "own template"): (1, 0.0), (1, "a name of its own"): (1, -0.3),
+        (1, "another family's"): (1, -0.2), (1, "no kernel"): (1, -0.1),
+        (1, "own template"): (1, 0.6)}
+
+
+def test_family_signal_counts_pass_rates_and_mixed_groups(analyze):
+    episodes = [_family_episode("relu_1", "relu", 0, 0, "k", "ok", 0.0),
+                _family_episode("relu_1", "relu", 0, 0, "k", "ok", 0.0),
+                _family_episode("relu_2", "relu", 0, 1, "k", "ok", 0.0),
+                _family_episode("relu_2", "relu", 0, 1, "k", "incorrect", 0.0),
+                _family_episode("cumsum_1", "cumsum", 1, 2, "k", "incorrect", 0.0),
+                _family_episode("cumsum_1", "cumsum", 1, 2, None, None, 0.0)]
+    signal = analyze.family_signal(episodes)
+    assert list(signal) == ["cumsum", "relu"]  # by pass rate
+    assert signal["relu"] == {"episodes": 4, "pass_rate": 0.75, "groups": 2, "mixed": 1}
+    assert signal["cumsum"] == {"episodes": 2, "pass_rate": 0.0, "groups": 1, "mixed": 0}
