@@ -17,6 +17,7 @@ from multiminddev.rl.grpo import (
     checkpoint_score,
     score_episodes,
 )
+from multiminddev.tasks.curriculum import CurriculumConfig
 from tests.policy.helpers import tiny_policy
 
 RELU = '''
@@ -218,7 +219,7 @@ def test_scored_turns_carry_their_reward_credit_and_advantage_into_the_episode_l
     assert logged["reward_breakdown"]["advantage"] == pytest.approx(generator_advantages[0])
 
 
-def _trainer(tmp_path, policy, compile_only=True, sft_anchor=None, **cfg):
+def _trainer(tmp_path, policy, compile_only=True, sft_anchor=None, curriculum_config=None, **cfg):
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, SamplingParams
@@ -231,7 +232,7 @@ def _trainer(tmp_path, policy, compile_only=True, sft_anchor=None, **cfg):
                                 sampling=SamplingParams(temperature=1.0, max_new_tokens=8))
     return GRPOTrainer(config, policy=policy, backend=HFGenerationBackend(policy),
                        evaluator=Evaluator(EvalConfig(num_workers=1)),
-                       curriculum=Curriculum.from_problems(problems()),
+                       curriculum=Curriculum.from_problems(problems(), curriculum_config),
                        episode_config=episode_cfg, output_dir=tmp_path, compile_only=compile_only,
                        sft_anchor=sft_anchor)
 
@@ -402,12 +403,18 @@ def test_one_step_on_gpu_moves_the_adapters_and_logs_real_rewards(tmp_path):
     policy = tiny_policy()
     policy.peft_model.to("cuda")
     before = _params(policy)
-    trainer = _trainer(tmp_path, policy, compile_only=False)
+    # with --family-sampling signal (run I's sampler), whose draws read the episodes' outcomes
+    trainer = _trainer(tmp_path, policy, compile_only=False,
+                       curriculum_config=CurriculumConfig(family_sampling="signal"))
     trainer.train()
     after = _params(policy)
     assert all(torch.isfinite(p).all() for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(before, after))
-    assert read_metrics(tmp_path / "metrics.jsonl")[0]["compile_only"] is False
+    metrics = read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert metrics["compile_only"] is False
+    families = trainer.curriculum.state_dict()["families"]
+    assert sum(len(w) for w in families.values()) == trainer.episodes_done
+    assert {f"curriculum/family_weight/{f}" for f in families} <= set(metrics)
 
 
 def _generator_logprobs(policy, ids, *, reference=False):

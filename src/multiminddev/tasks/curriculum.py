@@ -285,7 +285,9 @@ class Curriculum:
     def sample(self, n: int, rng: random.Random | int | None = None) -> list[Problem]:
         """n problems: each is a review of an earlier tier with probability
         ``review_fraction`` (when there is one; the tier picked uniformly), else from the
-        current tier. Returned in draw order, which is random."""
+        current tier. Returned in draw order, which is random. With ``family_sampling="signal"``
+        each draw picks a family by its weight (with replacement), then one of its problems; a
+        family drawn more often in a batch than it has problems repeats some."""
         if n < 0:
             raise ValueError(f"sample size must be >= 0, got {n}")
         rng = rng if isinstance(rng, random.Random) else random.Random(rng)
