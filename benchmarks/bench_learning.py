@@ -253,7 +253,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="how GRPO draws a tier's problems: every problem alike (uniform), or a "
                         "family first, weighted by p(1-p) of its recent pass rate p (signal): "
                         "solved families give tied groups, and in run H (2026-11-25) they were "
-                        "a third of the rollouts (CurriculumConfig.family_sampling)")
+                        "28%% of the rollouts (CurriculumConfig.family_sampling)")
     p.add_argument("--family-floor", type=float, default=0.02,
                    help="least weight of a family under --family-sampling signal (p(1-p) is at "
                         "most 0.25), so solved families still come up and keep their KL term")

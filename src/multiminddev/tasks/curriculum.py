@@ -11,8 +11,8 @@ Within a tier, problems are drawn uniformly by default. With ``family_sampling="
 family is drawn first, weighted by how much GRPO can learn from it: p(1-p) of its recent pass
 rate p (the spread of a group's outcomes), never below ``family_floor``. Why: in run H
 (2026-11-25) the families GRPO's Generator already solved (add, relu, tanh, ...: pass rate
-0.94-1.00) made up a third of the rollouts and gave tied groups, while those it half solved
-(p(1-p) near 0.25) came up as often as any other.
+0.92-1.00) made up 28% of the rollouts and 10 of their 61 groups were mixed, while those it
+half solved (p(1-p) near 0.25, 57 of 68 groups mixed) came up no more often.
 
 Everything here is plain Python: sampling takes an explicit ``random.Random``; state is a
 JSON-serialisable dict so checkpoints restore it exactly.
