@@ -497,6 +497,20 @@ def test_star_n_weighs_a_part_by_repeating_it():
         load_problems("builtin:relu*2+builtin:tier0")
 
 
+def test_a_spec_longer_than_a_file_name_still_loads_and_still_errs_clearly():
+    """A family list can pass the 255 bytes a file name may have; checking whether the spec is a
+    path raised ENAMETOOLONG (twenty-eighth session) instead of loading it."""
+    families = ["relu", "add", "tanh", "exp", "square", "sigmoid", "mul", "silu"]
+    names = ":".join(families * 5)  # repeated names select the same families
+    spec = f"builtin:tier0:train:{names}*2+builtin:tier0:train:hardtanh"
+    assert len(spec) > 255
+    expected = load_problems(f"builtin:tier0:train:{':'.join(families)}")
+    assert [p.name for p in load_problems(spec)] == (
+        [p.name for p in expected] * 2 + [p.name for p in load_problems("builtin:tier0:train:hardtanh")])
+    with pytest.raises(ProblemError, match="neither a known kind nor an existing path"):
+        load_problems("x" * 300)
+
+
 def test_shapes_n_keeps_the_first_n_shapes_of_each_family():
     """``:shapesN`` sizes an SFT mix (e.g. one shape per breadth family, so the breadth
     families do not crowd out tier 1); the held-out spec is untouched by it."""

@@ -767,6 +767,15 @@ def _load_path(path: Path) -> list[Problem]:
     raise ProblemError(f"don't know how to load {str(path)!r}; valid specs: {_SPEC_HELP}")
 
 
+def _is_path(text: str) -> bool:
+    """Whether ``text`` names an existing file or folder; a spec longer than a file name may be
+    (a long family list) is simply not one, where ``Path.exists`` raises ENAMETOOLONG."""
+    try:
+        return Path(text).exists()
+    except OSError:
+        return False
+
+
 def load_problems(spec: str) -> list[Problem]:
     """Resolve a CLI problem spec (see ``_SPEC_HELP``) to problems.
 
@@ -778,7 +787,7 @@ def load_problems(spec: str) -> list[Problem]:
     spec = spec.strip()
     if not spec:
         raise ProblemError(f"empty problem spec; valid specs: {_SPEC_HELP}")
-    if Path(spec).exists():
+    if _is_path(spec):
         return _load_one(spec)
     if "+" in spec or _WEIGHT_RE.match(spec):
         return _load_joined(spec)
@@ -788,7 +797,7 @@ def load_problems(spec: str) -> list[Problem]:
 def _split_weight(part: str) -> tuple[str, int]:
     """``'builtin:tier1*2'`` -> (``'builtin:tier1'``, 2); no ``*N``: weight 1."""
     m = _WEIGHT_RE.match(part)
-    if m is None or Path(part).exists():
+    if m is None or _is_path(part):
         return part, 1
     weight = int(m.group(2))
     if weight < 1:
@@ -832,9 +841,8 @@ def _load_one(spec: str) -> list[Problem]:
         if not rest:
             raise ProblemError("spec 'jsonl:' needs a path: jsonl:problems.jsonl")
         return load_jsonl(rest)
-    path = Path(spec)
-    if path.exists():
-        return _load_path(path)
+    if _is_path(spec):
+        return _load_path(Path(spec))
     raise ProblemError(
         f"problem spec {spec!r} is neither a known kind nor an existing path; "
         f"valid specs: {_SPEC_HELP}"
