@@ -41,6 +41,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,15 @@ class BenchArgs:
     select_also: str = ""
     select_also_count: int = 6
     select_every: int = 4
+    # a later select@K replaces the step chosen so far only when its mean select@ reward is
+    # higher by more than this: in run I (twenty-eighth session) seed 0's step 12 beat SFT's
+    # agents by 0.0002 with every Generator reply unchanged, timing noise that cost a held-out
+    # evaluation and the seed its time; one problem solved more is worth 0.03-0.07
+    select_min_gain: float = 0.01
+    # seconds from the seed's start by which its GRPO must leave time for the evaluations after
+    # it (0: no limit): GRPO stops early, at the last step whose select@ and final held-out
+    # evaluations still fit, rather than a driver's time limit cutting the seed mid-evaluation
+    time_budget: float = 0.0
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -347,6 +357,17 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="problems in that second sample")
     p.add_argument("--select-every", type=int, default=4, metavar="K",
                    help="GRPO steps between select@K evaluations (and after the last)")
+    p.add_argument("--select-min-gain", type=float, default=0.01, metavar="R",
+                   help="a later select@K is chosen over the step chosen so far only when its "
+                        "mean select@ reward is higher by more than R (default 0.01: more than "
+                        "timing noise, less than one problem solved more); 0: any gain")
+    p.add_argument("--time-budget", type=float, default=0.0, metavar="SECONDS",
+                   help="the seed's time from its start: GRPO stops early at the last step whose "
+                        "select@ and held-out evaluations still fit (estimated from the SFT and "
+                        "select@0 evaluations and the measured GRPO steps, with 15%% margin), so "
+                        "a seed cut by a driver's limit still measures its grpo stage. Set it "
+                        "somewhat below that limit (process start and model load come first). "
+                        "Default 0: none")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
     a = p.parse_args(argv)
@@ -390,6 +411,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                          "each needs to be at least 1")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
+    if a.select_min_gain < 0 or a.time_budget < 0:
+        raise SystemExit(f"--select-min-gain {a.select_min_gain} / --time-budget "
+                         f"{a.time_budget}: each needs to be 0 or more")
     if a.select_also and not a.select_problems:
         raise SystemExit("--select-also adds to --select-problems' sample: give both")
     if a.select_problems:
@@ -665,6 +689,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.train.sft import SFTConfig, run_sft
 
     out = args.output_dir / (BASE_DIR if args.base_only else f"seed{seed}")
+    deadline = time.monotonic() + args.time_budget if args.time_budget else None
     torch.manual_seed(seed)
     cfg = GRPOConfig(num_steps=args.rl_steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
@@ -736,6 +761,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
     sft_losses: dict[str, Any] = dict(partial.get("sft_losses", {}))
     shared_base = {k: partial[k] for k in ("base_from_seed",) if k in partial}
+    # how this seed chose and stopped GRPO: early stopping's margin, and the step a time budget
+    # stopped it at (kept from a run cut after that)
+    run_info: dict[str, Any] = {"select_min_gain": args.select_min_gain,
+                                **{k: partial[k] for k in ("grpo_budget_stop",) if k in partial}}
     # a rerun without the option keeps the spec of the train_* rows measured before
     spec = args.train_eval_problems or partial.get("train_eval_problems")
     train_eval_spec = {"train_eval_problems": spec} if spec else {}
@@ -744,7 +773,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
         (out / "partial.json").write_text(json.dumps(
             {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
              "sft_losses": sft_losses, "rows": rows, "seconds": seconds, **shared_base,
-             **train_eval_spec, "eval_settings": settings}, default=str))
+             **train_eval_spec, **run_info, "eval_settings": settings}, default=str))
 
     def evaluate(stage: str, problems: list[Any] | None = None) -> None:
         """``problems``: None for the held-out ones."""
@@ -833,21 +862,52 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             print(f"seed {seed}: GRPO resumed at step {trainer.step}", flush=True)
         heldout_marks = grpo_marks(args.rl_steps, args.grpo_eval_every)
         select_marks = grpo_marks(args.rl_steps, args.select_every) if select else []
-        for mark in sorted({*heldout_marks, *select_marks}):
-            if trainer.step < mark:
-                t = time.perf_counter()
-                trainer.episode_config = train_episodes
-                trainer.train(until=mark)
-                trainer.episode_config = eval_episodes
-                seconds["grpo"] = seconds.get("grpo", 0.0) + time.perf_counter() - t
-                save_partial()
+        step_seconds: list[float] = []
+
+        def train_until(until: int) -> None:
+            t, before = time.perf_counter(), trainer.step
+            trainer.episode_config = train_episodes
+            trainer.train(until=until)
+            trainer.episode_config = eval_episodes
+            took = time.perf_counter() - t
+            seconds["grpo"] = seconds.get("grpo", 0.0) + took
+            if trainer.step > before:
+                step_seconds.append(took / (trainer.step - before))
+            save_partial()
+
+        def evaluate_select(mark: int) -> None:
+            if f"{SELECT}{mark}" not in rows:
+                evaluate(f"{SELECT}{mark}", select)
+                keep_if_best(rows, mark, args.rl_steps, policy, cfg.train_roles, out,
+                             args.select_min_gain)
+
+        def evaluate_mark(mark: int) -> None:
             if mark < args.rl_steps and mark in heldout_marks:
                 evaluate(f"grpo@{mark}")  # kept if the run is cut before its last step
-            if mark in select_marks and f"{SELECT}{mark}" not in rows:
-                evaluate(f"{SELECT}{mark}", select)
-                keep_if_best(rows, mark, args.rl_steps, policy, cfg.train_roles, out)
+            if mark in select_marks:
+                evaluate_select(mark)
+
+        def remaining_work() -> RemainingWork:
+            selects = [v for k, v in seconds.items() if k.startswith(f"eval_{SELECT}")]
+            return RemainingWork(
+                step=statistics.mean(step_seconds) if step_seconds else 0.0,
+                select=max(selects, default=0.0) if select else 0.0,
+                final=seconds.get("eval_sft", 0.0)
+                + (seconds.get("eval_train_sft", 0.0) if train_eval else 0.0))
+
+        stopped = grpo_phase(lambda: trainer.step, train_until,
+                             sorted({*heldout_marks, *select_marks}), evaluate_mark,
+                             evaluate_select if select else None,
+                             (lambda: deadline - time.monotonic()) if deadline else None,
+                             remaining_work)
+        if stopped is not None:
+            run_info["grpo_budget_stop"] = stopped
+            print(f"seed {seed}: --time-budget {args.time_budget:.0f} s stopped GRPO at step "
+                  f"{stopped} of {args.rl_steps}, leaving {deadline - time.monotonic():.0f} s "
+                  "for the evaluations after it", flush=True)
+            save_partial()
         trainer.finish()
-    chosen = chosen_step(rows) if select else None
+    chosen = chosen_step(rows, args.select_min_gain) if select else None
     chosen_loaded = chosen is not None and chosen < args.rl_steps
     if chosen_loaded:
         load_chosen_agents(policy, chosen, sft_dir, out, cfg.train_roles)
@@ -871,7 +931,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     # Seeds may be run in separate sessions and aggregated later: each records its SFT data.
     result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
-              "seconds": seconds, **shared_base, **train_eval_spec,
+              "seconds": seconds, **shared_base, **train_eval_spec, **run_info,
               **({"select": {"problems": args.select_problems,
                              **({"also": args.select_also} if args.select_also else {}),
                              "rewards": select_rewards(rows),
@@ -976,6 +1036,48 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
                if args.optimizer_repair is not None else {})}
 
 
+# what --time-budget's estimates must fit with: run I's select@ evaluations took 94-121 s,
+# its held-out ones 208-223 s, one GRPO step 41-43 s (three seeds sharing one H100)
+BUDGET_MARGIN = 1.15
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemainingWork:
+    """Seconds a seed's GRPO phase is estimated to need, from the stages it measured."""
+    step: float  # one GRPO step (0 until one is measured)
+    select: float  # one select@ evaluation (0 without early stopping)
+    final: float  # the held-out evaluations after GRPO: grpo, and train_grpo if asked for
+
+
+def fits(left: float, work: RemainingWork, steps: int = 1, margin: float = BUDGET_MARGIN) -> bool:
+    """Whether ``steps`` more GRPO steps, one select@ evaluation and the final evaluations fit
+    in ``left`` seconds, all times ``margin``."""
+    return margin * (steps * work.step + work.select + work.final) <= left
+
+
+def grpo_phase(step: Callable[[], int], train_until: Callable[[int], None], marks: list[int],
+               evaluate_mark: Callable[[int], None],
+               evaluate_select: Callable[[int], None] | None,
+               left: Callable[[], float] | None,
+               work: Callable[[], RemainingWork]) -> int | None:
+    """Trains GRPO to each of ``marks`` in turn (``train_until``) and evaluates there
+    (``evaluate_mark``). With a time budget (``left``: seconds to the seed's deadline) it trains
+    one step at a time and stops before a step after which a select@ evaluation and the final
+    ones would no longer fit; the step it stopped at gets its select@ evaluation
+    (``evaluate_select``) if that still fits, so early stopping can choose it. Returns that step,
+    or None when every mark was reached."""
+    for mark in marks:
+        while step() < mark:
+            if left is not None and not fits(left(), work()):
+                stopped = step()
+                if evaluate_select is not None and stopped > 0 and fits(left(), work(), steps=0):
+                    evaluate_select(stopped)
+                return stopped
+            train_until(mark if left is None else step() + 1)
+        evaluate_mark(mark)
+    return None
+
+
 def grpo_marks(rl_steps: int, every: int) -> list[int]:
     """The GRPO steps after which the held-out set is evaluated: every ``every`` steps and the
     last (``every`` <= 0: the last only)."""
@@ -997,11 +1099,17 @@ def select_rewards(rows: dict[str, list[dict[str, Any]]]) -> dict[int, float]:
             for stage, rs in rows.items() if stage.startswith(SELECT)}
 
 
-def chosen_step(rows: dict[str, list[dict[str, Any]]]) -> int | None:
-    """The GRPO step whose agents score best on the select@ problems; a tie goes to the earlier
-    step, the one nearer SFT. None: no select@ evaluation."""
+def chosen_step(rows: dict[str, list[dict[str, Any]]], min_gain: float = 0.0) -> int | None:
+    """The GRPO step whose agents score best on the select@ problems: going through the steps in
+    order, a later one replaces the step chosen so far only when its mean reward is higher by
+    more than ``min_gain`` (0: the best, a tie going to the step nearer SFT). None: no select@
+    evaluation."""
     rewards = select_rewards(rows)
-    return min(rewards, key=lambda step: (-rewards[step], step)) if rewards else None
+    chosen = None
+    for step in sorted(rewards):
+        if chosen is None or rewards[step] > rewards[chosen] + min_gain:
+            chosen = step
+    return chosen
 
 
 def reuse_sft_evaluation(rows: dict[str, list[dict[str, Any]]], seed_dir: Path) -> list[str]:
@@ -1025,13 +1133,13 @@ def reuse_sft_evaluation(rows: dict[str, list[dict[str, Any]]], seed_dir: Path) 
 
 
 def keep_if_best(rows: dict[str, list[dict[str, Any]]], mark: int, rl_steps: int, policy: Any,
-                 roles: Any, seed_dir: Path) -> bool:
+                 roles: Any, seed_dir: Path, min_gain: float = 0.0) -> bool:
     """After GRPO step ``mark``'s select@ evaluation: saves ``roles``' adapters to
     ``seed_dir/select_best`` when the step is the best so far. Step 0 (SFT's adapters are saved
     already) and the last step (the trainer ends holding its agents) are not saved."""
     from multiminddev.train import checkpoints as ck
 
-    if not 0 < mark < rl_steps or chosen_step(rows) != mark:
+    if not 0 < mark < rl_steps or chosen_step(rows, min_gain) != mark:
         return False
     best = seed_dir / SELECT_BEST_DIR
     # step.txt goes first and comes back last: a save cut halfway leaves no step to trust
@@ -1255,11 +1363,15 @@ def aggregate(per_seed: list[dict[str, Any]], compile_only: bool,
         out[f"gain/{metric}"] = gain_summary(per_seed, "grpo", metric)
     out.update(train_distribution_summary(per_seed, compile_only))
     if any(chosen_step(s["rows"]) is not None for s in per_seed):
-        out["select"] = {"chosen_step": [chosen_step(s["rows"]) for s in per_seed],
+        # a seed recorded before --select-min-gain chose by the best reward alone
+        out["select"] = {"chosen_step": [chosen_step(s["rows"], s.get("select_min_gain", 0.0))
+                                         for s in per_seed],
                          "rewards": [select_rewards(s["rows"]) for s in per_seed],
                          "seeds": [s.get("seed") for s in per_seed],
                          "reused_sft_evaluation": [s.get("select", {}).get(
                              "reused_sft_evaluation", []) for s in per_seed]}
+    if any("grpo_budget_stop" in s for s in per_seed):
+        out["grpo_budget_stop"] = [s.get("grpo_budget_stop") for s in per_seed]
     return out
 
 
@@ -1455,6 +1567,9 @@ def write_markdown(summary: dict[str, Any], checks: dict[str, bool], path: Path,
         if reusing:
             lines.append(f"- Seeds {reusing} kept SFT's agents: their grpo and train_grpo rows are "
                          "SFT's evaluation, not a second one (the same agents)")
+    if (stops := summary.get("grpo_budget_stop")) is not None:
+        lines.append(f"- GRPO stopped early by --time-budget at step, per seed {stops} (None: "
+                     "it ran every step)")
     lines += ["", "Targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in checks.items())]
     lines += train_distribution_lines(summary)  # after the targets: they are held-out only
     path.write_text("\n".join(lines) + "\n")

@@ -90,6 +90,10 @@
 # Each part has its own time limit, so one slow part cannot eat the others' results. Every log
 # and result lands in one folder that is packed into $OUT/results.tgz after each part (the
 # device returns at most 8 files from $OUT); $OUT/summary.txt says each part's exit code.
+# Twenty-eighth session (2026-11-25 20:07 UTC, run I, one H100): seeds' stages took 1512-1538 s,
+# so SEED_LIMIT=1690 cut two seeds in their final held-out evaluation (208-223 s). The driver now
+# passes --time-budget (the seed's limit less BUDGET_SLACK, 60 s): GRPO stops early enough for
+# the evaluations after it. With the tree at 23.5 MB the model travels in three parts (33M).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}
 RES=${RES:-/tmp/gpu-results}
@@ -296,10 +300,15 @@ wait_for_other_sfts() {
     sleep 10; waited=\$((waited + 10))
   done
 }
+# bench_learning's --time-budget: the seed's limit less BUDGET_SLACK s (imports and the
+# evaluator's workers start before the seed's clock does), so GRPO stops early enough for its
+# evaluations instead of the limit cutting the seed in its last one (run I, 2026-11-25: two of
+# three seeds); TIME_BUDGET=0: no budget, the limit alone
+budget() { [ "${TIME_BUDGET:-1}" = 0 ] || echo "--time-budget \$(( \$1 - ${BUDGET_SLACK:-60} ))"; }
 run_seed() {  # seed, delay: the seed's limit shrinks by its delay, so all end by SEED_LIMIT
   local seed=\$1 delay=\$2 start left
   sleep \$delay; start=\$(date +%s)
-  timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1
+  timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base \$(budget \$(( ${SEED_LIMIT:-1560} - delay ))) > /root/learning/seed\$seed.log 2>&1
   if [ \$? -ne 0 ] && ! sft_done \$seed && grep -q OutOfMemoryError /root/learning/seed\$seed.log; then
     mv /root/learning/seed\$seed.log /root/learning/seed\$seed.oom.log
     touch /root/learning/seed\$seed.waiting
@@ -307,7 +316,7 @@ run_seed() {  # seed, delay: the seed's limit shrinks by its delay, so all end b
     rm -f /root/learning/seed\$seed.waiting
     left=\$(( ${SEED_LIMIT:-1560} - delay - (\$(date +%s) - start) ))
     echo "seed \$seed: SFT ran out of GPU memory; again with \$left s left" >> /root/learning/retries.log
-    [ \$left -gt 60 ] && timeout \$left $LEARN --seeds \$seed --skip-base > /root/learning/seed\$seed.log 2>&1
+    [ \$left -gt 60 ] && timeout \$left $LEARN --seeds \$seed --skip-base \$(budget \$left) > /root/learning/seed\$seed.log 2>&1
   fi
   touch /root/learning/seed\$seed.ended
 }

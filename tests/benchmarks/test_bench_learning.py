@@ -697,6 +697,165 @@ def test_the_chosen_step_has_the_best_select_reward_and_ties_go_to_the_earlier(b
     assert bench.chosen_step({"sft": [_row(True, True, 1.0, 0.5)]}) is None
 
 
+def _select_rows(rewards_by_step):
+    return {f"select@{k}": [_row(True, True, 1.0, r)] for k, r in rewards_by_step.items()}
+
+
+def test_a_later_step_is_chosen_only_when_it_gains_more_than_the_margin(bench):
+    def reference(means, min_gain):  # straight from the rule: walk the steps, replace on a gain
+        chosen = None
+        for k in sorted(means):
+            if chosen is None or means[k] - means[chosen] > min_gain:
+                chosen = k
+        return chosen
+
+    # run I's select@ rewards (twenty-eighth session): seed 0 unchanged but for timing noise,
+    # seed 1 falling, seed 2 one problem better at step 6
+    seed0 = {0: 0.70102, 6: 0.70114, 12: 0.70126}
+    seed1 = {0: 0.73787, 6: 0.67030, 12: 0.62832}
+    seed2 = {0: 0.63378, 6: 0.70161, 12: 0.59780}
+    assert bench.chosen_step(_select_rows(seed0)) == 12  # any gain: noise chose the last step
+    assert bench.chosen_step(_select_rows(seed0), 0.01) == 0
+    assert bench.chosen_step(_select_rows(seed1), 0.01) == 0
+    assert bench.chosen_step(_select_rows(seed2), 0.01) == 6
+    # the margin is against the step chosen so far: gains below it add up to a choice
+    creeping = {0: 0.500, 4: 0.506, 8: 0.512, 12: 0.518}
+    assert bench.chosen_step(_select_rows(creeping), 0.01) == 8
+    for by_step in (seed0, seed1, seed2, creeping, {0: 0.4, 4: 0.4, 8: 0.39}):
+        for min_gain in (0.0, 0.005, 0.01, 0.05):
+            assert (bench.chosen_step(_select_rows(by_step), min_gain)
+                    == reference(by_step, min_gain))
+
+
+def test_a_step_within_the_margin_is_not_kept(bench, tmp_path):
+    rows = _select_rows({0: 0.70102, 6: 0.70114})
+    # policy and roles are never reached: the step is not chosen, so nothing is saved
+    assert not bench.keep_if_best(rows, 6, 12, None, (), tmp_path, 0.01)
+    assert not (tmp_path / bench.SELECT_BEST_DIR).exists()
+
+
+def test_the_aggregate_chooses_with_each_seeds_recorded_margin(bench, tmp_path):
+    stages = {"base": [(False, False, 0.0, -0.1)], "sft": [(True, True, 1.0, 0.5)],
+              "grpo": [(True, True, 1.0, 0.5)], "select@0": [(True, True, 1.0, 0.7010)],
+              "select@6": [(True, True, 1.0, 0.7012)]}
+    seeds = [_seed(bench, s, stages) for s in (0, 1)]
+    seeds[1]["select_min_gain"] = 0.01  # seed 0 was recorded before the margin existed
+    assert bench.aggregate(seeds, compile_only=False)["select"]["chosen_step"] == [6, 0]
+
+
+def test_the_select_margin_and_the_time_budget_are_checked_before_any_model_loads(bench):
+    args = bench.parse_args([])
+    assert (args.select_min_gain, args.time_budget) == (0.01, 0.0)
+    assert bench.parse_args(["--time-budget", "1600"]).time_budget == 1600.0
+    for bad in (["--select-min-gain", "-0.1"], ["--time-budget", "-5"]):
+        with pytest.raises(SystemExit, match="each needs to be 0 or more"):
+            bench.parse_args(bad)
+
+
+# --------------------------------------------------------------------------- time budget
+
+def test_fits_adds_the_steps_the_evaluations_and_the_margin(bench):
+    work = bench.RemainingWork(step=40.0, select=100.0, final=200.0)
+    for left, steps, margin in [(400.0, 1, 1.15), (391.0, 1, 1.15), (345.0, 0, 1.15),
+                                (340.0, 1, 1.0), (339.9, 1, 1.0), (1000.0, 5, 1.3)]:
+        need = margin * (steps * 40.0 + 100.0 + 200.0)
+        assert bench.fits(left, work, steps, margin) is (need <= left)
+
+
+class _Seed:
+    """The GRPO phase's clock and stages: a step, an evaluation and a select@ evaluation each
+    take their seconds off a simulated clock, and every call is recorded."""
+
+    def __init__(self, budget, step_s=40.0, select_s=100.0, final_s=200.0):
+        self.now, self.budget, self.step = 0.0, budget, 0
+        self.step_s, self.select_s, self.final_s = step_s, select_s, final_s
+        self.calls, self.selected = [], set()
+
+    def train_until(self, until):
+        self.calls.append(("train", until))
+        self.now += (until - self.step) * self.step_s
+        self.step = until
+
+    def evaluate_mark(self, mark):
+        self.calls.append(("mark", mark))
+        self.evaluate_select(mark)
+
+    def evaluate_select(self, mark):
+        if mark not in self.selected:
+            self.selected.add(mark)
+            self.calls.append(("select", mark))
+            self.now += self.select_s
+
+
+def _phase(bench, seed, marks, budgeted=True, select=True):
+    """The phase as run_seed drives it; the step's time is known once a step has run."""
+    return bench.grpo_phase(lambda: seed.step, seed.train_until, marks, seed.evaluate_mark,
+                            seed.evaluate_select if select else None,
+                            (lambda: seed.budget - seed.now) if budgeted else None,
+                            lambda: bench.RemainingWork(
+                                step=seed.step_s if seed.step else 0.0,
+                                select=seed.select_s if select else 0.0, final=seed.final_s))
+
+
+def test_without_a_budget_grpo_trains_to_each_mark_in_one_call(bench):
+    seed = _Seed(budget=0.0)
+    assert _phase(bench, seed, [6, 12], budgeted=False) is None
+    assert seed.calls == [("train", 6), ("mark", 6), ("select", 6),
+                          ("train", 12), ("mark", 12), ("select", 12)]
+
+
+def test_a_budget_that_holds_every_step_changes_only_the_step_size(bench):
+    seed = _Seed(budget=12 * 40 + 2 * 100 + 200 * 1.15 + 100)
+    assert _phase(bench, seed, [6, 12]) is None
+    assert [c for c in seed.calls if c[0] == "train"] == [("train", k) for k in range(1, 13)]
+    assert sorted(seed.selected) == [6, 12]
+
+
+def test_a_short_budget_stops_grpo_where_its_evaluations_still_fit(bench):
+    """Run I's shape: the final evaluation must still fit after GRPO stops, and the step it
+    stopped at is evaluated on the select@ problems, so early stopping can choose it."""
+    budget = 800.0  # every step and both select@ evaluations would take 680 s, the final 200
+    seed = _Seed(budget)
+    stopped = _phase(bench, seed, [6, 12])
+    assert stopped == 8
+    assert ("mark", 6) in seed.calls and ("mark", 12) not in seed.calls
+    assert seed.calls[-1] == ("select", stopped)
+    assert seed.now + seed.final_s <= budget  # the held-out evaluation after GRPO fits
+    # one more step would not have left room for its select@ and the final evaluation
+    assert 1.15 * (seed.step_s + seed.select_s + seed.final_s) > budget - (seed.now - seed.select_s)
+
+
+def test_a_stop_at_an_evaluated_mark_evaluates_nothing_twice(bench):
+    seed = _Seed(budget=6 * 40 + 100 + 1.15 * (40 + 100 + 200) - 1)
+    assert _phase(bench, seed, [6, 12]) == 6
+    assert [c for c in seed.calls if c[0] == "select"] == [("select", 6)]
+
+
+def test_without_early_stopping_a_stopped_grpo_evaluates_no_select_stage(bench):
+    seed = _Seed(budget=500.0)
+    stopped = _phase(bench, seed, [12], select=False)
+    assert stopped is not None and stopped < 12
+    assert not seed.selected and seed.now + seed.final_s <= 500.0
+
+
+def test_no_time_even_for_one_step_keeps_sfts_agents(bench):
+    seed = _Seed(budget=250.0)  # less than the final evaluation with its margin
+    assert _phase(bench, seed, [6, 12]) == 0
+    assert seed.calls == []
+
+
+def test_the_aggregate_reports_seeds_stopped_by_the_budget(bench, tmp_path):
+    stages = {"base": [(False, False, 0.0, -0.1)], "sft": [(True, True, 1.0, 0.5)],
+              "grpo": [(True, True, 1.0, 0.5)]}
+    seeds = [_seed(bench, s, stages) for s in (0, 1)]
+    seeds[1]["grpo_budget_stop"] = 9
+    summary = bench.aggregate(seeds, compile_only=False)
+    assert summary["grpo_budget_stop"] == [None, 9]
+    bench.write_markdown(summary, bench.targets(summary), tmp_path / "results.md", "cpu")
+    assert "--time-budget at step, per seed [None, 9]" in (tmp_path / "results.md").read_text()
+    assert "grpo_budget_stop" not in bench.aggregate(seeds[:1], compile_only=False)
+
+
 def test_select_problems_are_a_fixed_sample_that_refuses_held_out_problems(bench):
     from multiminddev.tasks.loaders import load_problems
 
