@@ -183,6 +183,19 @@ def family_signal(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]
     return dict(sorted(out.items(), key=lambda kv: (kv[1]["pass_rate"], kv[0])))
 
 
+def family_counts(episodes: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """family -> [episodes with a correct turn, episodes]: what GRPO's curriculum records of
+    each episode (its best turn), pooled; the file ``--family-counts-out`` writes, which
+    ``bench_learning.py --family-warm-start`` starts the family windows from."""
+    counts: dict[str, list[int]] = {}
+    for e in episodes:
+        family = e["problem"].get("family") or e["problem"]["name"]
+        row = counts.setdefault(family, [0, 0])
+        row[0] += any(turn_status(t) == "ok" for t in e.get("turns") or [])
+        row[1] += 1
+    return dict(sorted(counts.items()))
+
+
 def seen_versus_new(episodes: list[dict[str, Any]], sft_names: set[str]) -> dict[str, dict[str, float]]:
     """For prompts in / not in SFT's problems: episodes, share correct (any turn), groups, and
     share of groups whose Generator turns differ in correctness (where GRPO has a signal)."""
@@ -406,7 +419,11 @@ def main(argv: list[str] | None = None) -> int:
                    "split reward changes into its families and the rest")
     p.add_argument("--stages", nargs="*", default=["sft", "grpo"],
                    help="held-out stages (episodes_<stage>.jsonl) whose Optimizer turns to count")
+    p.add_argument("--family-counts-out", type=Path, metavar="FILE",
+                   help="also write each family's correct and total GRPO episodes, pooled over "
+                        "the seeds, as JSON for bench_learning.py --family-warm-start")
     args = p.parse_args(argv)
+    pooled: list[dict[str, Any]] = []
     sft_names: set[str] | None = None
     if args.sft_problems:
         from multiminddev.tasks.loaders import load_problems
@@ -423,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: no {path}", file=sys.stderr)
             continue
         episodes = _read_jsonl(path)
+        pooled += episodes
         print(f"seed {seed}: {len(episodes)} GRPO episodes")
         print("  template: Generator turns, sum of advantages")
         for name, (n, adv) in template_credit(episodes).items():
@@ -447,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
             print("  Optimizer turn per GRPO step: " + " | ".join(
                 f"{c['ok']} ok, {c['compile_error']} compile errors of {sum(c.values())}"
                 for c in optimizer_status_by_step(episodes, ends)))
+    if args.family_counts_out:
+        args.family_counts_out.write_text(json.dumps(
+            {"source": f"{args.output_dir} seeds {args.seeds}, GRPO episodes",
+             "families": family_counts(pooled)}, indent=1) + "\n")
+        print(f"family counts of {len(pooled)} episodes: {args.family_counts_out}")
     all_ratios: list[float] = []
     for seed in args.seeds:
         held = {}

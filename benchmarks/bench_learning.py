@@ -94,6 +94,9 @@ class BenchArgs:
     # their recent pass rate ("signal") rather than every problem alike ("uniform")
     family_sampling: str = "uniform"
     family_floor: float = 0.02
+    # a JSON file of each family's (correct, total) episodes from an earlier run
+    # (analyze_rollouts.py --family-counts-out) that the family windows start from
+    family_warm_start: Path | None = None
     mini_batch_size: int = 8  # GRPOConfig's: turns per optimizer step
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
@@ -267,6 +270,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--family-floor", type=float, default=0.02,
                    help="least weight of a family under --family-sampling signal (p(1-p) is at "
                         "most 0.25), so solved families still come up and keep their KL term")
+    p.add_argument("--family-warm-start", type=Path, default=None, metavar="FILE",
+                   help="with --family-sampling signal: start each family's window from an "
+                        "earlier run's counts (analyze_rollouts.py --family-counts-out), so the "
+                        "weights hold from the first draw; from empty windows every family "
+                        "starts at 0.25 and in run I's 12 steps hardly moved")
     p.add_argument("--grpo-eval-every", type=int, default=0, metavar="K",
                    help="also evaluate the held-out set after every K GRPO steps (stages "
                         "'grpo@K' in partial.json), so a run cut before its end still compares "
@@ -414,6 +422,11 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     if a.select_min_gain < 0 or a.time_budget < 0:
         raise SystemExit(f"--select-min-gain {a.select_min_gain} / --time-budget "
                          f"{a.time_budget}: each needs to be 0 or more")
+    if a.family_warm_start is not None:
+        if a.family_sampling != "signal":
+            raise SystemExit("--family-warm-start starts the windows --family-sampling signal "
+                             "weighs families by: give --family-sampling signal too")
+        read_family_counts(a.family_warm_start)  # a bad file stops the run before any model loads
     if a.select_also and not a.select_problems:
         raise SystemExit("--select-also adds to --select-problems' sample: give both")
     if a.select_problems:
@@ -594,9 +607,29 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
     """GRPO's problem sampler over ``train``, started where the arguments say."""
     from multiminddev.tasks.curriculum import Curriculum, CurriculumConfig
 
-    return Curriculum.from_problems(train, CurriculumConfig(
+    curriculum = Curriculum.from_problems(train, CurriculumConfig(
         start_tier=args.curriculum_start_tier, review_fraction=args.review_fraction,
         family_sampling=args.family_sampling, family_floor=args.family_floor))
+    if args.family_warm_start is not None:
+        curriculum.warm_family_windows(read_family_counts(args.family_warm_start))
+    return curriculum
+
+
+def read_family_counts(path: Path) -> dict[str, tuple[int, int]]:
+    """``{"families": {family: [correct, episodes]}}`` (analyze_rollouts.py
+    --family-counts-out) as {family: (correct, episodes)}; a file of another shape is an error
+    that says what it needs."""
+    try:
+        families = json.loads(path.read_text())["families"]
+        counts = {str(f): (int(c), int(n)) for f, (c, n) in families.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SystemExit(f"--family-warm-start {path}: {type(e).__name__}: {e}; it needs "
+                         '{"families": {FAMILY: [CORRECT, EPISODES], ...}}, as '
+                         "analyze_rollouts.py --family-counts-out writes") from None
+    bad = {f: c for f, c in counts.items() if not 0 <= c[0] <= c[1]}
+    if bad:
+        raise SystemExit(f"--family-warm-start {path}: counts need 0 <= correct <= episodes: {bad}")
+    return counts
 
 
 def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",

@@ -1,5 +1,7 @@
 """The rollout analysis's pure parts, on episodes in episode.write_episodes_jsonl's fields."""
 
+import json
+
 import pytest
 
 from tests.benchmarks.helpers import load_script
@@ -222,3 +224,25 @@ def test_family_signal_counts_pass_rates_and_mixed_groups(analyze):
     assert list(signal) == ["cumsum", "relu"]  # by pass rate
     assert signal["relu"] == {"episodes": 4, "pass_rate": 0.75, "groups": 2, "mixed": 1}
     assert signal["cumsum"] == {"episodes": 2, "pass_rate": 0.0, "groups": 1, "mixed": 0}
+
+
+def test_family_counts_pool_each_familys_correct_episodes_and_feed_the_warm_start(analyze,
+                                                                                  tmp_path):
+    """The counts file analyze_rollouts writes is the one bench_learning's --family-warm-start
+    reads, and an episode counts as correct when any of its turns is (the curriculum's rule)."""
+    episodes = [_family_episode("relu_1", "relu", 0, 0, "k", "ok", 0.0),
+                _family_episode("relu_2", "relu", 0, 1, "k", "incorrect", 0.0),
+                _family_episode("cumsum_1", "cumsum", 1, 2, None, None, 0.0)]
+    second_turn_fix = _family_episode("cumsum_1", "cumsum", 1, 2, "k", "incorrect", 0.0)
+    second_turn_fix["turns"].append({"eval_result": {"status": "ok"}})
+    episodes.append(second_turn_fix)
+    counts = analyze.family_counts(episodes)
+    assert counts == {"cumsum": [1, 2], "relu": [1, 2]}
+    seed = tmp_path / "seed0"
+    seed.mkdir()
+    (seed / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in episodes))
+    out = tmp_path / "counts.json"
+    assert analyze.main([str(tmp_path), "--seeds", "0", "--stages", "--family-counts-out",
+                         str(out)]) in (0, None)
+    bench = load_script("bench_learning")
+    assert bench.read_family_counts(out) == {"cumsum": (1, 2), "relu": (1, 2)}

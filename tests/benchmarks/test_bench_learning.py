@@ -342,6 +342,43 @@ def test_grpo_curriculum_can_draw_families_by_their_signal(bench):
     assert drawn.count("add") < drawn.count("relu") / 2  # 0.05 against 0.25
 
 
+def test_a_warm_start_gives_the_families_their_earlier_runs_weights(bench, tmp_path):
+    from multiminddev.tasks.curriculum import family_weights, spread_outcomes
+    from multiminddev.tasks.loaders import load_problems
+
+    train = load_problems("builtin:tier0,tier1:train:resized8from4")
+    counts = tmp_path / "counts.json"
+    counts.write_text(json.dumps({"families": {"add": [64, 64], "gelu_tanh": [44, 96]}}))
+    args = bench.parse_args(["--family-sampling", "signal", "--family-warm-start", str(counts)])
+    weights = bench.grpo_curriculum(args, train).family_weights(0)
+    window = 32  # CurriculumConfig.family_window
+    assert weights["add"] == pytest.approx(
+        family_weights({"add": [True] * window}, ["add"], 0.5, 0.02)["add"]) == 0.02
+    assert weights["gelu_tanh"] == pytest.approx(family_weights(
+        {"g": spread_outcomes(44, 96, window)}, ["g"], 0.5, 0.02)["g"])
+    assert weights["relu"] == pytest.approx(0.25)  # no counts: an empty window
+    cold = bench.grpo_curriculum(bench.parse_args(["--family-sampling", "signal"]), train)
+    assert cold.family_weights(0)["add"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "FileNotFoundError"),
+    ("not json", "JSONDecodeError"),
+    ('{"add": [1, 2]}', "KeyError"),
+    ('{"families": {"add": [3, 2]}}', "0 <= correct <= episodes"),
+    ('{"families": {"add": 5}}', "TypeError"),
+])
+def test_a_bad_warm_start_file_stops_before_any_model_loads(bench, tmp_path, content, message):
+    path = tmp_path / "counts.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit, match=message):
+        bench.parse_args(["--family-sampling", "signal", "--family-warm-start", str(path)])
+    path.write_text('{"families": {"add": [1, 2]}}')
+    with pytest.raises(SystemExit, match="give --family-sampling signal too"):
+        bench.parse_args(["--family-warm-start", str(path)])
+
+
 def test_eval_decoding_follows_compiled_decoding_unless_set(bench):
     assert bench.parse_args([]).eval_compiled_decoding is None
     args = bench.parse_args(["--compiled-decoding", "on", "--eval-compiled-decoding", "off"])

@@ -24,6 +24,7 @@ from multiminddev.tasks.curriculum import (
     TierGate,
     family_weights,
     gate_failures,
+    spread_outcomes,
     tier_stats,
 )
 from multiminddev.tasks.problem import Problem
@@ -256,6 +257,39 @@ def test_family_windows_keep_the_latest_outcomes_and_survive_a_checkpoint():
     del older["families"]  # a checkpoint from before family sampling
     restored.load_state_dict(older)
     assert restored.family_weights(0)["half"] == pytest.approx(0.25)
+
+
+def test_spread_outcomes_keep_the_pass_rate_evenly_spread():
+    for passes, episodes, length in [(3, 4, 32), (30, 40, 32), (0, 12, 32), (12, 12, 8),
+                                     (5, 9, 32), (1, 100, 32), (0, 0, 32)]:
+        outcomes = spread_outcomes(passes, episodes, length)
+        m = min(episodes, length)
+        assert len(outcomes) == m
+        assert sum(outcomes) == (round(m * passes / episodes) if episodes else 0)
+        # evenly spread: every run of consecutive outcomes holds its share, within one
+        for start in range(m):
+            for end in range(start + 1, m + 1):
+                assert abs(sum(outcomes[start:end]) - (end - start) * sum(outcomes) / m) <= 1
+    with pytest.raises(ValueError, match="0 <= passes <= episodes"):
+        spread_outcomes(5, 4, 32)
+
+
+def test_warm_windows_weigh_families_from_the_first_draw_and_give_way_to_new_outcomes():
+    cur = families_curriculum(family_sampling="signal", family_window=8)
+    cur.warm_family_windows({"easy": (40, 40), "half": (9, 20)})
+    weights = cur.family_weights(0)
+    reference = family_weights({"easy": [True] * 8, "half": spread_outcomes(9, 20, 8)},
+                               ["easy", "half", "hard"], prior=0.5, floor=0.02)
+    assert weights == pytest.approx(reference)
+    assert weights["easy"] == pytest.approx(max((8.5 / 9) * (0.5 / 9), 0.02))
+    assert weights["hard"] == pytest.approx(0.25)  # no counts: empty, as without a warm start
+    for _ in range(8):  # eight new failures push every warm outcome of "easy" out
+        cur.record("easy_0", COMPILED_WRONG)
+    assert cur.family_weights(0)["easy"] == pytest.approx(max((0.5 / 9) * (8.5 / 9), 0.02))
+    resumed = families_curriculum(family_sampling="signal", family_window=8)
+    resumed.warm_family_windows({"hard": (0, 30)})
+    resumed.load_state_dict(json.loads(json.dumps(cur.state_dict())))  # the checkpoint wins
+    assert resumed.family_weights(0) == pytest.approx(cur.family_weights(0))
 
 
 def test_signal_summary_has_each_familys_weight():
