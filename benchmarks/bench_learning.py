@@ -616,20 +616,13 @@ def grpo_curriculum(args: BenchArgs, train: list[Any]) -> Any:
 
 
 def read_family_counts(path: Path) -> dict[str, tuple[int, int]]:
-    """``{"families": {family: [correct, episodes]}}`` (analyze_rollouts.py
-    --family-counts-out) as {family: (correct, episodes)}; a file of another shape is an error
-    that says what it needs."""
+    """``curriculum.load_family_counts``, its error a usage error of --family-warm-start."""
+    from multiminddev.tasks.curriculum import load_family_counts
+
     try:
-        families = json.loads(path.read_text())["families"]
-        counts = {str(f): (int(c), int(n)) for f, (c, n) in families.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise SystemExit(f"--family-warm-start {path}: {type(e).__name__}: {e}; it needs "
-                         '{"families": {FAMILY: [CORRECT, EPISODES], ...}}, as '
-                         "analyze_rollouts.py --family-counts-out writes") from None
-    bad = {f: c for f, c in counts.items() if not 0 <= c[0] <= c[1]}
-    if bad:
-        raise SystemExit(f"--family-warm-start {path}: counts need 0 <= correct <= episodes: {bad}")
-    return counts
+        return load_family_counts(path)
+    except ValueError as e:
+        raise SystemExit(f"--family-warm-start: {e}") from None
 
 
 def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",

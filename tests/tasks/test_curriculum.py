@@ -24,6 +24,7 @@ from multiminddev.tasks.curriculum import (
     TierGate,
     family_weights,
     gate_failures,
+    load_family_counts,
     spread_outcomes,
     tier_stats,
 )
@@ -290,6 +291,18 @@ def test_warm_windows_weigh_families_from_the_first_draw_and_give_way_to_new_out
     resumed.warm_family_windows({"hard": (0, 30)})
     resumed.load_state_dict(json.loads(json.dumps(cur.state_dict())))  # the checkpoint wins
     assert resumed.family_weights(0) == pytest.approx(cur.family_weights(0))
+
+
+def test_family_counts_load_from_json_and_a_bad_file_says_what_it_needs(tmp_path):
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps({"source": "run", "families": {"add": [3, 4], "relu": [0, 0]}}))
+    assert load_family_counts(path) == {"add": (3, 4), "relu": (0, 0)}
+    for text in ("[1, 2]", '{"families": {"add": [1]}}', '{"families": {"add": [5, 4]}}'):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="(?i)correct"):
+            load_family_counts(path)
+    with pytest.raises(ValueError, match="FileNotFoundError"):
+        load_family_counts(tmp_path / "missing.json")
 
 
 def test_signal_summary_has_each_familys_weight():

@@ -57,6 +57,34 @@ def test_family_sampling_flag_reaches_the_curriculum():
         TrainSettings(family_sampling="loudest")
 
 
+def test_family_warm_start_flag_starts_the_curriculums_windows(tmp_path, capsys):
+    import json
+
+    from multiminddev.tasks.loaders import load_problems
+    from multiminddev.train.pipeline import grpo_curriculum
+
+    counts = tmp_path / "counts.json"
+    counts.write_text(json.dumps({"families": {"add": [40, 40], "relu": [0, 40]}}))
+    ctx = Context.__new__(Context)
+    ctx.train_problems = load_problems("builtin:tier0:train")
+    ctx.settings = _settings(["rl", "--family-sampling", "signal", "--family-warm-start",
+                              str(counts), "--output-dir", "/tmp/x"])
+    weights = grpo_curriculum(ctx).family_weights(0)
+    assert weights["add"] == weights["relu"] == pytest.approx(0.02)  # solved and hopeless
+    assert weights["exp"] == pytest.approx(0.25)  # no counts
+    ctx.settings = _settings(["rl", "--family-sampling", "signal", "--output-dir", "/tmp/x"])
+    assert grpo_curriculum(ctx).family_weights(0)["add"] == pytest.approx(0.25)
+    # usage errors before anything loads: the flag without signal sampling, a bad file
+    with pytest.raises(SystemExit):
+        _settings(["rl", "--family-warm-start", str(counts), "--output-dir", "/tmp/x"])
+    assert "give --family-sampling signal too" in capsys.readouterr().err
+    counts.write_text('{"families": {"add": [41, 40]}}')
+    with pytest.raises(SystemExit):
+        _settings(["train", "--family-sampling", "signal", "--family-warm-start", str(counts),
+                   "--output-dir", "/tmp/x"])
+    assert "0 <= correct <= episodes" in capsys.readouterr().err
+
+
 def test_bare_resume_uses_output_dir_and_resume_path_sets_it():
     s = _settings(["train", "--resume", "--output-dir", "/tmp/run1"])
     assert s.resume == Path("/tmp/run1")

@@ -58,6 +58,10 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
                         "(default), or a family first, weighted by p(1-p) of its recent pass "
                         "rate p, so solved and hopeless families give way to those with a "
                         "learning signal")
+    p.add_argument("--family-warm-start", type=Path, default=None, metavar="FILE",
+                   help="with --family-sampling signal: start each family's pass-rate window "
+                        "from an earlier run's counts (benchmarks/analyze_rollouts.py "
+                        "--family-counts-out), so the weights hold from the first step")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
@@ -127,7 +131,8 @@ def _settings(args, **overrides):
     }
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
-                 "wandb", "sft_steps", "kl_reference", "sft_problems", "family_sampling"):
+                 "wandb", "sft_steps", "kl_reference", "sft_problems", "family_sampling",
+                 "family_warm_start"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
     kwargs.update(overrides)

@@ -20,12 +20,14 @@ JSON-serialisable dict so checkpoints restore it exactly.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from multiminddev.report.metrics import geometric_mean
@@ -225,6 +227,23 @@ def spread_outcomes(passes: int, episodes: int, length: int) -> list[bool]:
     m = min(episodes, length)
     k = round(m * passes / episodes) if episodes else 0
     return [(i + 1) * k // m > i * k // m for i in range(m)]
+
+
+def load_family_counts(path: str | Path) -> dict[str, tuple[int, int]]:
+    """An earlier run's ``{"families": {family: [correct, episodes]}}`` (``analyze_rollouts.py
+    --family-counts-out``) as {family: (correct, episodes)}, for ``warm_family_windows``. A file
+    of another shape raises ``ValueError`` saying what it needs."""
+    need = ('it needs {"families": {FAMILY: [CORRECT, EPISODES], ...}}, as '
+            "benchmarks/analyze_rollouts.py --family-counts-out writes")
+    try:
+        families = json.loads(Path(path).read_text())["families"]
+        counts = {str(f): (int(c), int(n)) for f, (c, n) in families.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"family counts {path}: {type(e).__name__}: {e}; {need}") from None
+    bad = {f: c for f, c in counts.items() if not 0 <= c[0] <= c[1]}
+    if bad:
+        raise ValueError(f"family counts {path}: need 0 <= correct <= episodes, got {bad}")
+    return counts
 
 
 def _draw(pool: Sequence[Problem], k: int, rng: random.Random) -> list[Problem]:

@@ -62,6 +62,9 @@ class TrainSettings:
     kl_reference: str = "base"  # GRPO's KL reference: "base" (pre-trained) or "start" (after SFT)
     # how GRPO draws a tier's problems: "uniform" or "signal" (CurriculumConfig.family_sampling)
     family_sampling: str = "uniform"
+    # an earlier run's family counts the signal sampler's windows start from (analyze_rollouts.py
+    # --family-counts-out); None: empty windows, every family at 0.25 until its episodes come in
+    family_warm_start: Path | None = None
     sft_steps: int | None = None
     sft_learning_rate: float | None = None
     full_finetune: bool = False
@@ -89,6 +92,14 @@ class TrainSettings:
             raise ValueError(f"kl_reference={self.kl_reference!r}: use 'base' or 'start'")
         if self.family_sampling not in ("uniform", "signal"):
             raise ValueError(f"family_sampling={self.family_sampling!r}: use 'uniform' or 'signal'")
+        if self.family_warm_start is not None:
+            from multiminddev.tasks.curriculum import load_family_counts
+
+            if self.family_sampling != "signal":
+                raise ValueError("--family-warm-start starts the windows that --family-sampling "
+                                 "signal weighs families by: give --family-sampling signal too")
+            self.family_warm_start = Path(self.family_warm_start)
+            load_family_counts(self.family_warm_start)  # a bad file stops the run before SFT
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
@@ -284,10 +295,20 @@ def curriculum_config(ctx: Context) -> Any:
     return CurriculumConfig(family_sampling=ctx.settings.family_sampling)
 
 
+def grpo_curriculum(ctx: Context) -> Any:
+    """GRPO's problem sampler over the training problems, its family windows started from
+    --family-warm-start's counts if given (a resumed run's checkpoint replaces them)."""
+    from multiminddev.tasks.curriculum import Curriculum, load_family_counts
+
+    curriculum = Curriculum.from_problems(ctx.train_problems, curriculum_config(ctx))
+    if ctx.settings.family_warm_start is not None:
+        curriculum.warm_family_windows(load_family_counts(ctx.settings.family_warm_start))
+    return curriculum
+
+
 def rl_phase(ctx: Context, evaluator: Any) -> Any:
     from multiminddev.policy import HFGenerationBackend
     from multiminddev.rl.grpo import GRPOTrainer
-    from multiminddev.tasks.curriculum import Curriculum
     from multiminddev.train.metrics import MetricsConfig, MetricsLogger, progress_bar
 
     s = ctx.settings
@@ -295,7 +316,7 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
     metrics = MetricsLogger(MetricsConfig(output_dir=s.output_dir, wandb=s.wandb,
                                           run_name=s.output_dir.name), run_config=cfg.to_dict())
     trainer = GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
-                          evaluator=evaluator, curriculum=Curriculum.from_problems(ctx.train_problems, curriculum_config(ctx)),
+                          evaluator=evaluator, curriculum=grpo_curriculum(ctx),
                           episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
                           heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
                           console=ctx.console)
