@@ -283,7 +283,13 @@ for part in "$@"; do
                # what is left of its SEED_LIMIT.
                echo "third seed on starts after ${SEED_STAGGER:-0} s; a seed that runs out of GPU memory in SFT retries"
                rm -f /root/learning/seed*.waiting /root/learning/seed*.ended  # an earlier run's
+               # The seeds run from a copy of the code: each later call replaces the working
+               # tree, and a process started from it mid-run (a replacement evaluation worker,
+               # through multiprocessing's forkserver) found bench_learning.py missing (run J,
+               # 2026-11-25 21:3x UTC).
+               rm -rf /root/run_tree && mkdir -p /root/run_tree && cp -a src benchmarks /root/run_tree/
                cat > /root/learning/driver.sh <<DRIVER
+cd /root/run_tree
 [ -f /root/learning/base/partial.json ] || $LEARN --seeds 0 --base-only > /root/learning/base.log 2>&1 &
 seeds="${LEARN_SEEDS:-0 1 2}"
 sft_done() { [ -f /root/learning/seed\$1/sft_checkpoints/optimizer/adapter_config.json ]; }

@@ -15,7 +15,8 @@ pytest's temporary folder, and are printed (run with ``-s`` to see the table):
 
 The SFT-only breadth families (tasks/builtin/breadth.py) are checked the same way: SFT teaches
 their solutions, so they must be as correct as the corpus's (their report rows say
-``"breadth": true``).
+``"breadth": true``), and so are the GRPO-only practice families (``"practice": true``):
+no training reads their solutions, but a wrong one would hide a wrong ``forward``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from multiminddev.tasks.builtin import (
     Variant,
     breadth_families,
     make_problem,
+    practice_families,
     reference_solution,
 )
 
@@ -40,7 +42,8 @@ pytestmark = pytest.mark.gpu
 _ONLY = {n for n in os.environ.get("MULTIMINDDEV_CORPUS_FAMILIES", "").split(",") if n}
 BREADTH = breadth_families()
 BREADTH_NAMES = frozenset(f.name for f in BREADTH)  # disjoint from the corpus's names
-SELECTED = [f for f in (*FAMILIES, *BREADTH) if not _ONLY or f.name in _ONLY]
+PRACTICE = practice_families()  # GRPO-only; names disjoint from both
+SELECTED = [f for f in (*FAMILIES, *BREADTH, *PRACTICE) if not _ONLY or f.name in _ONLY]
 # (family, dtype, variant): every solution text the corpus can produce
 CASES = [(f, dt, v) for f in SELECTED for dt in f.dtypes for v in f.variants]
 CASE_IDS = [f"{f.name}-{dt}-{v.value}" for f, dt, v in CASES]
@@ -81,7 +84,8 @@ def _median_ms(result) -> float:
 def _write_report(table, default_path: Path) -> None:
     rows = []
     for (name, dtype, variant), r in sorted(table.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        row = {"family": name, "breadth": name in BREADTH_NAMES, "dtype": dtype,
+        row = {"family": name, "breadth": name in BREADTH_NAMES,
+               "practice": any(f.name == name for f in PRACTICE), "dtype": dtype,
                "variant": variant.value, "problem": r.problem,
                "status": r.status.value, "message": r.message, "device": r.device,
                "median_ms": _median_ms(r), "speedup_vs_eager": r.benchmark.speedup_vs_eager,

@@ -641,7 +641,8 @@ _SPEC_HELP = (
     ":resizedNfromK the N after the first K, none of them a size :resizedK gives), "
     "fp16 or fp32 keeps the problems of that dtype (builtin:tier0:train:resized8:fp16), "
     "builtin:breadth (the SFT-only breadth families, all shapes; builtin:breadth:small, "
-    "builtin:breadth:shapes1), "
+    "builtin:breadth:shapes1, builtin:breadth:FAMILY:...), "
+    "builtin:practice (the GRPO-only practice families; the same parts as breadth), "
     "kernelbench[:PATH_OR_HUB_ID], sakana[:PATH_OR_HUB_ID], jsonl:PATH, "
     "or a path to a .py problem, "
     "a .jsonl file, a KernelBench checkout, a folder of problem files or a parquet dump; "
@@ -659,12 +660,12 @@ _DTYPES = {"fp16": "float16", "float16": "float16", "fp32": "float32", "float32"
 
 def _builtin(parts: list[str]) -> list[Problem]:
     # the corpus is heavy-ish: imported lazily
-    from multiminddev.tasks.builtin import breadth_problems, builtin_problems
+    from multiminddev.tasks.builtin import breadth_problems, builtin_problems, practice_problems
 
     kwargs: dict[str, Any] = {}
     tiers: list[int] = []
     families: list[str] = []
-    breadth = False
+    breadth = practice = False
     dtype = None
     for part in (p.strip() for p in parts if p.strip()):
         if part.lower() in _DTYPES:
@@ -687,6 +688,8 @@ def _builtin(parts: list[str]) -> list[Problem]:
                 raise ProblemError("shapes0 selects nothing: use shapes1 or more")
         elif part.lower() == "breadth":  # the SFT-only families (tasks/builtin/breadth.py)
             breadth = True
+        elif part.lower() == "practice":  # the GRPO-only families (tasks/builtin/breadth.py)
+            practice = True
         elif m := _RESIZED_RE.match(part):  # new sizes of training families (builtin/resize.py)
             kwargs["resized"] = int(m.group(1))
             if m.group(2):  # resized8from4: 8 sizes after the 4 that resized4 gives
@@ -698,18 +701,28 @@ def _builtin(parts: list[str]) -> list[Problem]:
     if families:
         kwargs["families"] = families
     spec = "builtin" + (":" + ":".join(parts) if parts else "")
-    if breadth:
-        # Breadth families are in no split and no tier selection: only `small` and the shape
-        # count apply.
-        other = sorted(set(kwargs) - {"small", "shapes_per_family"}) + (["dtype"] if dtype else [])
+    if breadth and practice:
+        raise ProblemError(f"spec {spec!r}: give builtin:breadth and builtin:practice as two "
+                           "specs joined with '+'")
+    if breadth or practice:
+        # Breadth and practice families are in no split and no tier selection: only `small`,
+        # the shape count and family names apply.
+        which = "breadth" if breadth else "practice"
+        other = sorted(set(kwargs) - {"small", "shapes_per_family", "families"})
+        other += ["dtype"] if dtype else []
         if other:
             raise ProblemError(
-                f"spec {spec!r}: builtin:breadth takes no {', '.join(other)} part (it is every "
-                "shape of the SFT-only breadth families; builtin:breadth:small for tiny ones); "
-                "join it to a corpus spec with '+' instead"
+                f"spec {spec!r}: builtin:{which} takes no {', '.join(other)} part (it is every "
+                f"shape of the {which} families, or of those named; builtin:{which}:small for "
+                "tiny ones); join it to a corpus spec with '+' instead"
             )
-        return breadth_problems(small=bool(kwargs.get("small")),
-                                shapes_per_family=kwargs.get("shapes_per_family"))
+        load = breadth_problems if breadth else practice_problems
+        try:
+            return load(small=bool(kwargs.get("small")),
+                        shapes_per_family=kwargs.get("shapes_per_family"),
+                        families=kwargs.get("families"))
+        except KeyError as exc:
+            raise ProblemError(f"spec {spec!r}: {exc.args[0]}") from None
     if kwargs.get("resized") and kwargs.get("split") != "train":
         raise ProblemError(f"spec {spec!r}: resizedN makes training data; add :train "
                            "(builtin:tier0,tier1:train:resized3)")

@@ -9,7 +9,9 @@ gathers. Tier 2: softmax, norms, matmul variants, pooling, convolution. Tier 3: 
 Every family has a naive reference solution; most have a faster one. docs/CORPUS.md lists them.
 
 Apart from the corpus, ``breadth_problems()`` gives the SFT-only "breadth" families
-(``breadth.py``): more elementwise operations for SFT, never split or evaluated.
+(``breadth.py``): more elementwise operations for SFT, never split or evaluated; and
+``practice_problems()`` the GRPO-only practice families (``breadth.py`` too), which SFT never
+sees.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import functools
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
-from multiminddev.tasks.builtin.breadth import breadth_families
+from multiminddev.tasks.builtin.breadth import breadth_families, practice_families
 from multiminddev.tasks.builtin.conv import tier2_conv_families, tier3_conv_families
 from multiminddev.tasks.builtin.elementwise import fused_elementwise_families, tier0_families
 from multiminddev.tasks.builtin.linalg import (
@@ -147,15 +149,43 @@ def breadth_by_name() -> Mapping[str, Family]:
     return MappingProxyType({f.name: f for f in breadth_families()})
 
 
-def breadth_problems(*, small: bool = False, shapes_per_family: int | None = None) -> list[Problem]:
-    """Every shape (or the first ``shapes_per_family``) of every SFT-only breadth family
-    (``small=True``: one tiny problem each).
+def breadth_problems(*, small: bool = False, shapes_per_family: int | None = None,
+                     families: Iterable[str] | None = None) -> list[Problem]:
+    """Every shape (or the first ``shapes_per_family``) of every SFT-only breadth family, or of
+    those named in ``families`` (``small=True``: one tiny problem each).
 
     Their ``split`` is "" (they are in no split) and ``extra["breadth"]`` is True."""
-    families = breadth_by_name().values()
+    return _breadth_like(breadth_by_name(), "breadth", small=small,
+                         shapes_per_family=shapes_per_family, families=families)
+
+
+@functools.cache
+def practice_by_name() -> Mapping[str, Family]:
+    """The GRPO-only practice families by name (built once, on first use)."""
+    return MappingProxyType({f.name: f for f in practice_families()})
+
+
+def _breadth_like(table: Mapping[str, Family], what: str, *, small: bool,
+                  shapes_per_family: int | None, families: Iterable[str] | None) -> list[Problem]:
+    chosen = list(table.values())
+    if families is not None:
+        names = list(families)
+        if unknown := [n for n in names if n not in table]:
+            raise KeyError(f"no {what} family {', '.join(map(repr, unknown))}; "
+                           f"{what} families: {', '.join(table)}")
+        chosen = [table[n] for n in names]
     if small:
-        return [make_problem(f, f.small) for f in families]
-    return [make_problem(f, s) for f in families for s in f.shapes[:shapes_per_family]]
+        return [make_problem(f, f.small) for f in chosen]
+    return [make_problem(f, s) for f in chosen for s in f.shapes[:shapes_per_family]]
+
+
+def practice_problems(*, small: bool = False, shapes_per_family: int | None = None,
+                      families: Iterable[str] | None = None) -> list[Problem]:
+    """Every shape (or the first ``shapes_per_family``) of every GRPO-only practice family, or
+    of those named in ``families`` (``small=True``: one tiny problem each). Their ``split`` is
+    "" and their metadata has no marker (``Family.practice`` says why)."""
+    return _breadth_like(practice_by_name(), "practice", small=small,
+                         shapes_per_family=shapes_per_family, families=families)
 
 
 def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE) -> str | None:
@@ -163,10 +193,14 @@ def reference_solution(problem: Problem, variant: Variant | str = Variant.NAIVE)
     when the problem is not built-in or its family has no such variant."""
     if problem.extra.get("origin") != ORIGIN:
         return None
-    # A breadth problem is looked up among the breadth families only, a corpus problem among
-    # the corpus's: the two name sets are disjoint, and neither answers for the other.
-    table = breadth_by_name() if problem.extra.get("breadth") else FAMILY_BY_NAME
-    family = table.get(problem.family)
+    # A breadth problem is looked up among the breadth families only (a practice problem among
+    # the practice ones), a corpus problem among the corpus's: the name sets are disjoint, and
+    # none answers for another.
+    # Practice problems carry no marker: a name neither table has is looked up there.
+    if problem.extra.get("breadth"):
+        family = breadth_by_name().get(problem.family)
+    else:
+        family = FAMILY_BY_NAME.get(problem.family) or practice_by_name().get(problem.family)
     if family is None:
         return None
     return family.render_solution(Variant(variant), problem.dtype)
@@ -183,6 +217,9 @@ __all__ = [
     "breadth_problems",
     "builtin_problems",
     "get_family",
+    "practice_by_name",
+    "practice_families",
+    "practice_problems",
     "make_problem",
     "reference_solution",
 ]

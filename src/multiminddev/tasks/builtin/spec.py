@@ -104,6 +104,13 @@ class Family:
     # evaluated. Its problems say so in their metadata, so a saved or exported problem cannot
     # be mistaken for a corpus problem (nor its solution looked up in the wrong table).
     breadth: bool = False
+    # A GRPO-only "practice" family (breadth.py's second list): an operation neither the
+    # corpus nor SFT's breadth families have, so GRPO can practise translating a ``forward`` it
+    # was never shown into CUDA, the step the held-out families need. Unlike breadth, its
+    # problems carry no marker: their prompts read exactly as a corpus problem's (a marker
+    # would be a token GRPO's updates could key on, and held-out prompts lack it); the family
+    # name, disjoint from the corpus's and breadth's, tells them apart.
+    practice: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.tier <= 3:
