@@ -333,17 +333,45 @@ def reward_delta_split(before: list[dict[str, Any]], after: list[dict[str, Any]]
 
 
 def trained_family_split(rewards_before: dict[str, float], rewards_after: dict[str, float],
-                         family_of: dict[str, str], trained: set[str]
-                         ) -> dict[str, tuple[int, float]]:
+                         family_of: dict[str, str], trained: set[str],
+                         practice: set[str] = frozenset()) -> dict[str, tuple[int, float]]:
     """The summed reward change between two evaluations, split into the problems of families
-    GRPO trained on and the rest: (problems, sum) each. In runs E and F (2026-11-25) GRPO's own
-    families gained on every seed while the others lost about as much."""
-    split = {"trained": (0, 0.0), "other": (0, 0.0)}
+    GRPO trained on, those of ``practice`` families it did not train on, and the rest:
+    (problems, sum) each. In runs E and F (2026-11-25) GRPO's own families gained on every seed
+    while the others lost about as much. Run K's early-stopping sample holds practice families
+    GRPO never drew: their change is what translating a new ``forward`` gained."""
+    split = {"trained": (0, 0.0), "practice": (0, 0.0), "other": (0, 0.0)}
     for name in sorted(rewards_before.keys() & rewards_after.keys()):
-        part = "trained" if family_of.get(name) in trained else "other"
+        family = family_of.get(name)
+        part = "trained" if family in trained else "practice" if family in practice else "other"
         n, total = split[part]
         split[part] = (n + 1, total + rewards_after[name] - rewards_before[name])
     return split
+
+
+_OP_RE = re.compile(r"\bop\s*\([^)]*\)\s*\{\s*return\s+([^;]*);")
+
+
+def unseen_family_ops(episodes: list[dict[str, Any]], seen_families: set[str]
+                      ) -> list[tuple[str, str, str]]:
+    """(problem, outcome, the ``op()`` expression or the first kernel's name) of each episode
+    whose family SFT never showed and whose Generator kernel failed. Run J (2026-11-25): for
+    ``abs``, ``scale`` and ``softplus`` the Generator kept the element-wise template and wrote
+    ``hardtanh``'s body, ``fminf(fmaxf(v, p0), p1)``, or ``absf(v)``."""
+    out = []
+    for e in episodes:
+        turns = e.get("turns") or []
+        if not turns or e["problem"].get("family") in seen_families:
+            continue
+        result = turns[0].get("eval_result") or {}
+        status = result.get("status") or "no kernel"
+        if status == "ok":
+            continue
+        source = turns[0].get("candidate_source") or ""
+        m = _OP_RE.search(source)
+        out.append((e["problem"]["name"], status,
+                    " ".join(m.group(1).split()) if m else kernel_template(source)))
+    return sorted(out)
 
 
 def timing_agreement(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[float]:
@@ -372,7 +400,11 @@ def fast_references() -> dict[str, str]:
 
 def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
     """grpo - sft on the held-out problems and select@K - select@0 on the early-stopping ones,
-    each split into GRPO's training families and the rest."""
+    each split into GRPO's training families, practice families it did not train on, and the
+    rest."""
+    from multiminddev.tasks.builtin import practice_by_name
+
+    practice = set(practice_by_name()) - trained
     partial = seed_dir / "partial.json"
     rows = json.loads(partial.read_text()).get("rows", {}) if partial.is_file() else {}
     family_of = {e["problem"]["name"]: e["problem"].get("family", "")
@@ -383,10 +415,13 @@ def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
     for before, after in pairs:
         if before in rows and after in rows:
             split = trained_family_split(*(mean_reward_by_problem(rows[stage])
-                                           for stage in (before, after)), family_of, trained)
-            (nt, t), (no, o) = split["trained"], split["other"]
+                                           for stage in (before, after)), family_of, trained,
+                                         practice)
+            (nt, t), (np_, pr), (no, o) = split["trained"], split["practice"], split["other"]
+            untrained = f", {pr:+.2f} on {np_} of practice families it did not train on" \
+                if np_ else ""
             print(f"seed {seed} reward, {after} - {before}, summed: {t:+.2f} on {nt} problems of "
-                  f"GRPO's training families, {o:+.2f} on the {no} others")
+                  f"GRPO's training families{untrained}, {o:+.2f} on the {no} others")
 
 
 def mean_reward_by_problem(stage_rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -425,10 +460,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     pooled: list[dict[str, Any]] = []
     sft_names: set[str] | None = None
+    sft_families: set[str] | None = None
     if args.sft_problems:
         from multiminddev.tasks.loaders import load_problems
 
-        sft_names = {q.name for q in load_problems(args.sft_problems)}
+        sft_loaded = load_problems(args.sft_problems)
+        sft_names = {q.name for q in sft_loaded}
+        sft_families = {q.family for q in sft_loaded}
     trained: set[str] | None = None
     if args.grpo_problems:
         from multiminddev.tasks.loaders import load_problems
@@ -485,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"seed {seed} held-out {stage}: Generator kernels on another family's "
                       f"template: {len(drifted)} of {total}"
                       + "".join(f"; {name}: {t}" for name, t in drifted[:6]))
+                if sft_families is not None and (ops := unseen_family_ops(held[stage],
+                                                                         sft_families)):
+                    print(f"seed {seed} held-out {stage}: failing Generator kernels of families "
+                          "SFT never showed, op(): " + "; ".join(
+                              f"{n} ({st}): {op}" for n, st, op in ops))
                 counts = ", ".join(f"{k} {v}" for k, v in optimizer_effect(held[stage]).items())
                 print(f"seed {seed} held-out {stage}: Optimizer turn vs Generator's kernel: {counts}")
                 broken = broken_rewrites(held[stage], fast_references())

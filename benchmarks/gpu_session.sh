@@ -187,7 +187,7 @@ for part in "$@"; do
   tests-corpus) MULTIMINDDEV_CORPUS_REPORT=$RES/corpus_gpu.json timeout 400 python3 -m pytest \
                  -m gpu -q -p no:cacheprovider tests/tasks/test_gpu_solutions.py \
                  tests/tasks/test_repair_data.py > "$RES/$part.log" 2>&1 ;;
-  tests-rest)  timeout ${REST_LIMIT:-420} python3 -m pytest -m gpu -q -rf -p no:cacheprovider tests/policy tests/rl \
+  tests-rest)  timeout ${REST_LIMIT:-420} python3 -m pytest -m gpu -q -rfs -p no:cacheprovider tests/policy tests/rl \
                  tests/train tests/report tests/agents tests/episode tests/tasks/test_loaders.py \
                  > "$RES/$part.log" 2>&1 ;;
   tests-rest-split) # tests-rest's exit segfault (sessions 13-18): each file in its own process,

@@ -136,6 +136,42 @@ def test_trained_family_split_sums_the_reward_change_per_side(analyze):
     split = analyze.trained_family_split(before, after, family_of, {"matvec"})
     assert split["trained"][0] == 2 and split["trained"][1] == pytest.approx(0.8)
     assert split["other"][0] == 2 and split["other"][1] == pytest.approx(-0.6)
+    assert split["practice"] == (0, 0.0)
+
+
+def test_trained_family_split_keeps_untrained_practice_families_apart(analyze):
+    family_of = {"cos_1x2": "cos", "erf_1x2": "erf", "relu_5x6": "relu"}
+    before = {"cos_1x2": 0.1, "erf_1x2": -0.1, "relu_5x6": 0.8}
+    after = {"cos_1x2": 0.7, "erf_1x2": 0.6, "relu_5x6": 0.7}
+    split = analyze.trained_family_split(before, after, family_of, {"cos"}, {"erf"})
+    assert split["trained"] == (1, pytest.approx(0.6))
+    assert split["practice"] == (1, pytest.approx(0.7))
+    assert split["other"] == (1, pytest.approx(-0.1))
+
+
+def _op_episode(name, family, status, source):
+    return {"problem": {"name": name, "family": family},
+            "turns": [{"candidate_source": source,
+                       "eval_result": None if status is None else {"status": status}}]}
+
+
+def test_unseen_family_ops_report_the_failing_op_lines_of_families_sft_never_showed(analyze):
+    body = ("__device__ __forceinline__ float op(float v, float p0, float p1) "
+            "{ return fminf(fmaxf(v,  p0), p1); }\n"
+            'extern "C" __global__ void unary_naive(const float* x) {}')
+    episodes = [
+        _op_episode("abs_1x2", "abs", "incorrect", body),
+        _op_episode("abs_3x4", "abs", "ok", body),  # passed: not reported
+        _op_episode("relu_1x2", "relu", "incorrect", body),  # SFT showed relu
+        _op_episode("scale_1x2", "scale", "compile_error",
+                    'extern "C" __global__ void scale_naive(float* y) {}'),
+        _op_episode("softplus_1x2", "softplus", None, ""),
+    ]
+    assert analyze.unseen_family_ops(episodes, {"relu"}) == [
+        ("abs_1x2", "incorrect", "fminf(fmaxf(v, p0), p1)"),
+        ("scale_1x2", "compile_error", "scale_naive"),
+        ("softplus_1x2", "no kernel", "no_reply"),
+    ]
 
 
 def _dtype_episode(dtype, params, body=""):

@@ -217,9 +217,9 @@ __all__ = [
     "breadth_problems",
     "builtin_problems",
     "get_family",
+    "make_problem",
     "practice_by_name",
     "practice_families",
     "practice_problems",
-    "make_problem",
     "reference_solution",
 ]
