@@ -106,12 +106,13 @@ def template_drift(episodes: list[dict[str, Any]],
 
 @functools.cache
 def reference_templates() -> dict[str, str]:
-    """family -> the first kernel's name in its naive reference solution (the built-in corpus)."""
+    """family -> the first kernel's name in its naive reference solution (the built-in corpus,
+    and the breadth and practice families, so that run K's practice rollouts count too)."""
     from multiminddev.tasks.builtin import reference_solution
     from multiminddev.tasks.loaders import load_problems
 
     out: dict[str, str] = {}
-    for p in load_problems("builtin:allshapes"):
+    for p in load_problems("builtin:allshapes+builtin:breadth:shapes1+builtin:practice:shapes1"):
         if p.family not in out and (source := reference_solution(p, variant="naive")):
             out[p.family] = kernel_template(source)
     return out

@@ -282,3 +282,10 @@ def test_family_counts_pool_each_familys_correct_episodes_and_feed_the_warm_star
                          str(out)]) in (0, None)
     bench = load_script("bench_learning")
     assert bench.read_family_counts(out) == {"cumsum": (1, 2), "relu": (1, 2)}
+
+
+def test_reference_templates_cover_the_practice_and_breadth_families(analyze):
+    templates = analyze.reference_templates()
+    assert templates["relu"] == templates["cos"] == templates["sin"] == "unary_naive"
+    assert templates["copysign"] == templates["add"] == "binary_naive"
+    assert templates["transpose"] == "transpose_naive"
