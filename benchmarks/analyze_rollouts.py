@@ -286,6 +286,23 @@ def optimizer_status_by_step(episodes: list[dict[str, Any]],
     return out
 
 
+def pass_by_step(episodes: list[dict[str, Any]], step_ends: list[int],
+                 families: set[str]) -> list[tuple[int, int, int, int]]:
+    """Per GRPO step: (Generator kernels correct, turns) on ``families``' problems, then the same
+    on the rest. Run K trains on practice families: whether their pass rate climbs over the
+    steps is whether GRPO learned to translate operations SFT never showed."""
+    out, start = [], 0
+    for end in step_ends:
+        row = [0, 0, 0, 0]
+        for e in episodes[start:end]:
+            at = 0 if e["problem"].get("family") in families else 2
+            row[at] += turn_status((e.get("turns") or [{}])[0]) == "ok"
+            row[at + 1] += 1
+        out.append((row[0], row[1], row[2], row[3]))
+        start = end
+    return out
+
+
 def tied_groups(episodes: list[dict[str, Any]], tie: float = 0.01) -> dict[str, float]:
     """Generator groups (problem, group) whose turns were all correct with credited rewards
     within ``tie`` of each other, and the largest |advantage| they got: with std scaling, timing
@@ -501,6 +518,13 @@ def main(argv: list[str] | None = None) -> int:
         metrics = path.parent / "metrics.jsonl"
         if metrics.is_file():
             ends = [r["episodes"] for r in _read_jsonl(metrics) if "episodes" in r and "step" in r]
+            from multiminddev.tasks.builtin import practice_by_name
+
+            practice = set(practice_by_name())
+            if practice & {e["problem"].get("family") for e in episodes}:
+                print("  Generator correct per GRPO step, practice families ; the rest: " + " | ".join(
+                    f"{pc}/{pn} ; {rc}/{rn}" for pc, pn, rc, rn in pass_by_step(episodes, ends,
+                                                                                practice)))
             print("  Optimizer turn per GRPO step: " + " | ".join(
                 f"{c['ok']} ok, {c['compile_error']} compile errors of {sum(c.values())}"
                 for c in optimizer_status_by_step(episodes, ends)))

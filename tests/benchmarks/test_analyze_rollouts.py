@@ -289,3 +289,13 @@ def test_reference_templates_cover_the_practice_and_breadth_families(analyze):
     assert templates["relu"] == templates["cos"] == templates["sin"] == "unary_naive"
     assert templates["copysign"] == templates["add"] == "binary_naive"
     assert templates["transpose"] == "transpose_naive"
+
+
+def test_pass_by_step_splits_each_step_into_the_given_families_and_the_rest(analyze):
+    def episode(family, status):
+        return {"problem": {"name": f"{family}_1x1", "family": family},
+                "turns": [{"eval_result": {"status": status}}]}
+
+    episodes = [episode("cos", "ok"), episode("cos", "incorrect"), episode("cumsum", "ok"),
+                episode("cos", "ok"), episode("erf", "ok"), episode("cumsum", "compile_error")]
+    assert analyze.pass_by_step(episodes, [3, 6], {"cos", "erf"}) == [(1, 2, 1, 1), (2, 2, 0, 1)]
