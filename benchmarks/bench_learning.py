@@ -134,6 +134,9 @@ class BenchArgs:
     # every prompt (SFT data, GRPO, evaluations) ends with the line naming the pointer type of
     # the problem's dtype (agents.prompts.element_type_line)
     element_type_line: bool = False
+    # SFT replies (both agents') start their CUDA source with the problem's operation, copied
+    # from its forward (tasks.sft_data.with_operation_line)
+    sft_operation_line: bool = False
     repeat_penalty: float = 0.0  # GRPO's RewardConfig.repeat_penalty (held-out rewards omit it)
     # problems of GRPO's training distribution that SFT and GRPO are also evaluated on (stages
     # "train_sft", "train_grpo"); "": no such evaluation. parse_args resolves "same".
@@ -205,6 +208,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "kernels for float16 problems and __half ones for float32 problems "
                         "(docs/BENCHMARKS.md, runs C-G). SFT agents kept from a run without it "
                         "do not fit these prompts, and the run refuses them")
+    p.add_argument("--sft-operation-line", action="store_true",
+                   help="SFT replies of both agents start their CUDA source with a comment "
+                        "restating the problem's operation, copied from its forward "
+                        "(`// computes: torch.cumsum(x, dim=1)`; tasks.sft_data."
+                        "with_operation_line), so the Generator's template choice follows the "
+                        "operation: GRPO moved it onto the element-wise template on other "
+                        "families at the one token that chooses it (docs/BENCHMARKS.md, run J)")
     p.add_argument("--optimizer-repair", nargs="*", default=None, metavar="KIND",
                    choices=REPAIR_KINDS,
                    help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
@@ -410,6 +420,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
         raise SystemExit(f"--eval-samples {a.eval_samples} samples each problem that many "
                          "times, and greedy decoding repeats one reply: give --eval-temperature "
                          "> 0 too, e.g. 1.0 (GRPO's rollout temperature)")
+    if a.sft_operation_line and a.optimizer_repair is not None:
+        raise SystemExit("--sft-operation-line does not reach --optimizer-repair's pairs yet: "
+                         "use one of them")
     if a.optimizer_repair_per_family < 0:
         raise SystemExit(f"--optimizer-repair-per-family {a.optimizer_repair_per_family}: "
                          "use N >= 1, or 0 for a pair per problem")
@@ -756,7 +769,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                            else train if sft is None else sft)
         anchor = sft_anchor_examples(policy.tokenizer, cfg.train_roles, anchor_problems, seed,
                                      args.generator_variants, args.sft_strip_comments,
-                                     args.sft_max_seq_length, args.element_type_line)
+                                     args.sft_max_seq_length, args.element_type_line,
+                                     args.sft_operation_line)
     else:
         anchor = None
     trainer = GRPOTrainer(cfg, policy=policy, sft_anchor=anchor,
@@ -853,7 +867,8 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                                     repair_reply=args.optimizer_repair_reply,
                                     repair_per_family=args.optimizer_repair_per_family,
                                     strip_comments=args.sft_strip_comments,
-                                    element_type=args.element_type_line),
+                                    element_type=args.element_type_line,
+                                    operation_line=args.sft_operation_line),
                            SFTConfig(output_dir=out, max_steps=args.sft_steps,
                                      batch_size=args.sft_batch_size,
                                      grad_accum=args.sft_grad_accum,
@@ -1056,6 +1071,7 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
             "method": "full" if args.sft_full_finetune else f"lora r{args.lora_rank}",
             **({"optimizer_strip_comments": True} if args.sft_strip_comments else {}),
             **({"element_type_line": True} if args.element_type_line else {}),
+            **({"operation_line": True} if args.sft_operation_line else {}),
             **({"optimizer_repair": {}, "optimizer_repair_kinds": args.optimizer_repair or "all",
                 "optimizer_repair_reply": args.optimizer_repair_reply,
                 "optimizer_repair_per_family": args.optimizer_repair_per_family}
@@ -1191,8 +1207,8 @@ def load_chosen_agents(policy: Any, step: int, sft_dir: Path, seed_dir: Path,
 
 def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: int,
                         generator_variants: list[str], strip_comments: bool = False,
-                        max_len: int | None = None,
-                        element_type: bool = False) -> dict[Any, list[dict[str, list[int]]]]:
+                        max_len: int | None = None, element_type: bool = False,
+                        operation_line: bool = False) -> dict[Any, list[dict[str, list[int]]]]:
     """Per role, the SFT data tokenized as SFT tokenizes it (``max_len``: SFT's
     max_seq_length, None: SFTConfig's): GRPO's SFT anchor."""
     from multiminddev.train.sft import SFTConfig, tokenize_chat
@@ -1201,7 +1217,8 @@ def sft_anchor_examples(tokenizer: Any, roles: Any, problems: list[Any], seed: i
     return {role: [tokenize_chat(tokenizer, m, max_len)
                    for m in sft_data(role, problems, seed, generator_variants,
                                      strip_comments=strip_comments,
-                                     element_type=element_type)["messages"]]
+                                     element_type=element_type,
+                                     operation_line=operation_line)["messages"]]
             for role in roles}
 
 
@@ -1209,13 +1226,15 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
              repair_evaluator: Any = None, repair_kinds: list[str] | None = None,
              repair_counts: dict[str, Any] | None = None, strip_comments: bool = False,
              repair_reply: str = "naive", repair_per_family: int = 0,
-             element_type: bool = False) -> Any:
+             element_type: bool = False, operation_line: bool = False) -> Any:
     """The role's SFT pairs; without `datasets` (a GPU image may lack it) the same pairs as a
     column dict, since run_sft reads only the ``messages`` column. With ``repair_evaluator`` the
     Optimizer's data gains repair pairs (``repair_kinds``; None: all), their counts per defect
     written to
     ``repair_counts["optimizer_repair"]``. ``element_type``: the prompts end with the
-    element-type line (--element-type-line), as the episodes' do."""
+    element-type line (--element-type-line), as the episodes' do. ``operation_line``: the
+    replies (and the Optimizer's input kernels) start their CUDA source with the problem's
+    operation (--sft-operation-line)."""
     import functools
     import random
 
@@ -1227,6 +1246,8 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
     kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
                               if role is AgentRole.GENERATOR
                               else {"strip_comments": True} if strip_comments else {})
+    if operation_line:
+        kwargs["operation_line"] = True
     prompt = functools.partial(
         generator_messages if role is AgentRole.GENERATOR else optimizer_messages,
         element_type=element_type)

@@ -1210,6 +1210,23 @@ def test_the_element_type_line_reaches_every_sft_prompt_the_recipe_and_the_setti
     assert all(u.endswith(f"\n{line}\n") for u in users(repaired))
 
 
+def test_the_operation_line_reaches_both_roles_sft_replies_and_the_recipe(bench):
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.loaders import load_problems
+
+    args = bench.parse_args(["--sft-operation-line"])
+    assert args.sft_operation_line and bench.sft_recipe(args)["operation_line"]
+    assert "operation_line" not in bench.sft_recipe(bench.parse_args([]))
+    with pytest.raises(SystemExit, match="optimizer-repair"):
+        bench.parse_args(["--sft-operation-line", "--optimizer-repair", "misspelt_math"])
+    (problem,) = load_problems("builtin:relu:shapes1")
+    for role in (AgentRole.GENERATOR, AgentRole.OPTIMIZER):
+        (plain,) = bench.sft_data(role, [problem], 0, ["naive"])["messages"]
+        (lined,) = bench.sft_data(role, [problem], 0, ["naive"], operation_line=True)["messages"]
+        assert "// computes: torch.relu(x)\n" in lined[-1]["content"]
+        assert "// computes:" not in plain[-1]["content"]
+
+
 def test_a_sampled_evaluation_runs_k_episodes_of_each_problem(bench, tmp_path):
     """A tiny Llama and the compile-only evaluator: evaluate_stage through the real runner."""
     import collections

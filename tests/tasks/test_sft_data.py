@@ -19,12 +19,14 @@ from multiminddev.tasks.sft_data import (
     build_sft_dataset,
     generator_examples,
     generator_sft_examples,
+    operation_expression,
     optimizer_examples,
     optimizer_sft_examples,
     sakana_generator_examples,
     sakana_optimizer_examples,
     strip_comment_lines,
     untimed_feedback,
+    with_operation_line,
 )
 from tests.episode.helpers import RELU_KERNEL
 from tests.tasks.kb_fixtures import KERNELBENCH_PROBLEMS, sakana_rows, write_sakana_parquet
@@ -383,3 +385,57 @@ def test_every_fast_solution_without_comments_still_compiles_and_computes_the_mo
     check_compiles_and_launches(family, Variant.FAST, "float32", source=stripped)
     if cuda_cpu_emulator.compiler_available():
         check_matches_model_in_emulator(family, Variant.FAST, "float32", source=stripped)
+
+
+_FORWARD_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        \"\"\"A docstring is not the operation.\"\"\"
+        return torch.cumsum(x,  dim=1)
+"""
+
+
+def test_operation_expression_is_what_forward_returns():
+    assert operation_expression(_FORWARD_PROBLEM) == "torch.cumsum(x, dim=1)"
+    several = _FORWARD_PROBLEM.replace("return torch.cumsum(x,  dim=1)",
+                                       "y = torch.relu(x)\n        return y")
+    assert operation_expression(several) == "y = torch.relu(x); return y"
+    long = _FORWARD_PROBLEM.replace("dim=1", "dim=1" + " + x" * 80)
+    assert len(operation_expression(long)) == 160 and operation_expression(long).endswith("...")
+    assert operation_expression("class Model: pass") is None
+    assert operation_expression("def (") is None
+
+
+def test_with_operation_line_puts_the_operation_first_in_the_cuda_string():
+    from multiminddev.tasks.builtin import reference_solution
+    from multiminddev.tasks.loaders import load_problems
+
+    (cumsum,) = load_problems("builtin:cumsum:shapes1")
+    naive = reference_solution(cumsum, "naive")
+    lined = with_operation_line(naive, cumsum)
+    assert lined.replace("// computes: torch.cumsum(x, dim=1)\n", "", 1) == naive
+    assert "CUDA_SRC = r'''\n// computes: torch.cumsum(x, dim=1)\nextern" in lined
+    assert parse_candidate(assistant_reply(lined)).source.strip() == lined.strip()
+    # no CUDA string, or a problem without a readable forward: unchanged
+    assert with_operation_line("import torch\n", cumsum) == "import torch\n"
+    broken = dataclasses.replace(cumsum, source="not python (")
+    assert with_operation_line(naive, broken) == naive
+
+
+def test_operation_line_reaches_the_generators_replies_and_both_optimizer_kernels():
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems("builtin:tier0,tier1:train")
+    plain = generator_examples(problems, variants=("naive",))
+    lined = generator_examples(problems, variants=("naive",), operation_line=True)
+    assert len(lined) == len(plain) and all(
+        e.messages[-1]["content"].count("// computes: ") == 1 for e in lined)
+    assert [e.messages[:-1] for e in lined] == [e.messages[:-1] for e in plain]  # same prompts
+    assert not any("// computes: " in e.messages[-1]["content"] for e in plain)
+    optimizer = optimizer_examples(problems, strip_comments=True, operation_line=True)
+    assert optimizer and all(
+        "// computes: " in e.messages[-1]["content"]  # the comment survives the stripping
+        and "// computes: " in e.messages[-2]["content"] for e in optimizer)

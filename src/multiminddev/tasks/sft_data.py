@@ -26,8 +26,10 @@ to use real Tester reports instead.
 
 from __future__ import annotations
 
+import ast
 import logging
 import random
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -167,6 +169,60 @@ def _origin(problem: Problem) -> str:
     return "jsonl" if problem_solution(problem) is not None else "builtin"
 
 
+# --------------------------------------------------------------------------- operation line
+
+# The first line of a reply's CUDA source restates what the problem computes, copied from its
+# Model.forward (``operation_line``). Why (run J, 2026-11-25): the token after ``CUDA_SRC =
+# r'''`` picks the kernel's template -- ``#define`` for the element-wise one, ``extern`` for
+# the others -- and that context is the same for every family. GRPO's updates on element-wise
+# rollouts raised ``#define`` there for every prompt: the Generator wrote the element-wise
+# kernel for cumsum, matvec, embedding and transpose while its docstring still named them.
+# With the operation just above, the choice follows ``torch.cumsum(...)`` or ``torch.relu(...)``
+# instead of the same four tokens, and the ``op()`` body of a new element-wise operation is
+# written a few lines below its torch expression rather than after the whole module header.
+OPERATION_LINE_PREFIX = "// computes: "
+_OPERATION_MAX_CHARS = 160
+_CUDA_STRING_OPEN = re.compile(r"^[A-Za-z_]\w*\s*=\s*[rR]?(?:'''|\"\"\")[ \t]*\n", re.MULTILINE)
+
+
+def operation_expression(problem_source: str) -> str | None:
+    """What ``Model.forward`` returns, as ``ast.unparse`` writes it (``torch.abs(x)``). When it
+    returns a bare name, the whole body instead (``y = ...; return y``), so the operation is
+    still there. At most 160 characters; None without a parsable ``Model.forward``."""
+    try:
+        tree = ast.parse(problem_source)
+    except SyntaxError:
+        return None
+    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
+    forward = next((n for n in (model.body if model else [])
+                    if isinstance(n, ast.FunctionDef) and n.name == "forward"), None)
+    if forward is None:
+        return None
+    body = [n for n in forward.body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]  # docstring
+    returns = [n for n in body if isinstance(n, ast.Return) and n.value is not None]
+    if not returns:
+        return None
+    if isinstance(returns[-1].value, ast.Name) and len(body) > 1:
+        text = "; ".join(ast.unparse(n) for n in body)
+    else:
+        text = ast.unparse(returns[-1].value)
+    text = " ".join(text.split())
+    return text if len(text) <= _OPERATION_MAX_CHARS else text[: _OPERATION_MAX_CHARS - 3] + "..."
+
+
+def with_operation_line(candidate_source: str, problem: Problem) -> str:
+    """``candidate_source`` with ``// computes: <operation_expression>`` as the first line of
+    its first multi-line CUDA string (``CUDA_SRC = r'''``); unchanged when it has none or the
+    problem's forward cannot be read."""
+    expression = operation_expression(problem.source)
+    match = _CUDA_STRING_OPEN.search(candidate_source)
+    if expression is None or match is None:
+        return candidate_source
+    line = f"{OPERATION_LINE_PREFIX}{expression}\n"
+    return candidate_source[: match.end()] + line + candidate_source[match.end():]
+
+
 # --------------------------------------------------------------------------- Generator
 
 
@@ -176,8 +232,10 @@ def generator_examples(
     variants: Sequence[str] = (NAIVE, FAST),
     solution: SolutionFn | None = None,
     prompt: GeneratorPrompt | None = None,
+    operation_line: bool = False,
 ) -> list[SFTExample]:
-    """One example per problem and available solution variant."""
+    """One example per problem and available solution variant. ``operation_line``: each reply's
+    CUDA source starts with the problem's operation (``with_operation_line``)."""
     solution = solution or _builtin_solution
     prompt = prompt or _default_generator_prompt()
     out, dropped = [], []
@@ -186,6 +244,8 @@ def generator_examples(
             source = solution(problem, variant)
             if source is None:
                 continue
+            if operation_line:
+                source = with_operation_line(source, problem)
             messages = _conversation(prompt(problem), source)
             if messages is None:
                 dropped.append(f"{problem.name}/{variant}")
@@ -219,10 +279,13 @@ def optimizer_examples(
     prompt: OptimizerPrompt | None = None,
     feedback: FeedbackFn | None = None,
     strip_comments: bool = False,
+    operation_line: bool = False,
 ) -> list[SFTExample]:
     """naive -> fast pairs for problems that have both solutions. ``strip_comments``: the fast
     solution (the reply trained on) loses its whole-line comments (``strip_comment_lines``);
-    the naive one in the prompt keeps them."""
+    the naive one in the prompt keeps them. ``operation_line``: both start their CUDA source
+    with the problem's operation, as a Generator trained with it writes its kernels (after the
+    stripping: the line is a comment)."""
     solution = solution or _builtin_solution
     prompt = prompt or _default_optimizer_prompt()
     feedback = feedback or untimed_feedback
@@ -233,6 +296,8 @@ def optimizer_examples(
             continue
         if strip_comments:
             fast = strip_comment_lines(fast)
+        if operation_line:
+            slow, fast = (with_operation_line(src, problem) for src in (slow, fast))
         messages = _conversation(prompt(problem, slow, feedback(problem, slow), []), fast)
         if messages is None:
             dropped.append(f"{problem.name}/naive->fast")
