@@ -271,19 +271,18 @@ def broken_rewrites(episodes: list[dict[str, Any]],
     return out
 
 
+def _steps(episodes: list[dict[str, Any]], step_ends: list[int]) -> list[list[dict[str, Any]]]:
+    """The episodes of each GRPO step (``step_ends``: cumulative episode counts)."""
+    return [episodes[start:end] for start, end in zip([0, *step_ends], step_ends)]
+
+
 def optimizer_status_by_step(episodes: list[dict[str, Any]],
                              step_ends: list[int]) -> list[collections.Counter[str]]:
     """Per GRPO step (``step_ends``: cumulative episode counts, metrics.jsonl's ``episodes``),
     the statuses of the Optimizer's first turn ("none": the episode ended before it). A step
     where compile errors jump on every problem is a collapse (fifteenth session)."""
-    out, start = [], 0
-    for end in step_ends:
-        counts: collections.Counter[str] = collections.Counter()
-        for e in episodes[start:end]:
-            counts[turn_status(e["turns"][1]) if len(e["turns"]) > 1 else "none"] += 1
-        out.append(counts)
-        start = end
-    return out
+    return [collections.Counter(turn_status(e["turns"][1]) if len(e["turns"]) > 1 else "none"
+                                for e in step) for step in _steps(episodes, step_ends)]
 
 
 def pass_by_step(episodes: list[dict[str, Any]], step_ends: list[int],
@@ -291,15 +290,14 @@ def pass_by_step(episodes: list[dict[str, Any]], step_ends: list[int],
     """Per GRPO step: (Generator kernels correct, turns) on ``families``' problems, then the same
     on the rest. Run K trains on practice families: whether their pass rate climbs over the
     steps is whether GRPO learned to translate operations SFT never showed."""
-    out, start = [], 0
-    for end in step_ends:
+    out = []
+    for step in _steps(episodes, step_ends):
         row = [0, 0, 0, 0]
-        for e in episodes[start:end]:
+        for e in step:
             at = 0 if e["problem"].get("family") in families else 2
             row[at] += turn_status((e.get("turns") or [{}])[0]) == "ok"
             row[at + 1] += 1
         out.append((row[0], row[1], row[2], row[3]))
-        start = end
     return out
 
 
@@ -416,13 +414,12 @@ def fast_references() -> dict[str, str]:
             if (source := reference_solution(p, variant="fast")) is not None}
 
 
-def print_family_splits(seed_dir: Path, seed: int, trained: set[str]) -> None:
+def print_family_splits(seed_dir: Path, seed: int, trained: set[str],
+                        practice_families: set[str]) -> None:
     """grpo - sft on the held-out problems and select@K - select@0 on the early-stopping ones,
     each split into GRPO's training families, practice families it did not train on, and the
     rest."""
-    from multiminddev.tasks.builtin import practice_by_name
-
-    practice = set(practice_by_name()) - trained
+    practice = practice_families - trained
     partial = seed_dir / "partial.json"
     rows = json.loads(partial.read_text()).get("rows", {}) if partial.is_file() else {}
     family_of = {e["problem"]["name"]: e["problem"].get("family", "")
@@ -476,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also write each family's correct and total GRPO episodes, pooled over "
                         "the seeds, as JSON for bench_learning.py --family-warm-start")
     args = p.parse_args(argv)
+    from multiminddev.tasks.builtin import practice_by_name
+
+    practice = set(practice_by_name())
     pooled: list[dict[str, Any]] = []
     sft_names: set[str] | None = None
     sft_families: set[str] | None = None
@@ -518,9 +518,6 @@ def main(argv: list[str] | None = None) -> int:
         metrics = path.parent / "metrics.jsonl"
         if metrics.is_file():
             ends = [r["episodes"] for r in _read_jsonl(metrics) if "episodes" in r and "step" in r]
-            from multiminddev.tasks.builtin import practice_by_name
-
-            practice = set(practice_by_name())
             if practice & {e["problem"].get("family") for e in episodes}:
                 print("  Generator correct per GRPO step, practice families ; the rest: " + " | ".join(
                     f"{pc}/{pn} ; {rc}/{rn}" for pc, pn, rc, rn in pass_by_step(episodes, ends,
@@ -578,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{split['total']:+.4f} = {split['generator_changed']:+.4f} on problems "
                       f"whose Generator reply changed + {split['rest']:+.4f} on the rest")
         if trained is not None:
-            print_family_splits(args.output_dir / f"seed{seed}", seed, trained)
+            print_family_splits(args.output_dir / f"seed{seed}", seed, trained, practice)
     if all_ratios:
         far = sum(abs(r - 1) > 0.05 for r in all_ratios)
         print(f"same correct kernel in each seed's first and last stage: {len(all_ratios)} "

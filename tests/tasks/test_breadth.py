@@ -1,8 +1,9 @@
 """The SFT-only breadth families (tasks/builtin/breadth.py), on the CPU.
 
-Their solutions go through the corpus's own checks (solution_checks.py: NVRTC compilation for
-sm_90, launch signatures, the CPU emulator's results); test_gpu_solutions.py evaluates them on
-a GPU. Here also: they stay out of the corpus (names, forwards, and computed values), their
+Their solutions, and those of the GRPO-only practice families of the same module (the rest of
+whose tests are in test_practice.py), go through the corpus's own checks (solution_checks.py:
+NVRTC compilation for sm_90, launch signatures, the CPU emulator's results);
+test_gpu_solutions.py evaluates them on a GPU. Here also: they stay out of the corpus (names, forwards, and computed values), their
 problems load and run, and SFT examples are built from them.
 """
 
@@ -23,6 +24,7 @@ from multiminddev.tasks.builtin import (
     breadth_problems,
     builtin_problems,
     make_problem,
+    practice_families,
     reference_solution,
 )
 from multiminddev.tasks.builtin.breadth import check_disjoint
@@ -38,7 +40,9 @@ from tests.tasks.solution_checks import (
 
 BREADTH = breadth_families()
 FAMILY_IDS = [f.name for f in BREADTH]
-SOLUTIONS = [(f, v, dt) for f in BREADTH for v in f.variants for dt in f.dtypes]
+# breadth's and practice's solutions: both lists are built by breadth.py from the same templates
+SOLUTIONS = [(f, v, dt) for f in (*BREADTH, *practice_families()) for v in f.variants
+             for dt in f.dtypes]
 SOLUTION_IDS = [f"{f.name}-{v.value}-{dt}" for f, v, dt in SOLUTIONS]
 GIB = 1 << 30
 

@@ -1,8 +1,8 @@
 """The GRPO-only practice families (tasks/builtin/breadth.py's second list), on the CPU.
 
-Their solutions go through the corpus's checks (solution_checks.py: NVRTC compilation for sm_90,
-launch signatures, the CPU emulator's results); test_gpu_solutions.py evaluates them on a GPU.
-Here also: they compute no corpus or breadth operation (by name, by ``forward`` and by value),
+Their solutions go through the corpus's checks with breadth's, in test_breadth.py (NVRTC
+compilation for sm_90, launch signatures, static checks, the CPU emulator's results);
+test_gpu_solutions.py evaluates them on a GPU. Here: they compute no corpus or breadth operation (by name, by ``forward`` and by value),
 SFT's specs never load them, their prompts carry no marker, and their specs load them.
 """
 
@@ -27,18 +27,11 @@ from multiminddev.tasks.builtin.breadth import check_disjoint
 from multiminddev.tasks.builtin.spec import Family
 from multiminddev.tasks.loaders import ProblemError, load_problems
 from multiminddev.tasks.problem import load_problem_source
-from tests.tasks import cuda_cpu_emulator
-from tests.tasks.solution_checks import (
-    check_compiles_and_launches,
-    check_matches_model_in_emulator,
-    exec_source,
-)
+from tests.tasks.solution_checks import exec_source
 
 PRACTICE = practice_families()
 BREADTH = breadth_families()
 FAMILY_IDS = [f.name for f in PRACTICE]
-SOLUTIONS = [(f, v, dt) for f in PRACTICE for v in f.variants for dt in f.dtypes]
-SOLUTION_IDS = [f"{f.name}-{v.value}-{dt}" for f, v, dt in SOLUTIONS]
 
 
 def test_practice_families_are_tier0_elementwise_fp32_and_marked():
@@ -131,26 +124,6 @@ def test_specs_load_practice_and_sft_specs_never_do():
         load_problems("builtin:practice:train")
     with pytest.raises(ProblemError, match="two specs"):
         load_problems("builtin:practice:breadth")
-
-
-@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
-def test_solution_compiles_with_nvrtc_and_launches_match_signatures(family, variant, dtype):
-    check_compiles_and_launches(family, variant, dtype)
-
-
-@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
-def test_solution_passes_the_static_checks(family, variant, dtype):
-    static_checks = pytest.importorskip("multiminddev.env.static_checks")
-    result = static_checks.run_static_checks(family.render_solution(variant, dtype),
-                                             problem_dtype=dtype)
-    assert [(f.rule, f.message) for f in result.findings] == []
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not cuda_cpu_emulator.compiler_available(), reason="needs g++ (C++20)")
-@pytest.mark.parametrize(("family", "variant", "dtype"), SOLUTIONS, ids=SOLUTION_IDS)
-def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
-    check_matches_model_in_emulator(family, variant, dtype)
 
 
 def test_a_practice_problem_is_a_builtin_problem_of_its_family():

@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from multiminddev import pyast
 from multiminddev.agents.roles import AgentRole
 from multiminddev.tasks.loaders import SakanaRecord, problem_solution
 from multiminddev.tasks.problem import Problem
@@ -190,7 +191,7 @@ def operation_expression(problem_source: str) -> str | None:
     returns a bare name, the whole body instead (``y = ...; return y``), so the operation is
     still there. At most 160 characters; None without a parsable ``Model.forward``."""
     try:
-        tree = ast.parse(problem_source)
+        tree = pyast.parse(problem_source)
     except SyntaxError:
         return None
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
