@@ -311,8 +311,12 @@ wait_for_other_sfts() {
 # evaluations instead of the limit cutting the seed in its last one (run I, 2026-11-25: two of
 # three seeds); TIME_BUDGET=0: no budget, the limit alone
 budget() { [ "${TIME_BUDGET:-1}" = 0 ] || echo "--time-budget \$(( \$1 - ${BUDGET_SLACK:-60} ))"; }
-run_seed() {  # seed, delay: the seed's limit shrinks by its delay, so all end by SEED_LIMIT
+# On a machine of several GPUs each seed has its own card, round-robin (seeds 0 1 2 on two
+# cards: 0 and 2 share card 0): a seed's decoding, training and evaluation workers see one card.
+ngpu=\$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); [ "\${ngpu:-0}" -ge 1 ] || ngpu=1
+run_seed() {  # seed, delay, card: the seed's limit shrinks by its delay, so all end by SEED_LIMIT
   local seed=\$1 delay=\$2 start left
+  [ \$ngpu -gt 1 ] && export CUDA_VISIBLE_DEVICES=\$3
   sleep \$delay; start=\$(date +%s)
   timeout \$(( ${SEED_LIMIT:-1560} - delay )) $LEARN --seeds \$seed --skip-base \$(budget \$(( ${SEED_LIMIT:-1560} - delay ))) > /root/learning/seed\$seed.log 2>&1
   if [ \$? -ne 0 ] && ! sft_done \$seed && grep -q OutOfMemoryError /root/learning/seed\$seed.log; then
@@ -328,7 +332,8 @@ run_seed() {  # seed, delay: the seed's limit shrinks by its delay, so all end b
 }
 i=0
 for seed in \$seeds; do
-  run_seed \$seed \$(( i >= 2 ? ${SEED_STAGGER:-0} : 0 )) &
+  # the stagger is for seeds sharing one card's memory in SFT: a third seed on one card
+  run_seed \$seed \$(( i >= 2 && ngpu == 1 ? ${SEED_STAGGER:-0} : 0 )) \$(( i % ngpu )) &
   i=\$((i + 1))
 done
 wait
