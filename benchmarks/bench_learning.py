@@ -86,6 +86,10 @@ class BenchArgs:
     rl_learning_rate: float = 2e-5
     kl_reference: str = "base"
     rl_temperature: float = 1.0  # GRPO's rollout sampling temperature
+    # roles GRPO does not train that decode greedily in its rollouts (EpisodeConfig.
+    # temperature_by_role): with the Generator greedy, a group's episodes hand the Optimizer
+    # the same kernel, so the group's reward differences are the Optimizer's own
+    rl_greedy_roles: list[str] = dataclasses.field(default_factory=list)
     # GRPO's curriculum: the tier it starts on (None: the first) and the share of each batch
     # drawn from earlier tiers; start on tier 1 with 0.5 to train both tiers from the first step
     curriculum_start_tier: int | None = None
@@ -267,6 +271,12 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="the agents GRPO updates (SFT trains both). With optimizer alone the "
                         "Generator stays at its SFT checkpoint: GRPO after SFT lost held-out "
                         "problems through the Generator's first turn (fourteenth session)")
+    p.add_argument("--rl-greedy-roles", nargs="+", choices=["generator", "optimizer"],
+                   default=[], metavar="ROLE",
+                   help="agents GRPO does not train (not in --grpo-roles) that decode greedily "
+                        "in its rollouts. With --grpo-roles optimizer --rl-greedy-roles "
+                        "generator, every episode of a group hands the Optimizer the same "
+                        "first kernel")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="micro-batches per optimizer step (GRPOConfig.grad_accum), for memory")
     p.add_argument("--review-fraction", type=float, default=0.2,
@@ -410,6 +420,10 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     a.compiled_decoding = a.compiled_decoding == "on"
     a.eval_compiled_decoding = {"same": None, "on": True, "off": False}[a.eval_compiled_decoding]
     grpo_overrides(a.grpo_options)  # a bad option stops the run here, before any model loads
+    if set(a.rl_greedy_roles) & set(a.grpo_roles):
+        raise SystemExit(f"--rl-greedy-roles {' '.join(a.rl_greedy_roles)}: GRPO trains "
+                         f"{' '.join(a.grpo_roles)} on sampled turns (--rl-temperature); "
+                         "only an agent it does not train can decode greedily")
     if a.eval_dtype != "same" and a.sft_full_finetune:
         raise SystemExit("--eval-dtype needs LoRA adapters (it decodes from a cast copy of the "
                          "merged weights); with --sft-full-finetune use --eval-dtype same")
@@ -756,6 +770,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     train_episodes = EpisodeConfig(max_turns=args.max_turns, max_new_tokens_by_role=caps,
                                    sampling=SamplingParams(temperature=cfg.temperature,
                                                            max_new_tokens=args.max_new_tokens),
+                                   temperature_by_role=dict.fromkeys(args.rl_greedy_roles, 0.0),
                                    element_type=args.element_type_line)
     eval_episodes = EpisodeConfig(max_turns=args.eval_max_turns or args.max_turns,
                                   max_new_tokens_by_role=caps,

@@ -495,6 +495,16 @@ def test_grpo_roles_default_to_both_agents_and_refuse_the_tester(bench):
         bench.parse_args(["--grpo-option", "train_roles=optimizer"])
 
 
+def test_only_an_agent_grpo_does_not_train_may_decode_greedily_in_rollouts(bench):
+    assert bench.parse_args([]).rl_greedy_roles == []
+    args = bench.parse_args(["--grpo-roles", "optimizer", "--rl-greedy-roles", "generator"])
+    assert args.rl_greedy_roles == ["generator"]
+    with pytest.raises(SystemExit, match="only an agent it does not train"):
+        bench.parse_args(["--rl-greedy-roles", "generator"])  # both agents trained
+    with pytest.raises(SystemExit, match="only an agent it does not train"):
+        bench.parse_args(["--grpo-roles", "generator", "--rl-greedy-roles", "generator"])
+
+
 def test_grpo_option_sets_one_agents_learning_rate(bench):
     got = bench.grpo_overrides(["role_learning_rates=generator:2e-5, optimizer:1e-4"])
     assert got == {"role_learning_rates": {"generator": 2e-5, "optimizer": 1e-4}}

@@ -223,6 +223,22 @@ def test_each_role_decodes_up_to_its_own_token_cap(evaluator):
     assert config.sampling.max_new_tokens == 300  # the shared parameters are not mutated
 
 
+def test_each_role_decodes_at_its_own_temperature_when_given_one(evaluator):
+    for bad in ({"optimizer": -0.1}, {"tester": 0.0}, {"critic": 0.0}):
+        with pytest.raises(ValueError):
+            EpisodeConfig(temperature_by_role=bad)
+    backend = ReplayBackend(gguf_tokenizer(), lambda role, call, i: "no code here")
+    config = EpisodeConfig(max_turns=3, max_format_failures=3, patience=0,
+                           sampling=SamplingParams(temperature=0.8, max_new_tokens=300),
+                           max_new_tokens_by_role={"generator": 100},
+                           temperature_by_role={"generator": 0.0})
+    run_episodes([relu_problem()], backend, evaluator, config)
+    assert [(role, s.temperature, s.max_new_tokens)
+            for (role, _), s in zip(backend.calls, backend.samplings)] \
+        == [(G, 0.0, 100), (O, 0.8, 300), (O, 0.8, 300)]
+    assert config.sampling.temperature == 0.8  # the shared parameters are not mutated
+
+
 def test_tiny_model_episode_end_to_end(evaluator):
     """The real generation path: tiny policy -> HF backend -> parse -> evaluator -> feedback."""
     backend = HFGenerationBackend(tiny_policy())

@@ -334,6 +334,45 @@ def test_training_only_the_optimizer_leaves_the_generator_at_its_start(tmp_path)
         assert (d / "optimizer" / "adapter_config.json").exists()
 
 
+def test_a_greedy_generator_hands_every_optimizer_of_a_group_the_same_kernel(tmp_path):
+    """Optimizer-only GRPO with the Generator decoding greedily: within a group the Generator's
+    replies are identical (so the group's reward differences are the Optimizer's), while the
+    Optimizer's turns are still sampled, at GRPO's temperature."""
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+
+    policy = tiny_policy()
+    trainer = _trainer(tmp_path, policy, train_roles=(AgentRole.OPTIMIZER,), group_size=4,
+                       problems_per_step=1, max_new_tokens=12)
+    trainer.episode_config = EpisodeConfig(
+        max_turns=2, patience=0, max_format_failures=5,
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=12),
+        temperature_by_role={"generator": 0.0})
+    episodes, _ = trainer.rollout()
+    assert len(episodes) == 4
+    firsts = {tuple(e.turns[0].response_ids) for e in episodes}
+    seconds = {tuple(e.turns[1].response_ids) for e in episodes if len(e.turns) > 1}
+    assert len(firsts) == 1, "greedy Generator replies differ within the group"
+    assert len(seconds) > 1, "the Optimizer's sampled replies are all the same"
+
+
+def test_a_trained_role_must_sample_at_grpos_temperature(tmp_path):
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+
+    trainer = _trainer(tmp_path, tiny_policy())  # trains both agents at temperature 1.0
+    trainer.episode_config = EpisodeConfig(
+        max_turns=2, sampling=SamplingParams(temperature=1.0, max_new_tokens=8),
+        temperature_by_role={"generator": 0.0})
+    with pytest.raises(ValueError, match="generator at temperature 1, but its rollout turns "
+                                         "sample at 0"):
+        trainer.rollout()
+    trainer.episode_config = EpisodeConfig(
+        max_turns=2, sampling=SamplingParams(temperature=0.8, max_new_tokens=8))
+    with pytest.raises(ValueError, match="GRPOConfig.temperature"):
+        trainer.rollout()
+
+
 def test_checkpoint_score_never_ranks_a_rollout_reward_against_a_heldout_one():
     rollout, heldout = {"reward_mean": 0.9}, {"reward_mean": 0.3}
     assert checkpoint_score(rollout, heldout, heldout_decides=True) == 0.3

@@ -63,6 +63,12 @@ class EpisodeConfig:
     # decodes until its longest reply ends, so a role whose replies are short (the Generator's
     # first kernel) should not pay for the longest role's budget.
     max_new_tokens_by_role: dict[str, int] = field(default_factory=dict)
+    # Per-role sampling temperature (role value -> temperature, 0 = greedy), over
+    # sampling.temperature. GRPO that trains only the Optimizer can decode the Generator
+    # greedily: every episode of a group then hands the Optimizer the same kernel, so the
+    # group's reward differences are the Optimizer's alone (sampled Generators handed it
+    # kernels of every quality, sessions 19-20, docs/BENCHMARKS.md).
+    temperature_by_role: dict[str, float] = field(default_factory=dict)
     max_prompt_tokens: int = 6144
     feedback_chars: int = 1500
     reward: Any = None  # rewards.functions.RewardConfig; None: no per-turn reward
@@ -87,13 +93,25 @@ class EpisodeConfig:
                                        for k, v in self.max_new_tokens_by_role.items()}
         if any(v < 1 for v in self.max_new_tokens_by_role.values()):
             raise ValueError("EpisodeConfig.max_new_tokens_by_role: every cap must be >= 1")
+        self.temperature_by_role = {AgentRole(k).value: float(v)
+                                    for k, v in self.temperature_by_role.items()}
+        if any(not AgentRole(k).trainable for k in self.temperature_by_role):
+            raise ValueError("EpisodeConfig.temperature_by_role: only generator/optimizer "
+                             "turns decode")
+        if any(v < 0 for v in self.temperature_by_role.values()):
+            raise ValueError("EpisodeConfig.temperature_by_role: temperatures must be >= 0 "
+                             "(0 = greedy)")
 
     def sampling_for(self, role: AgentRole) -> SamplingParams:
-        """The sampling parameters of ``role``'s turns (its own max_new_tokens, if set)."""
-        cap = self.max_new_tokens_by_role.get(AgentRole(role).value)
-        if cap is None:
-            return self.sampling
-        return dataclasses.replace(self.sampling, max_new_tokens=cap)
+        """The sampling parameters of ``role``'s turns (its own max_new_tokens and
+        temperature, if set)."""
+        role = AgentRole(role).value
+        changes: dict[str, Any] = {}
+        if role in self.max_new_tokens_by_role:
+            changes["max_new_tokens"] = self.max_new_tokens_by_role[role]
+        if role in self.temperature_by_role:
+            changes["temperature"] = self.temperature_by_role[role]
+        return dataclasses.replace(self.sampling, **changes) if changes else self.sampling
 
     def role_for_turn(self, index: int) -> AgentRole:
         if self.schedule:

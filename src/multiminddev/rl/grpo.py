@@ -500,6 +500,7 @@ class GRPOTrainer:
     # ---------------------------------------------------------------- phases
 
     def rollout(self) -> tuple[list[Any], dict[str, float]]:
+        self.check_rollout_temperatures()
         problems = self.curriculum.sample(self.cfg.problems_per_step, self.rng)
         tokens_before = getattr(self.backend, "tokens_generated", 0)
         # The backend's cumulative seconds in model.generate and in the log-prob pass: their
@@ -516,6 +517,22 @@ class GRPOTrainer:
                    for k, v in getattr(self.backend, "seconds", {}).items()}
         return episodes, {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
                           "tokens": float(tokens), **backend}
+
+    def check_rollout_temperatures(self) -> None:
+        """A trained role must sample at ``cfg.temperature``: the update recomputes its
+        tokens' log-probs at that temperature, and the clipped ratio compares them with the
+        rollout's. Roles GRPO does not train may decode otherwise (greedy, say)."""
+        sampling_for = getattr(self.episode_config, "sampling_for", None)
+        if sampling_for is None:
+            return
+        for role in self.roles:
+            temperature = sampling_for(role).temperature
+            if not math.isclose(temperature, self.cfg.temperature):
+                raise ValueError(
+                    f"GRPO trains {role.value} at temperature {self.cfg.temperature:g}, but its "
+                    f"rollout turns sample at {temperature:g}: set the episode config's "
+                    f"temperature for {role.value} to GRPOConfig.temperature, or leave "
+                    f"{role.value} out of train_roles")
 
     def run_episodes(self, problems: list[Any], group_size: int) -> list[Any]:
         from multiminddev.episode import run_episodes
