@@ -285,6 +285,21 @@ def optimizer_status_by_step(episodes: list[dict[str, Any]],
                                 for e in step) for step in _steps(episodes, step_ends)]
 
 
+def optimizer_speed_by_step(episodes: list[dict[str, Any]],
+                            step_ends: list[int]) -> list[tuple[int, int, int]]:
+    """Per GRPO step: (first Optimizer turns faster than the Generator's correct kernel, as
+    ``optimizer_effect`` counts them; first Optimizer turns correct at >= 1x eager PyTorch; first
+    Optimizer turns). Run M trains the Optimizer alone on the families whose fast kernels beat
+    PyTorch: whether the middle count climbs is whether it learned to write them."""
+    out = []
+    for step in _steps(episodes, step_ends):
+        second = [(e["turns"][1].get("eval_result") or {}) for e in step if len(e["turns"]) > 1]
+        fast = sum(r.get("status") == "ok" and r["benchmark"]["speedup_vs_eager"] >= 1.0
+                   for r in second)
+        out.append((optimizer_effect(step)["faster"], fast, len(second)))
+    return out
+
+
 def pass_by_step(episodes: list[dict[str, Any]], step_ends: list[int],
                  families: set[str]) -> list[tuple[int, int, int, int]]:
     """Per GRPO step: (Generator kernels correct, turns) on ``families``' problems, then the same
@@ -525,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
             print("  Optimizer turn per GRPO step: " + " | ".join(
                 f"{c['ok']} ok, {c['compile_error']} compile errors of {sum(c.values())}"
                 for c in optimizer_status_by_step(episodes, ends)))
+            print("  Optimizer turns per GRPO step, faster than the Generator's / at >= 1x eager"
+                  " / all: " + " | ".join(f"{f} / {e} / {n}" for f, e, n in
+                                          optimizer_speed_by_step(episodes, ends)))
     if args.family_counts_out:
         args.family_counts_out.write_text(json.dumps(
             {"source": f"{args.output_dir} seeds {args.seeds}, GRPO episodes",

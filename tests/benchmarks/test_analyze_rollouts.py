@@ -61,6 +61,14 @@ def test_optimizer_status_by_step_splits_at_the_cumulative_episode_counts(analyz
     assert steps[1] == {"none": 1, "compile_error": 1}
 
 
+def test_optimizer_speed_by_step_counts_faster_rewrites_and_those_that_beat_pytorch(analyze):
+    episodes = [_turns(("ok", 0.13), ("ok", 3.2)), _turns(("ok", 0.13), ("incorrect", 0.0)),
+                _turns(("ok", 0.5), ("ok", 0.9)), _turns(("incorrect", 0.0)),
+                _turns(("ok", 0.99), ("ok", 1.01))]
+    assert analyze.optimizer_speed_by_step(episodes, [2, 4, 5]) == [
+        (1, 1, 2), (1, 0, 1), (0, 1, 1)]  # 0.99 -> 1.01 is within optimizer_effect's margin
+
+
 def _held(name, prompt, source, status="ok", speedup=1.0):
     return {"problem": {"name": name}, "turns": [
         {"prompt_ids": prompt, "candidate_source": source,
