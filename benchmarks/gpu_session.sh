@@ -95,7 +95,7 @@
 # passes --time-budget (the seed's limit less BUDGET_SLACK, 60 s): GRPO stops early enough for
 # the evaluations after it. With the tree at 23.5 MB the model travels in three parts (33M).
 # Thirtieth session (2026-11-25 23:02 UTC, run K, one H100, 3 seeds): SFT 381-387 s, held-out
-# evaluation 203-211 s, select@ evaluations 65-124 s, GRPO 24-42 s a step; the time budget
+# evaluation 203-211 s, select@ evaluations 65-124 s, GRPO 34-36 s a step (mean); the time budget
 # stopped GRPO at step 8-11 of 12. On a machine of several GPUs (nvidia-h100-x2, same device
 # time) learning-start gives each seed its own card, round-robin (LEARN_SEEDS="0 1 2 3": two a card).
 set -uo pipefail
