@@ -28,6 +28,17 @@ def exec_source(source: str, name: str) -> dict:
     return namespace
 
 
+def model_outputs(family: Family) -> torch.Tensor:
+    """The family's PyTorch Model on its small shape's inputs, seeded the same way for every
+    family, so two families computing one operation give the same tensor (the disjointness
+    tests of breadth and practice families compare these)."""
+    ns = exec_source(family.render_problem(family.small), family.name)
+    torch.manual_seed(0)
+    model = ns["Model"](*ns["get_init_inputs"]())
+    torch.manual_seed(1)
+    return model(*ns["get_inputs"]())
+
+
 def small_shape(family: Family, dtype: str = "float32") -> Shape:
     return dataclasses.replace(family.small, dtype=dtype)
 

@@ -35,6 +35,7 @@ from tests.tasks.solution_checks import (
     check_compiles_and_launches,
     check_matches_model_in_emulator,
     exec_source,
+    model_outputs,
     small_shape,
 )
 
@@ -71,25 +72,17 @@ def test_a_collision_with_the_corpus_raises():
         check_disjoint([dataclasses.replace(relu, name="relu2", breadth=True)], FAMILIES)
 
 
-def _outputs(family: Family) -> torch.Tensor:
-    ns = exec_source(family.render_problem(family.small), family.name)
-    torch.manual_seed(0)
-    model = ns["Model"](*ns["get_init_inputs"]())
-    torch.manual_seed(1)
-    return model(*ns["get_inputs"]())
-
-
 def test_no_breadth_family_computes_a_corpus_operation():
     """By value, not only by text: on the same randn inputs, no breadth family's Model gives
     any same-signature corpus family's outputs (e.g. a renamed held-out ``abs``)."""
     corpus = [f for f in FAMILIES if "elementwise" in f.tags]
     for family in BREADTH:
-        mine = _outputs(family)
+        mine = model_outputs(family)
         for other in corpus:
             if (other.forward_args, other.inputs, other.small) != (
                     family.forward_args, family.inputs, family.small):
                 continue
-            theirs = _outputs(other)
+            theirs = model_outputs(other)
             assert not torch.allclose(mine, theirs, atol=1e-3), (family.name, other.name)
 
 

@@ -27,7 +27,7 @@ from multiminddev.tasks.builtin.breadth import check_disjoint
 from multiminddev.tasks.builtin.spec import Family
 from multiminddev.tasks.loaders import ProblemError, load_problems
 from multiminddev.tasks.problem import load_problem_source
-from tests.tasks.solution_checks import exec_source
+from tests.tasks.solution_checks import exec_source, model_outputs
 
 PRACTICE = practice_families()
 BREADTH = breadth_families()
@@ -59,27 +59,19 @@ def test_practice_names_and_forwards_are_disjoint_from_corpus_and_breadth():
         check_disjoint([dataclasses.replace(cos, name="sin")], BREADTH, other="breadth")
 
 
-def _outputs(family: Family) -> torch.Tensor:
-    ns = exec_source(family.render_problem(family.small), family.name)
-    torch.manual_seed(0)
-    model = ns["Model"](*ns["get_init_inputs"]())
-    torch.manual_seed(1)
-    return model(*ns["get_inputs"]())
-
-
 def test_no_practice_family_computes_a_corpus_or_breadth_operation():
     """By value: on the same randn inputs no practice family's Model gives the outputs of any
     same-signature corpus or breadth family (a renamed held-out ``abs`` would fail here), nor
     of another practice family."""
     others = [f for f in (*FAMILIES, *BREADTH, *PRACTICE) if "elementwise" in f.tags]
     for family in PRACTICE:
-        mine = _outputs(family)
+        mine = model_outputs(family)
         assert torch.isfinite(mine).all(), family.name
         for other in others:
             if other.name == family.name or (other.forward_args, other.inputs, other.small) != (
                     family.forward_args, family.inputs, family.small):
                 continue
-            assert not torch.allclose(mine, _outputs(other), atol=1e-3), (family.name, other.name)
+            assert not torch.allclose(mine, model_outputs(other), atol=1e-3), (family.name, other.name)
 
 
 def test_practice_prompts_read_as_corpus_prompts_and_solutions_are_found_by_name():
