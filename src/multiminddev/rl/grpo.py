@@ -522,11 +522,8 @@ class GRPOTrainer:
         """A trained role must sample at ``cfg.temperature``: the update recomputes its
         tokens' log-probs at that temperature, and the clipped ratio compares them with the
         rollout's. Roles GRPO does not train may decode otherwise (greedy, say)."""
-        sampling_for = getattr(self.episode_config, "sampling_for", None)
-        if sampling_for is None:
-            return
         for role in self.roles:
-            temperature = sampling_for(role).temperature
+            temperature = self.episode_config.sampling_for(role).temperature
             if not math.isclose(temperature, self.cfg.temperature):
                 raise ValueError(
                     f"GRPO trains {role.value} at temperature {self.cfg.temperature:g}, but its "
