@@ -57,6 +57,51 @@ def test_family_sampling_flag_reaches_the_curriculum():
         TrainSettings(family_sampling="loudest")
 
 
+def test_rl_roles_and_greedy_roles_reach_grpo_and_the_rollouts():
+    from multiminddev.train.pipeline import episode_config
+
+    ctx = Context.__new__(Context)
+    ctx.size = run_size(Preset.FULL, gpu=False)
+    ctx.settings = _settings(["train", "--output-dir", "/tmp/x"])
+    cfg = grpo_config(ctx)
+    assert cfg.train_roles == (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
+    sampled = episode_config(ctx, cfg)
+    assert sampled.sampling_for(AgentRole.GENERATOR).temperature == cfg.temperature > 0
+
+    ctx.settings = _settings(["train", "--rl-roles", "optimizer", "--rl-greedy-roles",
+                              "generator", "--output-dir", "/tmp/x"])
+    assert ctx.settings.roles == (AgentRole.GENERATOR, AgentRole.OPTIMIZER)  # SFT: both
+    cfg = grpo_config(ctx)
+    assert cfg.train_roles == (AgentRole.OPTIMIZER,)
+    config = episode_config(ctx, cfg)
+    assert config.sampling_for(AgentRole.GENERATOR).temperature == 0.0
+    assert config.sampling_for(AgentRole.OPTIMIZER).temperature == cfg.temperature
+
+
+def test_a_trained_role_cannot_decode_greedily(capsys):
+    with pytest.raises(SystemExit) as exc:  # both agents trained by default
+        _settings(["rl", "--rl-greedy-roles", "generator", "--output-dir", "/tmp/x"])
+    assert exc.value.code == 2
+    assert "only an agent it does not train can decode greedily" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="can train only agents the run has"):
+        TrainSettings(roles=("generator",), rl_roles=("optimizer",))
+    with pytest.raises(SystemExit):  # argparse: not an agent
+        _settings(["rl", "--rl-roles", "tester", "--output-dir", "/tmp/x"])
+
+
+def test_run_config_records_the_rl_roles(tmp_path):
+    import json
+
+    from multiminddev.train.pipeline import _write_run_config
+
+    settings = TrainSettings(output_dir=tmp_path, rl_roles=("optimizer",),
+                             rl_greedy_roles=("generator",))
+    _write_run_config(settings)
+    data = json.loads((tmp_path / "run_config.json").read_text())
+    assert data["rl_roles"] == ["optimizer"] and data["rl_greedy_roles"] == ["generator"]
+    assert data["roles"] == ["generator", "optimizer"] and data["roles_sft_done"] == []
+
+
 def test_family_warm_start_flag_starts_the_curriculums_windows(tmp_path, capsys):
     import json
 
@@ -189,11 +234,13 @@ def test_episode_config_caps_the_generator_unless_tokens_are_set():
 
     size = run_size(Preset.QUICKSTART, gpu=True)
     grpo = GRPOConfig(max_new_tokens=size.max_new_tokens)
-    preset_ctx = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=None), size=size)
+    preset_ctx = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=None, rl_greedy_roles=()),
+                                 size=size)
     config = episode_config(preset_ctx, grpo)
     assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == size.generator_max_new_tokens
     assert config.sampling_for(AgentRole.OPTIMIZER).max_new_tokens == size.max_new_tokens
-    explicit = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=300), size=size)
+    explicit = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=300, rl_greedy_roles=()),
+                               size=size)
     config = episode_config(explicit, GRPOConfig(max_new_tokens=300))
     assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == 300
 

@@ -62,6 +62,13 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
                    help="with --family-sampling signal: start each family's pass-rate window "
                         "from an earlier run's counts (benchmarks/analyze_rollouts.py "
                         "--family-counts-out), so the weights hold from the first step")
+    p.add_argument("--rl-roles", nargs="+", choices=["generator", "optimizer"], default=None,
+                   help="the agents GRPO updates (default: both); e.g. optimizer, with "
+                        "--rl-greedy-roles generator")
+    p.add_argument("--rl-greedy-roles", nargs="+", choices=["generator", "optimizer"], default=(),
+                   help="agents GRPO does not train that decode greedily in its rollouts: a "
+                        "greedy Generator hands every Optimizer turn of a group the same kernel "
+                        "(the recipe that raised held-out reward; docs/BENCHMARKS.md, run M)")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
@@ -132,9 +139,12 @@ def _settings(args, **overrides):
     for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
                  "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
                  "wandb", "sft_steps", "kl_reference", "sft_problems", "family_sampling",
-                 "family_warm_start"):
+                 "family_warm_start", "rl_roles", "rl_greedy_roles"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
+    for name in ("rl_roles", "rl_greedy_roles"):
+        if isinstance(kwargs.get(name), list):
+            kwargs[name] = tuple(kwargs[name])
     kwargs.update(overrides)
     try:
         return TrainSettings(**kwargs)

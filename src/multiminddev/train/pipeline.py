@@ -74,6 +74,13 @@ class TrainSettings:
     wandb: bool = False
     seed: int = 0
     roles_sft_done: tuple[AgentRole, ...] = ()  # set when resuming a run that stopped in SFT
+    # The agents GRPO updates; None: every agent in `roles`. Run M (docs/BENCHMARKS.md, 31st
+    # session) trained the Optimizer alone after SFT of both.
+    rl_roles: tuple[AgentRole, ...] | None = None
+    # Agents that decode greedily in GRPO's rollouts and the final evaluation
+    # (EpisodeConfig.temperature_by_role = 0). With the Generator greedy, every Optimizer turn of
+    # a group is handed the same kernel, so the group's reward differences are the Optimizer's own.
+    rl_greedy_roles: tuple[AgentRole, ...] = ()
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -100,6 +107,19 @@ class TrainSettings:
                                  "signal weighs families by: give --family-sampling signal too")
             self.family_warm_start = Path(self.family_warm_start)
             load_family_counts(self.family_warm_start)  # a bad file stops the run before SFT
+        if self.rl_roles is not None:
+            self.rl_roles = tuple(AgentRole(r) for r in self.rl_roles)
+            if not self.rl_roles or any(r not in self.roles for r in self.rl_roles):
+                raise ValueError(f"--rl-roles {' '.join(r.value for r in self.rl_roles)}: GRPO "
+                                 f"can train only agents the run has "
+                                 f"({' '.join(r.value for r in self.roles)})")
+        self.rl_greedy_roles = tuple(AgentRole(r) for r in self.rl_greedy_roles)
+        trained = set(self.rl_roles or self.roles)
+        if trained & set(self.rl_greedy_roles):
+            raise ValueError(f"--rl-greedy-roles {' '.join(r.value for r in self.rl_greedy_roles)}"
+                             f": GRPO trains {' '.join(sorted(r.value for r in trained))} on "
+                             "sampled turns; only an agent it does not train can decode "
+                             "greedily (e.g. --rl-roles optimizer --rl-greedy-roles generator)")
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
@@ -264,8 +284,10 @@ def episode_config(ctx: Context, grpo: Any) -> Any:
 
     # An explicit --max-new-tokens applies to every role; otherwise the preset's Generator cap.
     cap = None if ctx.settings.max_new_tokens else ctx.size.generator_max_new_tokens
+    greedy = dict.fromkeys((r.value for r in ctx.settings.rl_greedy_roles), 0.0)
     return EpisodeConfig(max_turns=grpo.max_turns, reward=None,
                          max_new_tokens_by_role={"generator": cap} if cap else {},
+                         temperature_by_role=greedy,
                          sampling=SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p,
                                                  max_new_tokens=grpo.max_new_tokens))
 
@@ -285,7 +307,8 @@ def grpo_config(ctx: Context) -> Any:
                       learning_rate=s.learning_rate or size.learning_rate,
                       mini_batch_size=size.mini_batch_size, eval_every=size.eval_every,
                       eval_problems=max(1, size.eval_problems),
-                      kl_reference=s.kl_reference, train_roles=s.roles, seed=s.seed)
+                      kl_reference=s.kl_reference, train_roles=s.rl_roles or s.roles,
+                      seed=s.seed)
 
 
 def curriculum_config(ctx: Context) -> Any:
@@ -465,7 +488,9 @@ def _resume_argv(settings: TrainSettings) -> list[str]:
 def _write_run_config(settings: TrainSettings) -> None:
     data = {k: (str(v) if isinstance(v, Path) else getattr(v, "value", v))
             for k, v in dataclasses.asdict(settings).items()}
-    data["roles"] = [r.value for r in settings.roles]
+    for name in ("roles", "roles_sft_done", "rl_roles", "rl_greedy_roles"):
+        value = getattr(settings, name)
+        data[name] = None if value is None else [r.value for r in value]
     data["resume_command"] = " ".join(_resume_argv(settings))
     (settings.output_dir / "run_config.json").write_text(json.dumps(data, indent=2, default=str))
 
