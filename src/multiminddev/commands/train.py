@@ -142,9 +142,6 @@ def _settings(args, **overrides):
                  "family_warm_start", "rl_roles", "rl_greedy_roles"):
         if hasattr(args, name):
             kwargs[name] = getattr(args, name)
-    for name in ("rl_roles", "rl_greedy_roles"):
-        if isinstance(kwargs.get(name), list):
-            kwargs[name] = tuple(kwargs[name])
     kwargs.update(overrides)
     try:
         return TrainSettings(**kwargs)
