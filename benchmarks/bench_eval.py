@@ -222,7 +222,7 @@ def bench_do_bench(quick: bool) -> dict[str, Any]:
     from multiminddev.env.benchmark import TimingPlan, l2_flush_buffer, time_cuda
 
     flush = l2_flush_buffer(0)
-    plan = TimingPlan(min_runs=20, max_runs=500, budget_s=2.0, target_relative_spread=0.01)
+    plan = TimingPlan(min_runs=20, max_runs=500, budget_s=2.0)
     out = {}
     for stem in (["relu_vec4"] if quick else ["relu_vec4", "softmax_warp", "matmul_tiled", "sum_dim_shared"]):
         fn, _ = _runner(stem)
@@ -240,7 +240,7 @@ def bench_repeat_variance(quick: bool) -> dict[str, Any]:
     from multiminddev.env.benchmark import TimingPlan, l2_flush_buffer, time_cuda
 
     flush = l2_flush_buffer(0)
-    plan = TimingPlan(min_runs=20, max_runs=500, budget_s=1.0, target_relative_spread=0.01)
+    plan = TimingPlan(min_runs=20, max_runs=500, budget_s=1.0)
     out = {}
     for stem in (["relu_basic"] if quick else ["relu_basic", "softmax_block", "matmul_tiled"]):
         fn, _ = _runner(stem)

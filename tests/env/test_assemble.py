@@ -91,3 +91,45 @@ def test_timings_join_parent_stages_worker_steps_and_verify():
         [k for k in result.timings if k.startswith("worker.")]) == 2
     assert result.timings["parent.verify"] >= 0.0
     assert type(result).from_dict(result.to_dict()).timings == result.timings
+
+
+BENCH_CFG = EvalConfig(benchmark=True)
+BASELINE = {"eager": {"median_ms": 2.0, "runs": 10}, "compiled": None, "peak_gbps": None}
+
+
+def _timed_outcome(expected, returned, runs=50):
+    messages = {"reference": _outputs([[1.0, 2.0]] * 2), "compile": COMPILED,
+                "outputs": _outputs([[1.0, 2.0]] * 2), "baseline": BASELINE,
+                "benchmark": {"candidate": {"median_ms": 1.0, "runs": runs}},
+                "timed_reference": _outputs(expected), "done": {}}
+    if returned is not None:
+        messages["timed_outputs"] = _outputs(returned)
+    return JobOutcome(messages=messages)
+
+
+def _assemble_timed(outcome):
+    return assemble_result(problem_named("1_relu"), "src", STATIC, outcome, BENCH_CFG)
+
+
+def test_correct_checked_timed_calls_are_ok_and_counted():
+    result = _assemble_timed(_timed_outcome([[3.0], [4.0]], [[3.0], [4.0]]))
+    assert result.status is EvalStatus.OK
+    assert (result.verify.timed_checks_run, result.verify.timed_checks_passed) == (2, 2)
+
+
+def test_a_wrong_checked_timed_call_makes_the_candidate_incorrect():
+    # Right on every correctness trial, wrong on a timed call: the signature of a cache or of
+    # skipping work while timed.
+    result = _assemble_timed(_timed_outcome([[3.0], [4.0]], [[3.0], [3.0]]))
+    assert result.status is EvalStatus.INCORRECT
+    assert "timed call" in result.message and "timed check 1" in result.message
+
+
+def test_missing_checked_timed_calls_make_the_candidate_incorrect():
+    result = _assemble_timed(_timed_outcome([[3.0], [4.0]], None))
+    assert result.status is EvalStatus.INCORRECT and "2 checked timed calls" in result.message
+
+
+def test_fewer_timed_calls_than_checks_need_only_that_many_back():
+    result = _assemble_timed(_timed_outcome([[3.0], [4.0]], [[3.0]], runs=1))
+    assert result.status is EvalStatus.OK and result.verify.timed_checks_run == 1

@@ -44,3 +44,13 @@ def test_hold_covers_the_host_enqueue_time_with_margin():
     assert _cycles_to_cover(1e-3) >= 3e6
     assert _cycles_to_cover(0.0) == INITIAL_HOLD_CYCLES // 4
     assert _cycles_to_cover(10.0) == MAX_HOLD_CYCLES
+
+
+def test_planned_runs_fill_the_budget_within_bounds():
+    from multiminddev.env.benchmark import TimingPlan, planned_runs
+
+    plan = TimingPlan(min_runs=10, max_runs=300, budget_s=1.0)
+    assert planned_runs(plan, 0.01) == 100
+    assert planned_runs(plan, 1.0) == 10
+    assert planned_runs(plan, 1e-6) == 300
+    assert planned_runs(plan, 0.0) == 300

@@ -104,14 +104,50 @@ def _verify(problem: Problem, outcome: JobOutcome) -> VerifyResult:
     if ref is None or cand is None:
         return VerifyResult(status=StageStatus.SKIPPED, atol=atol, rtol=rtol)
     start = time.perf_counter()
-    reference = [[unpack_tensor(p) for p in trial] for trial in ref["outputs"]]
-    candidate = [[unpack_tensor(p) for p in trial] for trial in cand["outputs"]]
+    reference, candidate = _unpacked(ref), _unpacked(cand)
     if len(candidate) < len(reference):  # a runtime rejection stopped the trials early
         reference = reference[: len(candidate)]
     result = verify_outputs(reference, candidate, atol=atol, rtol=rtol)
+    if result.status is StageStatus.OK:
+        _verify_timed_checks(result, outcome, atol=atol, rtol=rtol)
     # Time spent running the trials in the worker plus comparing here.
     result.seconds = outcome.stages_seconds.get(Stage.RUN.value, 0.0) + time.perf_counter() - start
     return result
+
+
+def _unpacked(message: dict[str, Any]) -> list[list[Any]]:
+    return [[unpack_tensor(p) for p in trial] for trial in message["outputs"]]
+
+
+def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, *, atol: float,
+                         rtol: float) -> None:
+    """Verify the outputs of the hidden checked calls among the timed ones (in place). Every
+    check the timing planned must come back: min(planned checks, timed calls)."""
+    bench, sent = outcome.messages.get("benchmark"), outcome.messages.get("timed_outputs")
+    planned = outcome.messages.get("timed_reference")
+    if bench is None or planned is None:
+        return  # no timing ran (benchmark off, or a failure first): nothing to check
+    expected = _unpacked(planned)
+    runs = int((bench.get("candidate") or {}).get("runs", 0))
+    want = min(len(expected), runs)
+    got = _unpacked(sent) if sent is not None else []
+    result.timed_checks_run = want
+    if len(got) != want:
+        _fail_timed(result, f"{want} checked timed calls were planned, {len(got)} came back")
+        return
+    timed = verify_outputs(expected[:want], got, atol=atol, rtol=rtol)
+    result.timed_checks_passed = timed.trials_passed
+    result.max_abs_error = max(result.max_abs_error, timed.max_abs_error)
+    result.max_rel_error = max(result.max_rel_error, timed.max_rel_error)
+    if timed.status is not StageStatus.OK:
+        result.mismatches.extend(timed.mismatches)
+        _fail_timed(result, timed.error.replace("trial", "timed check", 1))
+
+
+def _fail_timed(result: VerifyResult, detail: str) -> None:
+    result.status = StageStatus.FAILED
+    result.error = (f"a timed call returned a wrong result ({detail}): every call gets new "
+                    "inputs, so compute the answer on every call, with no caching")
 
 
 def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> BenchmarkResult:

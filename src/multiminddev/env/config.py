@@ -49,9 +49,18 @@ class EvalConfig:
     # (compile-only workers start fast and CPUs are scarce there).
     spare_workers: int | None = None
     start_method: StartMethod = StartMethod.FORKSERVER
-    # Correctness
+    # Correctness. Inputs are drawn from fresh OS randomness for every evaluation, so a
+    # candidate cannot replay them; ``seed`` makes them reproducible for debugging only (a
+    # candidate that knows the seed can precompute the answers).
     num_trials: int = 5
-    seed: int = 42
+    seed: int | None = None
+    # Timed calls whose outputs are checked: each timed call gets fresh inputs, and this many
+    # of them, at positions drawn at random once the number of calls is fixed, use inputs
+    # whose reference outputs the trusted setup computed. A candidate that skips work on a
+    # fraction f of the calls (f > 1/2 to move the median) escapes with probability about
+    # (1 - f) ** timed_checks. Fewer where the outputs are large (timed_check_budget_mib).
+    timed_checks: int = 8
+    timed_check_budget_mib: float = 1024.0
     # Time limits (seconds), enforced by the parent which kills the worker
     timeout_s: float = 60.0  # cap on all candidate stages together (inline builds excluded)
     startup_timeout_s: float = 120.0
@@ -67,8 +76,7 @@ class EvalConfig:
     warmup_runs: int = 3
     min_timed_runs: int = 10
     max_timed_runs: int = 300
-    bench_budget_s: float = 1.0  # per timed function; stops earlier once the spread is small
-    target_relative_spread: float = 0.02  # IQR / median
+    bench_budget_s: float = 1.0  # per timed function: sets how many calls are timed
     compile_baseline: bool = True  # also time torch.compile(Model) (cached per problem/GPU/torch)
     cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
     # Defenses
@@ -119,8 +127,9 @@ class EvalConfig:
                 f"min_timed_runs ({self.min_timed_runs}) must be <= max_timed_runs "
                 f"({self.max_timed_runs})"
             )
-        if not 0 < self.target_relative_spread < 1:
-            raise ValueError("target_relative_spread is IQR/median; use a value in (0, 1), e.g. 0.02")
+        if self.timed_checks < 1 or self.timed_check_budget_mib <= 0:
+            raise ValueError("timed_checks must be >= 1 and timed_check_budget_mib > 0: every "
+                             "timing run must check some of its calls' outputs")
         if not 0 <= self.min_kernel_coverage <= 1:
             raise ValueError("min_kernel_coverage is a fraction in [0, 1]")
         if self.candidate_memory_factor is not None and self.candidate_memory_factor <= 0:

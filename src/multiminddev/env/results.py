@@ -152,6 +152,9 @@ class VerifyResult:
     mismatches: list[TrialMismatch] = field(default_factory=list)
     error: str = ""
     seconds: float = 0.0
+    # Hidden checked calls among the timed ones (every timed call had fresh inputs).
+    timed_checks_run: int = 0
+    timed_checks_passed: int = 0
 
     @property
     def pass_rate(self) -> float:

@@ -1,10 +1,11 @@
 """Worker stages after the candidate is imported: run (correctness trials), guards, benchmark.
 
-Runs inside the worker process (see ``worker.py``). With defenses on, each trial frees a
-same-shaped reference output and poisons free GPU memory right before the candidate runs (so
-an uninitialised ``torch.empty`` cannot inherit the reference's answer), and the runtime guards
-of ``env/guards.py`` watch the forward. The coverage and stale-output checks run once, not per
-timed run, to keep the defended path cheap.
+Runs inside the worker process (see ``worker.py``). With defenses on, each trial frees
+output-sized blocks and poisons free GPU memory right before the candidate runs (so an
+uninitialised ``torch.empty`` holds NaN, never an earlier answer), and the runtime guards of
+``env/guards.py`` watch the forward. The stream and coverage checks run once. The benchmark
+gives every timed call fresh inputs and has the parent verify hidden checked calls among them
+(``timed_checks.py``), with the torch-compute guard around every call.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
     """Run, guards, benchmark. Returns True when the worker must exit (fatal CUDA error)."""
     import torch
 
-    from multiminddev.env.worker import _report_exception, timed
+    from multiminddev.env.worker import _report_exception, forget_seeds, timed
 
     stage = Stage.RUN
     clock = state.timings
     try:
         conn.send(("begin", stage.value))
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(ref.init_seed)  # the same parameters as the reference's Model
         with timed(clock, "run.model_init"):
             model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
+        forget_seeds()
         outputs, findings = _correctness_trials(state, cfg, ref, model_new)
         with timed(clock, "run.send_outputs"):
             send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer)
@@ -47,8 +49,9 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
             stage = Stage.BENCHMARK
             conn.send(("begin", stage.value))
             with timed(clock, "benchmark"):
-                bench, findings = _benchmark_candidate(state, cfg, problem, ref, model_new)
+                bench, checked, findings = _benchmark_candidate(state, cfg, ref, model_new)
             conn.send(("benchmark", bench))
+            send_tensor_lists(conn, "timed_outputs", checked, transfer=cfg.tensor_transfer)
             if findings:
                 return _reject(conn, stage, findings)
         conn.send(("timings", dict(clock)))
@@ -98,12 +101,13 @@ def _guarded_forward(guards: Any, ref: Any, model_new: Any, pristine: list[Any],
                      ) -> tuple[list[Any], list[Finding]]:
     import torch
 
-    from multiminddev.env.worker import clone_inputs, timed
+    from multiminddev.env.worker import timed
 
-    # A reference output of the same shape is freed right before the candidate runs, then
-    # free memory is poisoned: returning torch.empty(...) can no longer pass by luck.
+    # Blocks the size of the reference's outputs are freed right before the candidate runs,
+    # then free memory is poisoned: returning torch.empty(...) gives NaN, never an old answer.
     with timed(clock, "run.poison"):
-        freed = as_output_list(ref.model(*clone_inputs(pristine)))
+        freed = [torch.empty(shape, dtype=dtype, device="cuda")
+                 for shape, dtype in ref.output_specs if dtype is not None]
         del freed
         guards.poison_free_cuda_memory()
         snapshot = guards.snapshot_tensors(inputs)
@@ -135,8 +139,9 @@ def sandbox_findings() -> list[Finding]:
 
 def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                     ) -> dict[str, Any]:
-    """Once per evaluation: side-stream probe with output re-read, stale-output check (new
-    data in the same input buffers), and the share of GPU time in the candidate's kernels."""
+    """Once per evaluation: side-stream probe with output re-read, and the share of GPU time in
+    the candidate's own kernels. (Outputs reused across calls are caught by the benchmark's
+    checked calls, which give every call new data.)"""
     import torch
 
     from multiminddev.env.worker import clone_inputs, timed
@@ -149,16 +154,8 @@ def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
         with torch.no_grad():
             return as_output_list(model_new(*args))
 
-    def expected_fn(*args: Any) -> list[Any]:
-        with torch.no_grad():
-            return as_output_list(ref.model(*args))
-
     with timed(state.timings, "guards.streams"):
         findings = guards.check_streams_synchronized(lambda: run_fn(*inputs))
-    if not findings:
-        other = clone_inputs(ref.trial_inputs[1]) if len(ref.trial_inputs) > 1 else None
-        with timed(state.timings, "guards.stale_output"):
-            findings += guards.check_stale_output(run_fn, inputs, expected_fn, new_inputs=other)
     coverage = None
     if not findings:
         with timed(state.timings, "guards.coverage"):
@@ -202,20 +199,33 @@ def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
     return names(kernels_mod.compile_log), names(inline_build.inline_log)
 
 
-def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, model_new: Any
-                         ) -> tuple[dict[str, Any], list[Finding]]:
+def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
+                         ) -> tuple[dict[str, Any], list[list[Any]], list[Finding]]:
+    """Time the candidate on fresh inputs per call with hidden checked calls among them
+    (``timed_checks.py``). Returns the timing, the checked calls' outputs on the host (the
+    parent verifies them) and findings (torch compute during a timed call, sandbox refusals)."""
     import torch
 
     from multiminddev.env import benchmark as bm
-    from multiminddev.env.worker import clone_inputs, timing_plan
+    from multiminddev.env.timed_checks import CheckedCalls
+    from multiminddev.env.worker import timing_plan, to_host
 
-    inputs = clone_inputs(ref.trial_inputs[0])
-    with torch.no_grad():
-        stats = bm.time_cuda(lambda: model_new(*inputs), timing_plan(cfg), state.flush)
-    findings: list[Finding] = []
-    if state.guards is not None and problem.bytes_moved and state.peak_gbps:
-        findings += state.guards.check_impossible_speed(stats.median_ms, problem.bytes_moved,
-                                                        state.peak_gbps)
+    guard = state.guards.TorchComputeGuard() if state.guards is not None else None
+
+    def forward(args: list[Any]) -> list[Any]:
+        with torch.no_grad():
+            if guard is None:
+                return as_output_list(model_new(*args))
+            with guard:  # the same guard as in the correctness trials, around every call
+                return as_output_list(model_new(*args))
+
+    calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=ref.check_inputs,
+                         output_specs=ref.output_specs, forward=forward, rng=ref.rng)
+    timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
+    stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan)
+    torch.cuda.synchronize()
+    checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
+    findings: list[Finding] = list(guard.findings) if guard is not None else []
     if state.guards is not None:
         findings += sandbox_findings()
-    return {"candidate": bm.stats_to_dict(stats)}, findings
+    return {"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked)}, checked, findings

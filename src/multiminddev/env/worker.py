@@ -4,16 +4,21 @@ Protocol (parent -> worker over a ``multiprocessing`` Pipe): a job dict, or ``No
 Worker -> parent: ``(tag, payload)`` tuples; ``("begin", stage)`` starts a stage whose time limit
 the parent enforces by killing the process. Per job, in order:
 
-1. setup (trusted): exec the problem, build ``Model`` from a fixed seed and
-   ``get_init_inputs()``, draw N trials of inputs from per-trial seeds, compute the reference
-   outputs and SEND them before any candidate code is imported, so the candidate cannot alter
-   them. Baselines (eager, torch.compile) are timed here too, before the candidate loads.
+1. setup (trusted): exec the problem; draw every seed from OS randomness (``EvalConfig.seed``
+   only for reproducible debugging); build ``Model`` and ``get_init_inputs()``; draw the
+   correctness trials' inputs and the hidden checked timed calls' inputs; compute their
+   reference outputs and SEND them before any candidate code is imported. Baselines (eager,
+   torch.compile) are timed here too. Then the reference model and outputs are dropped, the
+   freed GPU memory is poisoned and torch is reseeded from OS randomness: nothing of the
+   reference stays in the candidate's reach.
 2. compile: install the sandbox, route ``load_inline`` to the build cache, import the candidate
    from a private temp dir; the NVRTC ``compile_log`` becomes the CompileResult.
-3. run: build ``ModelNew`` with the same seed and init inputs, run every trial (inputs cloned;
-   with defenses: a same-shaped reference output freed right before, free memory poisoned,
-   runtime guards around the forward) and send the outputs as bytes. The parent verifies.
-4. guards (once): stale-output and kernel-coverage checks; benchmark: timing with L2 flushes.
+3. run: build ``ModelNew`` with the same parameters, run every trial (inputs cloned; with
+   defenses: free memory poisoned, runtime guards around the forward) and send the outputs as
+   bytes. The parent verifies.
+4. guards (once): unsynchronised streams and kernel coverage; benchmark: every timed call gets
+   fresh inputs, and hidden checked calls among them are verified by the parent
+   (``timed_checks.py``).
 
 Covered: a CUDA fault, segfault, abort, OOM or hang kills only this process (the parent replaces
 it); reference outputs are out of the candidate's reach before it loads. Not covered: code that
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import sys
 import tempfile
@@ -309,13 +315,15 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
             with timed(clock, "setup.send_reference"):
                 send_tensor_lists(conn, "reference", reference.outputs,
                                   transfer=cfg.tensor_transfer)
-            reference.outputs = []  # the parent has them; drop ours before the candidate loads
+                send_tensor_lists(conn, "timed_reference", reference.check_outputs,
+                                  transfer=cfg.tensor_transfer)
             if cfg.benchmark:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
                 with timed(clock, "baseline"):
                     baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"))
                 send(("baseline", baseline))
+            _seal_reference(state, reference)
             state.memory_cap = _cap_candidate_memory(cfg)
         stage = Stage.COMPILE
         send(("begin", stage.value))
@@ -334,6 +342,16 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
                                  cap=state.memory_cap)
+
+
+def _seal_reference(state: WorkerState, reference: Reference) -> None:
+    """Before candidate code loads: drop the reference model and its outputs (the evaluator
+    has them), overwrite the freed GPU memory that held them (an uninitialised allocation
+    cannot inherit an answer), and reseed torch from OS randomness."""
+    reference.drop_model()
+    if state.guards is not None:
+        state.guards.poison_free_cuda_memory()
+    forget_seeds()
 
 
 def _lift_memory_cap(state: WorkerState) -> None:
@@ -361,34 +379,87 @@ def _cap_candidate_memory(cfg: EvalConfig) -> MemoryCap | None:
 
 @dataclass
 class Reference:
-    model: Any
+    """What the trusted setup leaves for the candidate stages. The reference model itself is
+    dropped before the candidate loads (``drop_model``): nothing of it, and none of its outputs,
+    stays in the candidate's reach."""
+
+    init_seed: int  # seeds Model's and ModelNew's parameters alike
     init_inputs: list[Any]
-    trial_inputs: list[list[Any]]  # pristine inputs on the GPU, one list per trial
-    outputs: list[list[Any]]  # reference outputs (CPU), sent to the parent then dropped
+    trial_inputs: list[list[Any]]  # pristine inputs on the GPU, one list per correctness trial
+    check_inputs: list[list[Any]]  # inputs of the hidden checked calls among the timed ones
+    outputs: list[list[Any]]  # reference outputs of the trials (CPU), sent then dropped
+    check_outputs: list[list[Any]]  # reference outputs of the checked calls (CPU), likewise
+    output_specs: list[tuple[tuple[int, ...], Any]]  # (shape, dtype) of each output
     problem_module: Any
+    rng: random.Random  # draws every seed; OS randomness unless EvalConfig.seed is set
+    model: Any = None
+
+    def draw_inputs(self) -> list[Any]:
+        """A fresh input list for one timed call (new random data every call)."""
+        return make_inputs(self.problem_module, self.rng.randrange(SEED_RANGE))
+
+    def drop_model(self) -> None:
+        self.model = None
+        self.outputs, self.check_outputs = [], []
+
+
+SEED_RANGE = 1 << 62
+
+
+def evaluation_rng(seed: int | None) -> random.Random:
+    """OS randomness (nothing in the process can replay it), or a seeded generator when the
+    configuration asks for reproducible inputs."""
+    return random.SystemRandom() if seed is None else random.Random(seed)
 
 
 def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Reference:
     import torch
 
+    from multiminddev.env.timed_checks import tensor_bytes, timed_check_count
+
     directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
     name = f"mmd_problem_{problem.source_hash}"
     module = load_module_from_source(problem.source, name, directory)
     sys.modules.pop(name, None)  # the candidate should not find the reference by name
-    torch.manual_seed(cfg.seed)
+    rng = evaluation_rng(cfg.seed)
+    init_seed = rng.randrange(SEED_RANGE)
+    torch.manual_seed(init_seed)
     init_inputs = list(module.get_init_inputs())
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(init_seed)
     model = module.Model(*init_inputs).cuda().eval()
-    trials, outputs = [], []
-    for t in range(cfg.num_trials):
-        inputs = make_inputs(module, cfg.seed + 1000 * (t + 1))
-        with torch.no_grad():
-            outs = as_output_list(model(*inputs))
-        trials.append(inputs)
-        outputs.append([to_host(o, pinned) for o in outs])
-        del outs
-    return Reference(model=model, init_inputs=init_inputs, trial_inputs=trials,
-                     outputs=outputs, problem_module=module)
+    ref = Reference(init_seed=init_seed, init_inputs=init_inputs, trial_inputs=[],
+                    check_inputs=[], outputs=[], check_outputs=[], output_specs=[],
+                    problem_module=module, rng=rng, model=model)
+    for _ in range(cfg.num_trials):
+        ref.trial_inputs.append(ref.draw_inputs())
+        ref.outputs.append(_reference_outputs(model, ref.trial_inputs[-1], pinned, ref))
+    per_call = (tensor_bytes(ref.trial_inputs[0])
+                + sum(o.numel() * o.element_size() for o in ref.outputs[0]
+                      if isinstance(o, torch.Tensor)))
+    for _ in range(timed_check_count(cfg.timed_checks, cfg.timed_check_budget_mib, per_call)):
+        ref.check_inputs.append(ref.draw_inputs())
+        ref.check_outputs.append(_reference_outputs(model, ref.check_inputs[-1], pinned, ref))
+    return ref
+
+
+def _reference_outputs(model: Any, inputs: list[Any], pinned: bool, ref: Reference) -> list[Any]:
+    """The reference's outputs for ``inputs`` on the CPU; the first call records their specs."""
+    import torch
+
+    with torch.no_grad():
+        outs = as_output_list(model(*inputs))
+    if not ref.output_specs:
+        ref.output_specs = [(tuple(o.shape), o.dtype) if isinstance(o, torch.Tensor) else ((), None)
+                            for o in outs]
+    return [to_host(o, pinned) for o in outs]
+
+
+def forget_seeds() -> None:
+    """Reseed torch from OS randomness: ``torch.initial_seed()`` and the generators' states
+    then say nothing about the evaluation's inputs or parameters."""
+    import torch
+
+    torch.manual_seed(random.SystemRandom().randrange(SEED_RANGE))
 
 
 def make_inputs(module: Any, seed: int) -> list[Any]:
@@ -461,8 +532,7 @@ def timing_plan(cfg: EvalConfig) -> Any:
     from multiminddev.env.benchmark import TimingPlan
 
     return TimingPlan(warmup_runs=cfg.warmup_runs, min_runs=cfg.min_timed_runs,
-                      max_runs=cfg.max_timed_runs, budget_s=cfg.bench_budget_s,
-                      target_relative_spread=cfg.target_relative_spread)
+                      max_runs=cfg.max_timed_runs, budget_s=cfg.bench_budget_s)
 
 
 def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: str,
