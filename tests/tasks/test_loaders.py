@@ -284,9 +284,9 @@ def test_sakana_candidate_builds_and_matches_reference_on_gpu(tmp_path):
     """load_inline builds the archive kernel for real (~1 min) and matches the module reference."""
     import torch
 
-    # The GPU image has no `datasets` (session 22 failed here on its import): a skip that says
-    # so, rather than an error; benchmarks/gpu_session.sh says how to carry its wheels.
-    pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`; carry its wheels")
+    # A GPU image may lack `datasets` (an optional dependency): a skip that says so, rather
+    # than an error.
+    pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`: pip install datasets")
     (record,) = load_sakana_archive(write_sakana_parquet(tmp_path))
     candidate = types.ModuleType("candidate")
     exec(compile(record.candidate_source, "candidate", "exec"), candidate.__dict__)
