@@ -54,7 +54,7 @@ for part in $PARTS; do
   start=$(date +%s)
   run_part "$part" > "$OUT/$part.log" 2>&1
   rc=$?
-  summary=$(grep -E "passed|failed|error" "$OUT/$part.log" | tail -n 1)
+  summary=$(grep -E "passed|failed|skipped|error|no tests ran" "$OUT/$part.log" | tail -n 1)
   printf '%-17s rc=%-3s %4ss  %s\n' "$part" "$rc" "$(( $(date +%s) - start ))" "$summary" \
     | tee -a "$OUT/summary.txt"
   [ "$rc" -eq 0 ] || failed+=("$part")
