@@ -499,7 +499,7 @@ def test_star_n_weighs_a_part_by_repeating_it():
 
 def test_a_spec_longer_than_a_file_name_still_loads_and_still_errs_clearly():
     """A family list can pass the 255 bytes a file name may have; checking whether the spec is a
-    path raised ENAMETOOLONG (twenty-eighth session) instead of loading it."""
+    path raised ENAMETOOLONG instead of loading it."""
     families = ["relu", "add", "tanh", "exp", "square", "sigmoid", "mul", "silu"]
     names = ":".join(families * 5)  # repeated names select the same families
     spec = f"builtin:tier0:train:{names}*2+builtin:tier0:train:hardtanh"
