@@ -7,14 +7,14 @@ rollouts with their advantages. Two tables:
 - per kernel template (the first ``__global__`` function's name in the Generator's reply): how
   many Generator turns used it and the sum of their advantages. A template with a large positive
   sum is being made more likely *on every prompt*, to the extent the model does not tell the
-  prompts apart. Fourteenth session: the row-reduction template gained +5 to +8 per seed, and
-  after GRPO the held-out elu and leaky_relu got it;
+  prompts apart. Example: the row-reduction template gained +5 to +8 per seed, and after GRPO
+  the held-out elu and leaky_relu got it;
 - with --sft-problems: correctness and groups with mixed outcomes on prompts SFT trained on
   versus new ones.
 Then, from the held-out files seed<k>/episodes_<stage>.jsonl (``--stages``; the select@ stages
 too), Generator kernels whose precision is not the problem's (float for float16, __half for
 float32), those written on another family's template, and what the Optimizer's turn did to
-the Generator's kernel (fixed, broke, faster, slower...). Fifteenth session: after SFT it made
+the Generator's kernel (fixed, broke, faster, slower...). Example: after SFT the Optimizer made
 19-21 of ~24 correct kernels per seed faster (0.61x of eager to 0.97x, typically) and fixed none
 of the failing ones; GRPO on the Optimizer kept that on two seeds and broke it on the third.
 """
@@ -62,9 +62,9 @@ def kernel_precision(source: str | None) -> str:
 def dtype_mismatches(episodes: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
     """Generator replies whose kernel does not match the problem's dtype: (mismatched, of the
     problems of that dtype with a kernel). A float16 problem's kernel mismatches when it takes
-    float pointers (a runtime error: runs C and D lost fp16 problems so after GRPO); a float32
-    problem's when it uses 16-bit floats anywhere, which the static checks reject (run E's
-    seed 2 lost six float32 problems so)."""
+    float pointers (a runtime error: GRPO without the element-type line lost fp16 problems so);
+    a float32 problem's when it uses 16-bit floats anywhere, which the static checks reject
+    (one seed lost six float32 problems so)."""
     counts = {"float16 with float kernels": [0, 0], "float32 with 16-bit floats": [0, 0]}
     for episode in episodes:
         turns = episode.get("turns") or []
@@ -86,9 +86,8 @@ def template_drift(episodes: list[dict[str, Any]],
     """Generator kernels written on another family's template: ((problem, template) for each,
     the number of Generator kernels of known families). A template is the first kernel's name;
     ``family_templates`` maps each family to its naive reference's (``reference_templates``),
-    and a kernel counts when its template is some other family's. Run G (twenty-sixth session):
-    at GRPO step 12 the Generator wrote the element-wise ``unary_naive`` kernel for
-    ``matvec_2168x4923`` on every seed, after ``unary_naive`` had collected about half of the
+    and a kernel counts when its template is some other family's. Example: at GRPO step 12 the
+    Generator wrote the element-wise ``unary_naive`` kernel for ``matvec_2168x4923`` on every seed, after ``unary_naive`` had collected about half of the
     rollouts and the largest positive advantages."""
     known = set(family_templates.values())
     drifted, total = [], 0
@@ -107,7 +106,7 @@ def template_drift(episodes: list[dict[str, Any]],
 @functools.cache
 def reference_templates() -> dict[str, str]:
     """family -> the first kernel's name in its naive reference solution (the built-in corpus,
-    and the breadth and practice families, so that run K's practice rollouts count too)."""
+    and the breadth and practice families, so that rollouts on practice families count too)."""
     from multiminddev.tasks.builtin import reference_solution
     from multiminddev.tasks.loaders import load_problems
 
@@ -137,7 +136,7 @@ def template_credit_by_tier(episodes: list[dict[str, Any]], family_templates: di
                             ) -> dict[tuple[int, str], tuple[int, float]]:
     """(problem tier, kind of Generator kernel) -> (turns, sum of their advantages). The kind is
     "own template" (its family's naive reference's kernel name), "another family's",
-    "a name of its own" or "no kernel". Run H (twenty-seventh session): on tier-1 problems the
+    "a name of its own" or "no kernel". Example: on tier-1 problems the
     own templates got positive sums and the others negative on every seed, while the Generator
     still moved tier-1 problems onto the element-wise template."""
     known = set(family_templates.values())
@@ -167,8 +166,8 @@ def template_credit_by_tier(episodes: list[dict[str, Any]], family_templates: di
 def family_signal(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """family -> Generator turns, their pass rate, GRPO groups and the groups whose turns differ
     in correctness (mixed: the only ones with a pass/fail signal), sorted by pass rate. What
-    ``--family-sampling signal`` weighs: in run H, families at pass rate 0.92-1.00 took 28% of
-    the episodes and 10 of their 61 groups were mixed."""
+    ``--family-sampling signal`` weighs: in one uniform run, families at pass rate 0.92-1.00
+    took 28% of the episodes and 10 of their 61 groups were mixed."""
     turns: dict[str, list[bool]] = collections.defaultdict(list)
     groups: dict[tuple[str, str, Any], list[bool]] = collections.defaultdict(list)
     for e in episodes:
@@ -253,7 +252,7 @@ def broken_rewrites(episodes: list[dict[str, Any]],
                     references: dict[str, str]) -> list[tuple[str, str]]:
     """For each first Optimizer turn that broke a correct Generator kernel: (problem, the first
     line of its reply that the problem's fast reference solution lacks, "" if it has them all;
-    a problem without one gives the reply's first line). Eighteenth session: 12 of 20 such
+    a problem without one gives the reply's first line). Example: 12 of 20 such
     lines were comments, where a 135M model continues prose and never returns to code."""
     out = []
     for e in episodes:
@@ -280,7 +279,7 @@ def optimizer_status_by_step(episodes: list[dict[str, Any]],
                              step_ends: list[int]) -> list[collections.Counter[str]]:
     """Per GRPO step (``step_ends``: cumulative episode counts, metrics.jsonl's ``episodes``),
     the statuses of the Optimizer's first turn ("none": the episode ended before it). A step
-    where compile errors jump on every problem is a collapse (fifteenth session)."""
+    where compile errors jump on every problem is a collapse."""
     return [collections.Counter(turn_status(e["turns"][1]) if len(e["turns"]) > 1 else "none"
                                 for e in step) for step in _steps(episodes, step_ends)]
 
@@ -319,7 +318,7 @@ def pass_by_step(episodes: list[dict[str, Any]], step_ends: list[int],
 def tied_groups(episodes: list[dict[str, Any]], tie: float = 0.01) -> dict[str, float]:
     """Generator groups (problem, group) whose turns were all correct with credited rewards
     within ``tie`` of each other, and the largest |advantage| they got: with std scaling, timing
-    differences of a thousandth become advantages of about 1 (fifteenth session)."""
+    differences of a thousandth become advantages of about 1."""
     groups: dict[tuple[str, Any], list[dict[str, Any]]] = collections.defaultdict(list)
     for e in episodes:
         groups[(e["problem"]["name"], e.get("group"))].append(e["turns"][0])
@@ -368,9 +367,9 @@ def trained_family_split(rewards_before: dict[str, float], rewards_after: dict[s
                          practice: set[str] = frozenset()) -> dict[str, tuple[int, float]]:
     """The summed reward change between two evaluations, split into the problems of families
     GRPO trained on, those of ``practice`` families it did not train on, and the rest:
-    (problems, sum) each. In runs E and F (2026-11-25) GRPO's own families gained on every seed
-    while the others lost about as much. Run K's early-stopping sample holds practice families
-    GRPO never drew: their change is what translating a new ``forward`` gained."""
+    (problems, sum) each. GRPO's own families have gained on every seed while the others lost
+    about as much. An early-stopping sample may hold practice families GRPO never
+    drew: their change is what translating a new ``forward`` gained."""
     split = {"trained": (0, 0.0), "practice": (0, 0.0), "other": (0, 0.0)}
     for name in sorted(rewards_before.keys() & rewards_after.keys()):
         family = family_of.get(name)
@@ -386,7 +385,7 @@ _OP_RE = re.compile(r"\bop\s*\([^)]*\)\s*\{\s*return\s+([^;]*);")
 def unseen_family_ops(episodes: list[dict[str, Any]], seen_families: set[str]
                       ) -> list[tuple[str, str, str]]:
     """(problem, outcome, the ``op()`` expression or the first kernel's name) of each episode
-    whose family SFT never showed and whose Generator kernel failed. Run J (2026-11-25): for
+    whose family SFT never showed and whose Generator kernel failed. Example: for
     ``abs``, ``scale`` and ``softplus`` the Generator kept the element-wise template and wrote
     ``hardtanh``'s body, ``fminf(fmaxf(v, p0), p1)``, or ``absf(v)``."""
     out = []
@@ -468,7 +467,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 def compared_stages(requested: list[str], present: dict) -> tuple[str, str] | None:
     """The first and last of the requested stages a seed has episodes for, or None if under two.
 
-    A seed cut by its time limit lacks its last stages (run H's seed 1 ended before select@12);
+    A seed cut by its time limit lacks its last stages (e.g. it ended before select@12);
     it is compared over the stages it reached rather than skipped or crashing the report.
     """
     reached = [stage for stage in requested if stage in present]

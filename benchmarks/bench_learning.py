@@ -105,7 +105,7 @@ class BenchArgs:
     grad_accum: int = 1  # GRPOConfig's: micro-batches per optimizer step (memory, not maths)
     sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each GRPO step
     # the anchor's problems (None: the SFT problems); e.g. sizes SFT never showed, where its
-    # loss is not already ~0 and drift on new sizes shows (fourteenth session)
+    # loss is not already ~0 and drift on new sizes shows (docs/training.md, SFT anchor)
     sft_anchor_problems: str | None = None
     # any other GRPOConfig field, as given by --grpo-option KEY=VALUE (e.g. DAPO's clip_high=0.28
     # and filter_zero_variance=true, Dr.GRPO's normalize_std=false)
@@ -117,11 +117,11 @@ class BenchArgs:
     compiled_decoding: bool = False
     # held-out evaluations' decoding (None: as --compiled-decoding). Eager decoding keeps a
     # frozen agent's greedy replies identical from one evaluation to the next; compiled decoding
-    # changed 2-3 of 39 of them (fifteenth session), a floor under every per-seed delta.
+    # changed 2-3 of 39 of them, a floor under every per-seed delta (docs/training.md).
     eval_compiled_decoding: bool | None = None
     # held-out evaluations' arithmetic: "float32" decodes from a float32 copy of the merged
     # weights (Policy.sampling_model); eager bf16 decoding still changed a frozen Generator's
-    # greedy replies on 2-4 of 39 problems between evaluations (sixteenth session)
+    # greedy replies on 2-4 of 39 problems between evaluations (docs/training.md)
     eval_dtype: str = "same"
     skip_base: bool = False
     base_only: bool = False
@@ -148,8 +148,8 @@ class BenchArgs:
     train_eval_count: int = 12  # how many of them, one fixed sample for every seed
     # early stopping on problems that are neither held out nor trained on: the select@K
     # evaluations after SFT (K=0) and every select_every GRPO steps; the final "grpo" agents are
-    # those of the best K (session 22: one seed's Generator drifted onto the cumsum template on
-    # the held-out element-wise problems while its training reward rose)
+    # those of the best K (a Generator can drift onto another family's template on held-out
+    # problems while its training reward rises; docs/training.md, "Early stopping")
     select_problems: str = ""
     select_count: int = 16
     # a second sample joined to the first, e.g. GRPO's own families at sizes nobody trained on
@@ -158,9 +158,9 @@ class BenchArgs:
     select_also_count: int = 6
     select_every: int = 4
     # a later select@K replaces the step chosen so far only when its mean select@ reward is
-    # higher by more than this: in run I (twenty-eighth session) seed 0's step 12 beat SFT's
-    # agents by 0.0002 with every Generator reply unchanged, timing noise that cost a held-out
-    # evaluation and the seed its time; one problem solved more is worth 0.03-0.07
+    # higher by more than this: a step has beaten SFT's agents by 0.0002 with every Generator
+    # reply unchanged, timing noise that costs a held-out evaluation and the seed its time; one
+    # problem solved more is worth 0.03-0.07
     select_min_gain: float = 0.01
     # seconds from the seed's start by which its GRPO must leave time for the evaluations after
     # it (0: no limit): GRPO stops early, at the last step whose select@ and final held-out
@@ -190,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-max-seq-length", type=int, default=2048,
                    help="SFT's example length (SFTConfig.max_seq_length); longer examples lose "
                         "their reply's end. 25 of RESIZED_MIX's 246 Optimizer examples with "
-                        "--sft-strip-comments are longer than 2048, up to 2091 (session 23)")
+                        "--sft-strip-comments are longer than 2048, up to 2091")
     p.add_argument("--sft-learning-rate", type=float, default=2e-4,
                    help="SFT's learning rate (SFTConfig.learning_rate; for --sft-full-finetune "
                         "something like 2e-5)")
@@ -204,13 +204,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-strip-comments", action="store_true",
                    help="train the Optimizer on fast solutions without their whole-line comments "
                         "(tasks.sft_data.strip_comment_lines): its held-out rewrites went astray "
-                        "in comment prose (docs/BENCHMARKS.md, eighteenth session)")
+                        "in comment prose (docs/training.md)")
     p.add_argument("--element-type-line", action="store_true",
                    help="end every prompt of both agents (SFT data, GRPO rollouts, evaluations) "
                         "with a line naming the pointer type of the problem's dtype (`float*`, "
                         "`__half*`; agents.prompts.element_type_line): the Generator wrote float "
                         "kernels for float16 problems and __half ones for float32 problems "
-                        "(docs/BENCHMARKS.md, runs C-G). SFT agents kept from a run without it "
+                        "(docs/training.md). SFT agents kept from a run without it "
                         "do not fit these prompts, and the run refuses them")
     p.add_argument("--sft-operation-line", action="store_true",
                    help="SFT replies of both agents start their CUDA source with a comment "
@@ -218,7 +218,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "(`// computes: torch.cumsum(x, dim=1)`; tasks.sft_data."
                         "with_operation_line), so the Generator's template choice follows the "
                         "operation: GRPO moved it onto the element-wise template on other "
-                        "families at the one token that chooses it (docs/BENCHMARKS.md, run J)")
+                        "families at the one token that chooses it (docs/training.md)")
     p.add_argument("--optimizer-repair", nargs="*", default=None, metavar="KIND",
                    choices=REPAIR_KINDS,
                    help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
@@ -247,7 +247,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--curriculum-start-tier", type=int, default=None, metavar="TIER",
                    help="the GRPO curriculum's first tier (CurriculumConfig.start_tier); earlier "
                         "tiers are then drawn as review. Default: the lowest tier. With 8 steps "
-                        "the default curriculum never left tier 0 (eleventh session)")
+                        "the default curriculum never left tier 0")
     p.add_argument("--mini-batch-size", type=int, default=8,
                    help="agent turns per GRPO optimizer step (GRPOConfig.mini_batch_size); with "
                         "Adam every step moves each weight by about the learning rate, so fewer, "
@@ -264,13 +264,13 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-anchor-problems", default=None, metavar="SPEC",
                    help="problems whose reference solutions make the SFT anchor's examples "
                         "(default: --sft-problems). SFT's loss on its own data stayed at "
-                        "0.002-0.008 through GRPO (fourteenth session): sizes it never showed, "
+                        "0.002-0.008 through GRPO (docs/training.md): sizes it never showed, "
                         "e.g. builtin:tier0,tier1:train:resized4from12, may show the drift")
     p.add_argument("--grpo-roles", nargs="+", choices=["generator", "optimizer"],
                    default=["generator", "optimizer"],
                    help="the agents GRPO updates (SFT trains both). With optimizer alone the "
                         "Generator stays at its SFT checkpoint: GRPO after SFT lost held-out "
-                        "problems through the Generator's first turn (fourteenth session)")
+                        "problems through the Generator's first turn (docs/training.md)")
     p.add_argument("--rl-greedy-roles", nargs="+", choices=["generator", "optimizer"],
                    default=[], metavar="ROLE",
                    help="agents GRPO does not train (not in --grpo-roles) that decode greedily "
@@ -285,8 +285,8 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--family-sampling", choices=["uniform", "signal"], default="uniform",
                    help="how GRPO draws a tier's problems: every problem alike (uniform), or a "
                         "family first, weighted by p(1-p) of its recent pass rate p (signal): "
-                        "solved families give tied groups, and in run H (2026-11-25) they were "
-                        "28%% of the rollouts (CurriculumConfig.family_sampling)")
+                        "solved families give tied groups, which made 28%% of the rollouts in a "
+                        "12-step run (CurriculumConfig.family_sampling)")
     p.add_argument("--family-floor", type=float, default=0.02,
                    help="least weight of a family under --family-sampling signal (p(1-p) is at "
                         "most 0.25), so solved families still come up and keep their KL term")
@@ -294,7 +294,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="with --family-sampling signal: start each family's window from an "
                         "earlier run's counts (analyze_rollouts.py --family-counts-out), so the "
                         "weights hold from the first draw; from empty windows every family "
-                        "starts at 0.25 and in run I's 12 steps hardly moved")
+                        "starts at 0.25 and in 12 steps hardly moved")
     p.add_argument("--grpo-eval-every", type=int, default=0, metavar="K",
                    help="also evaluate the held-out set after every K GRPO steps (stages "
                         "'grpo@K' in partial.json), so a run cut before its end still compares "
@@ -356,7 +356,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    help="the lead's short version: ~8 min on one H100")
     p.add_argument("--aggregate-only", action="store_true",
                    help="run nothing; aggregate the seeds already finished in --output-dir "
-                        "(e.g. seeds run in separate GPU sessions)")
+                        "(e.g. seeds run on separate machines)")
     p.add_argument("--train-eval-problems", default="", metavar="SPEC",
                    help="also evaluate the SFT and the GRPO agents (stages train_sft, train_grpo) "
                         "on a fixed sample of these problems, e.g. 'same': --train-problems, "
@@ -657,7 +657,7 @@ def select_problems(spec: str, count: int, heldout: list[Any], also: str = "",
     """The early-stopping sample (--select-problems; [] when off): a fixed one, as the train_*
     sample is, joined to a second one drawn from ``also`` (--select-also). Both are drawn from
     problems that are not ``trained`` (SFT's and GRPO's): agents chosen on problems they were
-    trained on are chosen for fitting them. In runs E and F (2026-11-25) 7 of an 18-problem
+    trained on are chosen for fitting them. Without that rule, 7 of an 18-problem
     sample of ``:resized2from12`` were trained on (a family's fixed shapes, which SFT's
     ``:allshapes`` holds), and early stopping picked steps whose gains on GRPO's families came
     with losses on the others. Choosing agents
@@ -794,7 +794,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                           curriculum=grpo_curriculum(args, train),
                           episode_config=eval_episodes, output_dir=out,
                           compile_only=compile_only)
-    # Stage-level resume: a seed cut short (a device call's time limit, a crash) continues from
+    # Stage-level resume: a seed cut short (a time limit, a crash) continues from
     # the stages it finished: evaluations from partial.json, SFT from its saved adapters, GRPO
     # from rl_checkpoints/latest.
     partial = _read_json(out / "partial.json") or {}
@@ -984,7 +984,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     print(f"seed {seed}: " + "; ".join(f"{s} " + ", ".join(f"{k} {v:.3f}" for k, v in m.items())
                                        for s, m in metrics.items()), flush=True)
     evaluated = [s for s in STAGES if f"eval_{s}" in seconds]
-    # Seeds may be run in separate sessions and aggregated later: each records its SFT data.
+    # Seeds may be run on separate machines and aggregated later: each records its SFT data.
     result = {"seed": seed, "sft_problems": args.sft_problems, "sft_recipe": recipe,
               "sft_losses": sft_losses, "metrics": metrics, "rows": rows,
               "seconds": seconds, **shared_base, **train_eval_spec, **run_info,
@@ -1031,7 +1031,7 @@ def stage_agents_at_hand(stage: str) -> bool:
 def eval_settings(args: BenchArgs, device: str) -> dict[str, Any]:
     """What an evaluation stage's rows depend on besides the agents and the problems: rows
     measured under other settings (another GPU's timings, other turns or decoding) are not
-    reused when a seed resumes, e.g. from SFT checkpoints kept by another session."""
+    reused when a seed resumes, e.g. from SFT checkpoints kept by an earlier run."""
     return {"device": device, "heldout_problems": args.heldout_problems,
             "eval_problems": args.eval_problems,
             "turns": args.eval_max_turns or args.max_turns,
@@ -1093,8 +1093,8 @@ def sft_recipe(args: BenchArgs) -> dict[str, Any]:
                if args.optimizer_repair is not None else {})}
 
 
-# what --time-budget's estimates must fit with: run I's select@ evaluations took 94-121 s,
-# its held-out ones 208-223 s, one GRPO step 41-43 s (three seeds sharing one H100)
+# what --time-budget's estimates must fit with: measured select@ evaluations took 94-121 s,
+# held-out ones 208-223 s, one GRPO step 41-43 s (three seeds sharing one H100)
 BUDGET_MARGIN = 1.15
 
 
@@ -1371,7 +1371,7 @@ def stage_summary(per_seed: list[dict[str, Any]], stage: str,
         out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
                                     "std": statistics.stdev(values) if len(values) > 1 else 0.0,
                                     "ci95": list(ci), "per_seed": values}
-    # Episodes longer than two turns also say what two turns reached (earlier sessions' protocol)
+    # Episodes longer than two turns also say what two turns reached (the protocol of earlier runs)
     if pooled and all("correct_turn" in r for r in pooled) and max(r["turns"] for r in pooled) > 2:
         for metric in ("compile_rate", "correct_rate"):
             values = [rate_within_turns(s["rows"][stage], metric, 2) for s in per_seed]

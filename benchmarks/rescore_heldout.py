@@ -1,11 +1,11 @@
 """Re-measure a learning run's correct held-out kernels on a quiet GPU, so stages compare fairly.
 
     python3 benchmarks/rescore_heldout.py DIR [--seeds 0 1 2] [--repeats 2] [--workers 1]
-    python3 benchmarks/rescore_heldout.py DIR --write-slim .scratch/rescore/RUN   # to carry it
+    python3 benchmarks/rescore_heldout.py DIR --write-slim SLIM_DIR   # a small copy to move
 
 DIR is bench_learning's --output-dir. Why: bench_learning runs its seeds at once on one GPU, so
 each stage's held-out evaluation times its kernels at another moment, while the other seeds
-train or decode. Most timings hold up: in the fifteenth session, of 210 turns whose kernel SFT's
+train or decode. Most timings hold up: in one learning run, of 210 turns whose kernel SFT's
 and GRPO's evaluations both got correct with the same source, 6 differed by more than 5% (all
 slow reduction kernels, e.g. cumsum 0.127x then 0.101x of eager, row_l2_norm 0.014x then 0.007x).
 Re-timing every stage's kernels in one process makes the comparison paired: the same kernel
@@ -61,7 +61,7 @@ SLIM_DROPPED = ("prompt_ids", "response_ids", "logprobs", "messages", "text")
 
 def write_slim_copy(output_dir: Path, seeds: Iterable[int], dest: Path) -> int:
     """Copy the held-out episode files (and note.txt) to ``dest`` without what rescoring does
-    not read: small enough to carry to a GPU machine. Returns the number of files written."""
+    not read: small enough to copy to a GPU machine. Returns the number of files written."""
     files = stage_files(output_dir, seeds)
     for (seed, _), path in files.items():
         lines = []
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="no GPU: score with the measurements already in the file")
     p.add_argument("--write-slim", type=Path, metavar="DEST",
                    help="only copy the episode files, without tokens and messages, to DEST "
-                        "(to carry them to a GPU machine), then stop")
+                        "(to copy them to a GPU machine), then stop")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.workers < 1:
         p.error("--repeats and --workers must be >= 1")

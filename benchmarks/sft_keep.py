@@ -1,10 +1,9 @@
-"""Keep the learning benchmark's SFT agents for a later session, and put them back.
+"""Keep the learning benchmark's SFT agents for a later run, and put them back.
 
-A device session lasts about 30 minutes, and SFT with its evaluations takes about 10 of a
-seed's 25 (twenty-third session). Every later run that starts from the same SFT (the same
+SFT with its evaluations takes about 10 of a seed's 25 minutes on an H100. Every later run that starts from the same SFT (the same
 recipe, seeds and data) can skip that part: ``pack`` writes each seed's SFT adapters and its SFT
 record (``partial.json`` reduced to the stages measured before GRPO) into one tar, split into
-chunks that fit the device's limits on returned files; ``restore`` checks the chunks against the
+chunks of a fixed size (easy to copy between machines); ``restore`` checks the chunks against the
 manifest, joins them and unpacks them into a fresh output folder. ``bench_learning.py`` then loads the adapters instead of
 training, checks that its SFT flags match the record, and reuses the SFT evaluations only when
 its evaluation settings (GPU included) match those they were measured with.
@@ -32,9 +31,8 @@ RECORD_KEYS = ("seed", "sft_problems", "sft_recipe", "sft_losses", "train_eval_p
                "eval_settings")
 CHUNK_PREFIX = "sft.tar.part_"
 MANIFEST = "sft.tar.manifest.json"  # chunk count, size and sha256 of the whole tar
-# The device returns at most 8 files of 16 MiB, 64 MiB in all, per call, and a call carries 64
-# MiB with the repository (about 21 MiB): three 13 MiB chunks fit either way beside the rest.
-# Three seeds' fp32 adapters (6 x 19.6 MB) make 9 chunks, so 3 calls each way.
+# Chunks stay under 16 MiB, a common per-file limit of file stores; three seeds' fp32 adapters
+# (6 x 19.6 MB) make 9 chunks.
 CHUNK_BYTES = 13 * 2**20
 
 

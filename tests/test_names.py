@@ -1,7 +1,7 @@
 """Undefined names, checked statically over all our code.
 
 CI has no GPU, so GPU-only tests and benchmark code never run there; an undefined name in them
-(a fourth-session GPU test used ``torch``, ``x`` and ``y`` it never defined) would only show on
+(a GPU test once used ``torch``, ``x`` and ``y`` it never defined) would only show on
 the GPU machine. pyflakes' rules in ruff catch that class without running anything.
 """
 

@@ -1,10 +1,10 @@
-"""Diagnose the exit segfault after compiled decoding (tests-rest, sessions 13-18).
+"""Diagnose a segfault at interpreter exit after compiled decoding (seen in GPU test runs).
 
 Loads the embedded model, decodes two prompts with compiled decoding, then exits normally after
 the cleanup named by ``--cleanup``; the process's exit code says whether teardown crashed:
     python3 -X faulthandler benchmarks/diag/exit_segfault.py --cleanup bare|auto|workers|reset
 
-- bare: ``release_compiled_decoding``'s exit hook removed: the state before session 18's fix;
+- bare: ``release_compiled_decoding``'s exit hook removed: the state before that fix;
 - auto: as shipped (the exit hook releases compiled decoding before threads are joined);
 - workers / reset: only inductor's compile workers shut down, or only the decoding thread's
   graphs reset and the thread ended, explicitly before returning (the hook removed).

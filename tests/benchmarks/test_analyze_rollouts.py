@@ -195,7 +195,7 @@ def test_dtype_mismatches_count_kernels_of_the_other_precision(analyze):
     episodes = [_dtype_episode("float16", "const float* x, float* y"),
                 _dtype_episode("float16", "const __half* x, __half* y"),
                 _dtype_episode("float32", "const __half* a, __half* y"),
-                # run E's leaky_relu: float pointers, 16-bit conversions inside
+                # a recorded leaky_relu: float pointers, 16-bit conversions inside
                 _dtype_episode("float32", "const float* x, float* y", "y[0] = __half2float(x[0]);"),
                 _dtype_episode("float32", "const float* x, float* y"),
                 _dtype_episode("float32", None)]  # no reply: not counted
@@ -219,7 +219,7 @@ def test_template_drift_counts_kernels_on_another_familys_template(analyze):
         return {"problem": {"name": name, "family": family},
                 "turns": [{"candidate_source": source}]}
 
-    episodes = [episode("matvec_2168x4923", "matvec", "unary_naive"),  # run G's step 12
+    episodes = [episode("matvec_2168x4923", "matvec", "unary_naive"),  # a recorded drift
                 episode("matvec_1x1", "matvec", "matvec_naive"),
                 episode("relu_1x1", "relu", "unary_naive"),  # its own family's template
                 episode("relu_2x2", "relu", "my_relu"),  # a name of its own: not another's

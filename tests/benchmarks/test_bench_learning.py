@@ -756,7 +756,7 @@ def test_a_later_step_is_chosen_only_when_it_gains_more_than_the_margin(bench):
                 chosen = k
         return chosen
 
-    # run I's select@ rewards (twenty-eighth session): seed 0 unchanged but for timing noise,
+    # recorded select@ rewards: seed 0 unchanged but for timing noise,
     # seed 1 falling, seed 2 one problem better at step 6
     seed0 = {0: 0.70102, 6: 0.70114, 12: 0.70126}
     seed1 = {0: 0.73787, 6: 0.67030, 12: 0.62832}

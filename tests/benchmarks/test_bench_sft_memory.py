@@ -1,5 +1,5 @@
 """benchmarks/bench_sft_memory.py: what it measures on, and its refusal without a GPU (the
-measurement itself runs on the GPU machine: gpu_session.sh part bench-sft-memory)."""
+measurement itself runs on a GPU: benchmarks/run_gpu_suite.sh, part bench-sft-memory)."""
 
 import pytest
 

@@ -2,8 +2,7 @@
 
 The base is a tiny random Llama saved with ``save_pretrained`` and a word-level tokenizer, so
 the test needs neither the embedded GGUF nor a hub. The 4-bit case needs a CUDA GPU and
-bitsandbytes (the GPU image lacks it: ``benchmarks/gpu_session.sh`` carries the wheel from
-``.stage/bnb`` for the ``tests-qlora`` part).
+bitsandbytes (``pip install bitsandbytes``; skipped without it).
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ def test_lora_over_a_saved_float_base_trains_one_adapter(tmp_path):
 @pytest.mark.gpu
 def test_qlora_trains_adapters_over_a_4bit_base(tmp_path):
     if importlib.util.find_spec("bitsandbytes") is None:
-        pytest.skip("bitsandbytes is not installed (gpu_session.sh tests-qlora carries it)")
+        pytest.skip("bitsandbytes is not installed: pip install bitsandbytes")
     cfg = PolicyConfig(model=str(_saved_tiny_llama(tmp_path)), device="cuda", dtype="bfloat16",
                        lora_rank=4, lora_alpha=8, load_in_4bit=True)
     policy = build_policy(load_base_model(cfg), _word_tokenizer(), cfg)

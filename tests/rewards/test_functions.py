@@ -162,7 +162,7 @@ def test_weighted_hand_computed_value():
 
 
 def test_weighted_uses_intended_weights_not_seed_precedence_bug():
-    # With the seeds' `1.0 if ok else 0.0 * 0.3` a correct kernel's term would be 1.0.
+    # Written inline as `1.0 if ok else 0.0 * 0.3`, a correct kernel's term would be 1.0.
     r = compute_reward(ok_result(speedup=2.0), RewardConfig(kind=RewardKind.WEIGHTED))
     assert r.components["correct"] == pytest.approx(0.3)
     assert r.components["compiles"] == pytest.approx(0.1)

@@ -217,9 +217,9 @@ def test_solution_matches_the_model_in_the_cpu_emulator(family, variant, dtype):
 def test_corpus_doc_lists_every_family():
     from pathlib import Path
 
-    doc = (Path(__file__).parents[2] / "docs" / "CORPUS.md").read_text()
+    doc = (Path(__file__).parents[2] / "docs" / "corpus.md").read_text()
     missing = [f.name for f in FAMILIES if f"| `{f.name}` |" not in doc]
-    assert not missing, f"docs/CORPUS.md lacks rows for {missing}"
+    assert not missing, f"docs/corpus.md lacks rows for {missing}"
 
 
 def test_exported_problem_file_loads_and_keeps_its_solution(tmp_path):

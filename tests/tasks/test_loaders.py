@@ -284,9 +284,9 @@ def test_sakana_candidate_builds_and_matches_reference_on_gpu(tmp_path):
     """load_inline builds the archive kernel for real (~1 min) and matches the module reference."""
     import torch
 
-    # The GPU image has no `datasets` (session 22 failed here on its import): a skip that says
-    # so, rather than an error; benchmarks/gpu_session.sh says how to carry its wheels.
-    pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`; carry its wheels")
+    # A GPU image may lack `datasets` (an optional dependency): a skip that says so, rather
+    # than an error.
+    pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`: pip install datasets")
     (record,) = load_sakana_archive(write_sakana_parquet(tmp_path))
     candidate = types.ModuleType("candidate")
     exec(compile(record.candidate_source, "candidate", "exec"), candidate.__dict__)
@@ -499,7 +499,7 @@ def test_star_n_weighs_a_part_by_repeating_it():
 
 def test_a_spec_longer_than_a_file_name_still_loads_and_still_errs_clearly():
     """A family list can pass the 255 bytes a file name may have; checking whether the spec is a
-    path raised ENAMETOOLONG (twenty-eighth session) instead of loading it."""
+    path raised ENAMETOOLONG instead of loading it."""
     families = ["relu", "add", "tanh", "exp", "square", "sigmoid", "mul", "silu"]
     names = ":".join(families * 5)  # repeated names select the same families
     spec = f"builtin:tier0:train:{names}*2+builtin:tier0:train:hardtanh"

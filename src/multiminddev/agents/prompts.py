@@ -43,9 +43,9 @@ def _problem_values(problem: Problem) -> dict[str, Any]:
 
 # The C type of a problem's tensors, named where the reply starts (``element_type_line``).
 # Why: the header gives the dtype as one word near the top ("relu_..._fp16, float16, ..."), and
-# a 135M Generator wrote `float*` kernels for float16 problems after SFT (run E, seed 1) and
-# after GRPO on mostly float32 problems (runs C, D, G), and `__half` for float32 ones (run E,
-# seed 2): a line with the exact pointer type, last before the reply, gives it a token to copy.
+# a 135M Generator wrote `float*` kernels for float16 problems after SFT and after GRPO on
+# mostly float32 problems, and `__half` kernels for float32 ones: a line with the exact pointer
+# type, last before the reply, gives it a token to copy (docs/training.md, "Element-type line").
 # Index tensors (embedding's, argmax's output) keep their own types: the line names the
 # floating-point ones only.
 ELEMENT_TYPE_LINES = {

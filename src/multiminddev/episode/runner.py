@@ -66,8 +66,8 @@ class EpisodeConfig:
     # Per-role sampling temperature (role value -> temperature, 0 = greedy), over
     # sampling.temperature. GRPO that trains only the Optimizer can decode the Generator
     # greedily: every episode of a group then hands the Optimizer the same kernel, so the
-    # group's reward differences are the Optimizer's alone (sampled Generators handed it
-    # kernels of every quality, sessions 19-20, docs/BENCHMARKS.md).
+    # group's reward differences are the Optimizer's alone (a sampled Generator hands it
+    # kernels of every quality; docs/training.md, "Greedy Generator in the rollouts").
     temperature_by_role: dict[str, float] = field(default_factory=dict)
     max_prompt_tokens: int = 6144
     feedback_chars: int = 1500

@@ -39,9 +39,9 @@ from multiminddev.policy.chat import end_of_turn_ids
 log = logging.getLogger(__name__)
 
 PROMPT_WIDTH_BUCKET = 128  # compiled decoding pads prompts to a multiple of this
-# Compiled decoding decodes at most this many rows at once. Batches of 8 and 16 decoded correctly
-# on an H100 (2026-11-22: the GPU test, bench_generation, the quickstart); the learning run's
-# first 64-row batches (39 prompts, 3 processes on one H200) failed with an AssertionError
+# Compiled decoding decodes at most this many rows at once. Batches of 8 and 16 decode correctly
+# on an H100 (the GPU test, bench_generation, the quickstart); 64-row batches (39 prompts, 3
+# processes on one H200) failed with an AssertionError
 # inside torch.compile and CUDA "illegal memory access" warnings, cause not yet found, so larger
 # batches are split. Decoding stays launch-bound, so four 16-row batches cost about four times
 # one, still ~5x less than one eager 64-row batch.
@@ -75,8 +75,8 @@ def release_compiled_decoding() -> bool:
 
     Called at exit, and by whoever is done decoding. Processes that had decoded with compiled
     decoding ended with a segmentation fault after their work, inside inductor's own at-exit
-    ``shutdown_compile_workers`` (tests-rest, sessions 13-18; docs/BENCHMARKS.md): releasing
-    these while the process is whole is meant to avoid it (not yet confirmed on a GPU).
+    ``shutdown_compile_workers``: releasing these while the process is whole avoids that
+    teardown (the GPU test runs since it was added have exited cleanly).
     A later compiled generate starts a new thread and compiles again."""
     import sys
 

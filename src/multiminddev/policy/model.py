@@ -7,10 +7,10 @@
         ...
     policy.save("runs/x/checkpoints/step_100")                # -> step_100/{generator,optimizer}/
 
-Each agent owns its parameters (the seeds' requirement): by default a peft LoRA adapter per
-agent on a shared frozen base; with ``separate_models=True`` a full trainable copy per agent
-(plus a frozen copy as the reference). transformers, peft and torch are imported lazily so
-``import multiminddev.policy`` stays light.
+Each agent owns its parameters, so one agent's update never moves another's: by default a
+peft LoRA adapter per agent on a shared frozen base; with ``separate_models=True`` a full
+trainable copy per agent (plus a frozen copy as the reference). transformers, peft and torch
+are imported lazily so ``import multiminddev.policy`` stays light.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def build_policy(base: Any, tokenizer: Any, cfg: PolicyConfig) -> Policy:
 def release_cached_gpu_memory() -> None:
     """Hand the caching allocator's free blocks back to the driver after a training phase. On
     one GPU the evaluation workers share the device with the trainer; a trainer's cache left
-    behind (28 GiB per SmolLM2 SFT process, 2026-11-22) made their allocations fail."""
+    behind (28 GiB per SmolLM2 SFT process on an H200) made their allocations fail."""
     import torch
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -439,8 +439,9 @@ class Policy:
         ``dtype`` (e.g. ``torch.float32``): the same merged weights, computed in that dtype, in a
         copy kept for the purpose. Held-out evaluations use it: greedy bf16 decoding on a GPU is
         not bitwise repeatable, and a frozen agent's replies changed on 2-4 of 39 problems
-        between two evaluations (sixteenth session); float32 arithmetic (2^-23 against bf16's 2^-8)
-        leaves such near-ties about 10^4 times less room."""
+        between two evaluations, and none in float32 (docs/training.md, "Evaluation precision"):
+        float32 arithmetic (2^-23 against bf16's 2^-8) leaves such near-ties about 10^4 times
+        less room."""
         model = self.model_for(role)
         if self.sampler is None:
             if dtype is not None and dtype != next(model.parameters()).dtype:

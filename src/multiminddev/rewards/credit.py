@@ -7,10 +7,11 @@ candidate that turn wrote (its *immediate* reward); Tester turns carry no reward
 
 - ``FINAL_ONLY``: every agent turn gets the episode's final reward.
 - ``DISCOUNTED``: the discounted return ``G_t = r_t + gamma * G_{t+1}`` over the turn list (a
-  Tester turn contributes 0 but still counts as one step of discount, as in the seeds, whose
-  ``turns_remaining`` counts every turn).
-- ``MIXED`` (the seeds' requirements.md): ``w * r_t + (1 - w) * final * gamma**(T - 1 - t)``
-  with ``w = 0.3`` (30% immediate, 70% discounted final outcome).
+  Tester turn contributes 0 but still counts as one step of discount: the discount counts
+  turns of the conversation, not agent turns).
+- ``MIXED`` (default): ``w * r_t + (1 - w) * final * gamma**(T - 1 - t)`` with ``w = 0.3``
+  (30% immediate, 70% discounted final outcome): a turn is credited mostly with where its
+  episode ended, and partly with its own kernel.
 
 The final reward is the best agent-turn reward (``FinalReward.BEST``, the episode keeps its best
 kernel) or the last one (``FinalReward.LAST``). The Tester always earns 0: it is rule-based and
@@ -21,9 +22,9 @@ added, its immediate reward minus the best immediate reward before it (the kerne
 to improve), instead of the mode's credit. Why: an Optimizer turn's mode credit carries the
 Generator's outcome (the final reward is the episode's best kernel, often the Generator's), and
 its group-relative baseline spans episodes whose Generators did differently. An Optimizer that
-broke a correct kernel then out-scored one handed a failing kernel: in the sixteenth session's
-rollouts one compile-breaking mutation, written into 41 Optimizer turns, got a summed advantage of
-+1.5 and took over that seed's held-out Optimizer (docs/BENCHMARKS.md).
+broke a correct kernel then out-scored one handed a failing kernel: in recorded rollouts one
+compile-breaking mutation, written into 41 Optimizer turns, got a summed advantage of +1.5 and
+took over that seed's held-out Optimizer (docs/training.md, "Turn credit").
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class FinalReward(str, enum.Enum):
 @dataclass(kw_only=True)
 class CreditConfig:
     mode: CreditMode = CreditMode.MIXED
-    gamma: float = 0.9  # seeds: turn discount 0.9
-    immediate_weight: float = 0.3  # seeds: 30% immediate, 70% final
+    gamma: float = 0.9  # discount per turn of the conversation
+    immediate_weight: float = 0.3  # MIXED: 30% the turn's own reward, 70% the final one
     final: FinalReward = FinalReward.BEST
     # turns after the first agent turn: credited with their reward minus the best one before
     improvement: bool = False
@@ -65,10 +66,12 @@ class CreditConfig:
                 f"final one of {[f.value for f in FinalReward]}"
             ) from None
         if not 0.0 <= self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in [0, 1] (got {self.gamma}); 0.9 per the seeds, 1.0 episodic")
+            raise ValueError(
+                f"gamma must be in [0, 1] (got {self.gamma}); 0.9 by default, 1.0 for no discount"
+            )
         if not 0.0 <= self.immediate_weight <= 1.0:
             raise ValueError(
-                f"immediate_weight must be in [0, 1] (got {self.immediate_weight}); the seeds use 0.3"
+                f"immediate_weight must be in [0, 1] (got {self.immediate_weight}); the default is 0.3"
             )
 
 
@@ -85,7 +88,7 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
 def mix_immediate_final(
     immediate: Sequence[float], final: float, gamma: float, immediate_weight: float = 0.3
 ) -> list[float]:
-    """The seeds' mix: ``w * immediate[t] + (1 - w) * final * gamma**(T - 1 - t)``. [T] -> [T]."""
+    """The mixed credit: ``w * immediate[t] + (1 - w) * final * gamma**(T - 1 - t)``. [T] -> [T]."""
     n = len(immediate)
     return [
         immediate_weight * float(r) + (1.0 - immediate_weight) * final * gamma ** (n - 1 - t)

@@ -4,7 +4,7 @@
 usable candidate: a format failure) into a :class:`RewardBreakdown` whose ``components`` sum to
 ``total``, so every term can be logged. Four kinds (:class:`RewardKind`):
 
-``GATED_SHAPED`` (the seeds' critique.md, default)
+``GATED_SHAPED`` (default)
     Gate: compiled and every verification trial passed, else no shaped reward.
     Shaped: ``0.5*pass_rate + 0.4*speedup_norm - 0.05*reg_pressure - 0.05*smem_over
     - 0.1*timeout``, bonuses ``+0.05`` for warp shuffles (``__shfl`` in the source) and ``+0.05``
@@ -12,7 +12,7 @@ usable candidate: a format failure) into a :class:`RewardBreakdown` whose ``comp
     Compile-only credit: a candidate that compiled but did not pass the gate gets
     ``compile_credit`` (0.1). This matters on a machine without a GPU, where every compiled
     candidate ends as ``no_gpu``: compiling is then the only signal, and it is the reward.
-``WEIGHTED`` (the seeds' requirements.md ``calculate_final_reward``)
+``WEIGHTED`` (a fixed weighting of speed, correctness, efficiency and compiling)
     ``0.4*min(speedup/target, cap) + 0.3*correct + 0.2*efficiency + 0.1*compiles``.
 ``ROOFLINE``
     ``0.3*correct + 0.6*roofline + 0.1*compiles`` with ``roofline = benchmark.fraction_of_peak``
@@ -84,7 +84,8 @@ class RewardConfig:
     # Subtracted when a turn resubmits a kernel an earlier turn of its episode wrote. Without it
     # a copied correct kernel earns what writing it earned, so copying is the safe policy: with
     # repair pairs in its SFT data the Optimizer resubmitted its input in most turns
-    # (docs/BENCHMARKS.md, twelfth session). Off by default: its effect on GRPO is unmeasured.
+    # (docs/training.md, "Optimizer repair pairs"). Off by default: its effect on GRPO is
+    # unmeasured.
     repeat_penalty: float = 0.0
 
     def __post_init__(self) -> None:
@@ -198,9 +199,9 @@ def _gated_shaped(result: EvalResult, cfg: RewardConfig, source: str | None) -> 
 
 
 def _weighted(result: EvalResult, cfg: RewardConfig) -> RewardBreakdown:
-    # The seeds write `correctness_score = 1.0 if all_tests_pass else 0.0 * 0.3`, which Python
-    # parses as `1.0 if ... else (0.0 * 0.3)`: a correct kernel would score 1.0, not 0.3, and the
-    # compile term likewise 1.0, not 0.1. The intended weighting (0.4/0.3/0.2/0.1) is used here.
+    # Each term is scaled by its weight (0.4/0.3/0.2/0.1). Written inline as
+    # `1.0 if all_tests_pass else 0.0 * 0.3`, Python would parse `1.0 if ... else (0.0 * 0.3)`:
+    # a correct kernel would score 1.0, not 0.3, and the compile term likewise 1.0, not 0.1.
     w = cfg.resolved_weights()
     correct = result.correct
     comps = {
@@ -271,7 +272,7 @@ def has_smem_overuse(result: EvalResult, cfg: RewardConfig) -> bool:
 
 
 def efficiency(result: EvalResult, cfg: RewardConfig) -> float:
-    """The seeds' ``memory_efficiency * register_efficiency`` in [0, 1].
+    """``memory_efficiency * register_efficiency`` in [0, 1].
 
     memory efficiency = fraction of peak bandwidth when known, else 1 (the problem has no
     ``bytes_moved``, so the term measures register efficiency only); register efficiency =

@@ -4,15 +4,17 @@ The learner works on one *current* tier; a fraction of every batch reviews earli
 skills are not forgotten. Outcomes are recorded per tier (the tier of the problem, so review
 episodes count for their own tier) into rolling windows. The current tier's gate opens when,
 over its window and after a minimum number of episodes on it, the compile rate and pass rate
-are above their thresholds (defaults from the seeds' critique: compile > 0.9, pass > 0.75)
-and, optionally, the geometric-mean speedup of correct kernels reaches a floor.
+are above their thresholds (defaults: compile > 0.9, pass > 0.75, so a tier counts as learnt
+only when nearly every kernel compiles and most are correct) and, optionally, the
+geometric-mean speedup of correct kernels reaches a floor.
 
 Within a tier, problems are drawn uniformly by default. With ``family_sampling="signal"`` a
 family is drawn first, weighted by how much GRPO can learn from it: p(1-p) of its recent pass
-rate p (the spread of a group's outcomes), never below ``family_floor``. Why: in run H
-(2026-11-25) the families GRPO's Generator already solved (add, relu, tanh, ...: pass rate
+rate p (the spread of a group's outcomes), never below ``family_floor``. Why: under uniform draws
+the families GRPO's Generator already solved (add, relu, tanh, ...: pass rate
 0.92-1.00) made up 28% of the rollouts and 10 of their 61 groups were mixed, while those it
-half solved (p(1-p) near 0.25, 57 of 68 groups mixed) came up no more often.
+half solved (p(1-p) near 0.25, 57 of 68 groups mixed) came up no more often. In 12 steps
+it changed neither the share of mixed groups nor held-out reward (docs/training.md).
 
 Everything here is plain Python: sampling takes an explicit ``random.Random``; state is a
 JSON-serialisable dict so checkpoints restore it exactly.
@@ -40,7 +42,8 @@ STATE_VERSION = 1
 
 @dataclass(kw_only=True, frozen=True)
 class TierGate:
-    """When a tier is mastered. Rates are strict lower bounds, as in the seeds."""
+    """When a tier is mastered. Rates are strict lower bounds: a rate equal to the threshold
+    does not open the gate."""
 
     min_compile_rate: float = 0.9
     min_pass_rate: float = 0.75
@@ -340,8 +343,8 @@ class Curriculum:
     def warm_family_windows(self, counts: Mapping[str, tuple[int, int]]) -> None:
         """Starts each family's window from ``(passes, episodes)`` measured elsewhere (an
         earlier run's rollouts), so ``family_sampling="signal"`` weighs the families from its
-        first draw. From empty windows every family starts at 0.25: in run I (2026-11-25) each
-        family saw about 10 episodes in 12 steps, and the solved families' share of the draws
+        first draw. From empty windows every family starts at 0.25: in a 12-step run each
+        family saw about 10 episodes, and the solved families' share of the draws
         fell only from 28% to 25%. Families without counts start empty; a checkpoint's state,
         loaded after this, replaces all of it."""
         for family, (passes, episodes) in counts.items():

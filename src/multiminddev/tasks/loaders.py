@@ -670,7 +670,7 @@ def _builtin(parts: list[str]) -> list[Problem]:
     for part in (p.strip() for p in parts if p.strip()):
         if part.lower() in _DTYPES:
             # e.g. GRPO review problems of one dtype only: a float32-only mix taught the
-            # Generator to write float kernels for float16 problems (session 24)
+            # Generator to write float kernels for float16 problems (docs/training.md)
             dtype = _DTYPES[part.lower()]
         elif m := _TIER_RE.match(part):
             tiers.append(int(m.group(1)))

@@ -1,7 +1,7 @@
 """Optimizer repair pairs: a broken kernel and the Tester's real report on it -> a correct kernel.
 
 Why: the Optimizer's SFT pairs (``sft_data.optimizer_examples``) all start from a correct kernel.
-In the held-out episodes of 2026-11-24 (docs/BENCHMARKS.md) the Optimizer never repaired a
+In held-out episodes after SFT the Optimizer never repaired a
 failed Generator kernel: it resubmitted the same defect turn after turn (an undefined ``absf``,
 a ``float*`` kernel for float16 tensors). These pairs show it defects, the Tester's report on
 them, and the fix.
@@ -22,15 +22,15 @@ run it) is dropped, so no report is invented. Defects:
   its wrong outputs; on a CPU machine it is dropped.
 
 The first two are one-token edits: trained on alone, with ``float16_kernel``, they taught the
-Optimizer to resubmit its input unchanged (docs/BENCHMARKS.md, twelfth session).
+Optimizer to resubmit its input unchanged (docs/training.md, "Optimizer repair pairs").
 
 The reply is the problem's correct naive kernel: correct first. With ``reply=FAST`` it is the
 problem's fast kernel where the corpus has one (else the naive one), the same target the
 Optimizer's naive -> fast pairs train on: a wrong Generator kernel is then answered with the
 problem's fast kernel, written from the reference ``Model``. Why: fast_1 on the held-out problems
 comes only from ``cumsum`` and ``transpose``, and only when the Generator's kernel was correct;
-on the seeds where the Generator wrote another operation (an identity copy for ``transpose``)
-the Optimizer never fixed it (docs/BENCHMARKS.md, twenty-first session).
+where the Generator wrote another operation (an identity copy for ``transpose``) the Optimizer
+never fixed it.
 """
 
 from __future__ import annotations

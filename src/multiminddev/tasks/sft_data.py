@@ -127,10 +127,11 @@ def strip_comment_lines(source: str) -> str:
     inside its (multi-line) CUDA strings. Code, docstrings, ``#define``/``#include``/``#pragma``
     lines (inside strings) and comments after code stay.
 
-    Why: in the eighteenth session's held-out episodes, 12 of the 20 Optimizer turns that broke
+    Why: in held-out episodes after SFT, 12 of the 20 Optimizer turns that broke
     a correct kernel went astray on a comment line of the fast solution (cumsum's "// One warp
     per row: 32-wide chunks, ..."): a 135M model continues such prose with more prose and never
-    gets back to code. As SFT targets, the comments cost tokens and teach nothing it can use.
+    gets back to code. As SFT targets, the comments cost tokens and teach nothing it can use
+    (docs/training.md, "Comment-free Optimizer targets").
     A source that does not tokenize is returned unchanged."""
     import io
     import tokenize
@@ -173,7 +174,7 @@ def _origin(problem: Problem) -> str:
 # --------------------------------------------------------------------------- operation line
 
 # The first line of a reply's CUDA source restates what the problem computes, copied from its
-# Model.forward (``operation_line``). Why (run J, 2026-11-25): the token after ``CUDA_SRC =
+# Model.forward (``operation_line``). Why: the token after ``CUDA_SRC =
 # r'''`` picks the kernel's template -- ``#define`` for the element-wise one, ``extern`` for
 # the others -- and that context is the same for every family. GRPO's updates on element-wise
 # rollouts raised ``#define`` there for every prompt: the Generator wrote the element-wise
@@ -181,6 +182,7 @@ def _origin(problem: Problem) -> str:
 # With the operation just above, the choice follows ``torch.cumsum(...)`` or ``torch.relu(...)``
 # instead of the same four tokens, and the ``op()`` body of a new element-wise operation is
 # written a few lines below its torch expression rather than after the whole module header.
+# Measured effect: docs/training.md, "Operation line".
 OPERATION_LINE_PREFIX = "// computes: "
 _OPERATION_MAX_CHARS = 160
 _CUDA_STRING_OPEN = re.compile(r"^[A-Za-z_]\w*\s*=\s*[rR]?(?:'''|\"\"\")[ \t]*\n", re.MULTILINE)

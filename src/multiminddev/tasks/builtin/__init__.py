@@ -6,7 +6,7 @@
 Tier 0: elementwise ops and activations. Tier 1: reductions, scans, transposes, mat-vec,
 gathers. Tier 2: softmax, norms, matmul variants, pooling, convolution. Tier 3: fused patterns
 (linear + activation, scaled softmax, residual + norm, bias + GELU, SwiGLU, attention).
-Every family has a naive reference solution; most have a faster one. docs/CORPUS.md lists them.
+Every family has a naive reference solution; most have a faster one. docs/corpus.md lists them.
 
 Apart from the corpus, ``breadth_problems()`` gives the SFT-only "breadth" families
 (``breadth.py``): more elementwise operations for SFT, never split or evaluated; and

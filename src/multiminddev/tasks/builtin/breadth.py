@@ -24,7 +24,7 @@ second such list, for GRPO only: SFT never sees them (``builtin:breadth`` does n
 and none computes a corpus or breadth family's operation. Why: after SFT, every family GRPO
 trained on was one SFT had taught, so GRPO only sharpened memorised kernels; the held-out
 failures are operations the Generator was never shown (``abs``, ``softplus``, ``scale``: it
-writes ``hardtanh``'s ``op()`` body, run J, 2026-11-25). On unseen operations a correct
+writes ``hardtanh``'s ``op()`` body). On unseen operations a correct
 kernel needs the ``forward`` read and translated, which is what these reward. Their problems
 carry no marker (spec.py's ``Family.practice`` says why): their names are disjoint from the
 corpus's and breadth's, and ``reference_solution`` finds them by name.

@@ -238,7 +238,7 @@ _SLOPE = (("negative_slope", "0.01"),)
 def tier0_families() -> list[Family]:
     u, b = unary_family, binary_family
     # with_fast=False: the vectorised variant did not measure faster than the naive one on an
-    # H200 (2026-11-22, tests/tasks/test_gpu_solutions.py; 0.87-1.01x), so it is not offered.
+    # H200 (tests/tasks/test_gpu_solutions.py; 0.87-1.01x), so it is not offered.
     return [
         u("relu", "ReLU: max(x, 0)", "torch.relu(x)", "fmaxf(v, 0.f)", half=True),
         u("leaky_relu", "Leaky ReLU with a negative slope", "F.leaky_relu(x, self.negative_slope)",
@@ -394,8 +394,8 @@ def fused_elementwise_families() -> list[Family]:
         bytes_moved=lambda s: 4 * (2 * int(s["M"]) * int(s["N"]) + int(s["N"])),
         flops=lambda s: 6 * int(s["M"]) * int(s["N"]),
         naive=_bias_gelu_solution(False),
-        # The vectorised variant measured 0.83x of the naive one on an H200 (2026-11-22,
-        # tests/tasks/test_gpu_solutions.py): a "fast" solution must measure faster, so none.
+        # The vectorised variant measured 0.83x of the naive one on an H200
+        # (tests/tasks/test_gpu_solutions.py): a "fast" solution must measure faster, so none.
         fast=None,
         tags=("fused", "memory-bound"),
     )

@@ -1,11 +1,11 @@
 """Resized training shapes: more sizes of a training family, none of them a corpus shape.
 
 Why: after SFT on the training split, the embedded 135M model got a training family wrong at
-its held-out *size* in 8-9 of 39 held-out problems on every seed (eleventh GPU session:
-``argmax_dim``, ``cumsum``, ``max_dim``, ``matvec``, ``embedding``, ``transpose`` and the
-float16 ``add`` / ``relu``). Its reply named the right family in its docstring and then wrote
-the kernel of a sibling family that had trained at that size (``sum_dim`` at 4096x4096), or the
-float32 kernel for float16 tensors. A reference solution does not depend on the sizes, so a
+its held-out *size* in 8-9 of 39 held-out problems on every seed (``argmax_dim``, ``cumsum``,
+``max_dim``, ``matvec``, ``embedding``, ``transpose`` and the float16 ``add`` / ``relu``). Its
+reply named the right family in its docstring and then wrote the kernel of a sibling family
+that had trained at that size (``sum_dim`` at 4096x4096), or the float32 kernel for float16
+tensors. A reference solution does not depend on the sizes, so a
 prompt should not either: SFT (or GRPO) on the same families at other sizes teaches the model
 to read the operation and the dtype, not the numbers.
 
@@ -21,8 +21,8 @@ Why a range that ignores the family's own sizes: the first version scaled each t
 by 0.5-2x, so a family trained only on tall shapes (``argmax_dim`` at 16384x1024 and
 1024x16383) got only more tall shapes, and the held-out square one (4096x4096) still looked
 like its siblings' training shapes. SFT with it fixed one held-out size of a training family in
-one of two seeds; with this range, 64% of the held-out problems instead of 56% (thirteenth GPU
-session, docs/BENCHMARKS.md).
+one of two seeds; with this range, 64% of the held-out problems instead of 56% (docs/training.md,
+"SFT data: resized training shapes").
 Deterministic: each shape comes from its own ``random.Random`` seeded with a sha256 of the
 split seed, the family, the dtype and the shape's index.
 """
