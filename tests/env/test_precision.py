@@ -73,6 +73,23 @@ def test_tensors_made_inside_forward_are_float64_and_the_default_dtype_is_restor
     assert torch.get_default_dtype() == torch.float32
 
 
+class _PlainAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.tensor(1 / 3)
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_floating_plain_attributes_are_widened_in_the_copy_only():
+    model = _PlainAttribute()
+    truth = ground_truth_outputs(model, [torch.ones(2)])
+    assert truth.available and truth.outputs[0].dtype == torch.float64
+    assert float(truth.outputs[0][0]) == float(torch.tensor(1 / 3))  # float32's 1/3, widened
+    assert model.scale.dtype == torch.float32
+
+
 class _Casts(nn.Module):
     def forward(self, x):
         return x.float() * 2

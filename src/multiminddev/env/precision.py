@@ -32,7 +32,8 @@ class GroundTruth:
 
     ``outputs`` are on the CPU, one per model output: floating outputs as float64 (complex as
     complex128), other outputs (integer, bool, non-tensors) as the float64 model returned them.
-    A float64 output is twice the bytes of the float32 reference output."""
+    A float64 output is twice the bytes of the float32 reference output; the float64 copy of
+    the model takes twice its parameters' memory on the GPU while it runs."""
 
     outputs: list[Any] | None
     reason: str = ""  # why ``outputs`` is None
@@ -62,7 +63,7 @@ def ground_truth_outputs(model: Any, inputs: Sequence[Any]) -> GroundTruth:
     devices = sorted({x.device.index or 0 for x in _tensors(inputs) if x.device.type == "cuda"})
     default_dtype = torch.get_default_dtype()
     try:
-        twin = twin.double()
+        twin = _widen_attributes(twin.double())
         wide = [_widen(x) for x in inputs]
         watch = _LowPrecisionWatch()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
@@ -188,6 +189,18 @@ def _widen(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_widen(v) for v in value)
     return value
+
+
+def _widen_attributes(model: Any) -> Any:
+    """Floating tensors kept as plain attributes (``self.scale = torch.tensor(0.5)``), which
+    ``Module.double()`` leaves alone, widened too (the model is the deep copy)."""
+    import torch
+
+    for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+        for name, value in list(vars(module).items()):
+            if _is_floating(value) and not isinstance(value, torch.nn.Parameter):
+                setattr(module, name, _widen(value))
+    return model
 
 
 def _tensors(values: Sequence[Any]) -> list[Any]:
