@@ -406,37 +406,52 @@ class ErrorStats:
 
 def error_stats(truth: torch.Tensor, eager: torch.Tensor, candidate: torch.Tensor) -> ErrorStats:
     """``ErrorStats`` in one pass of one-thread chunks (see CHUNK_ELEMENTS) with reused float64
-    buffers; a chunk holding a NaN or Inf is redone without its non-finite elements."""
+    buffers; a chunk holding a NaN or Inf is redone without its non-finite elements. No BLAS
+    (``torch.dot`` fans out to every core, and waits for busy ones: 2.7 s per 16M elements
+    on the loaded CPU machine against 0.15 s this way)."""
     g_flat, r_flat, a_flat = (t.detach().reshape(-1) for t in (truth, eager, candidate))
     n = g_flat.numel()
     stats = ErrorStats()
     if n == 0:
         return stats
     size = min(n, CHUNK_ELEMENTS)
-    g_buf, da_buf, dr_buf = (torch.empty(size, dtype=torch.float64) for _ in range(3))
+    buffers = tuple(torch.empty(size, dtype=torch.float64) for _ in range(3))
     for start in range(0, n, CHUNK_ELEMENTS):
         stop = min(n, start + CHUNK_ELEMENTS)
-        k = stop - start
-        g, da, dr = g_buf[:k], da_buf[:k], dr_buf[:k]
-        g.copy_(g_flat[start:stop])
-        da.copy_(a_flat[start:stop]).sub_(g)
-        dr.copy_(r_flat[start:stop]).sub_(g)
-        sums = (float(torch.dot(da, da)), float(torch.dot(dr, dr)), float(torch.dot(g, g)))
-        if not all(math.isfinite(s) for s in sums):
-            finite = torch.isfinite(da) & torch.isfinite(dr) & torch.isfinite(g)
-            g, da, dr = g[finite], da[finite], dr[finite]
-            k = g.numel()
-            if not k:
+        sources = (g_flat[start:stop], r_flat[start:stop], a_flat[start:stop])
+        count, sums = stop - start, _chunk_sums(*_chunk_errors(buffers, *sources))
+        if not all(math.isfinite(v) for v in sums):
+            g, dr, da = _chunk_errors(buffers, *sources)
+            finite = torch.isfinite(g) & torch.isfinite(dr) & torch.isfinite(da)
+            count = int(finite.sum())
+            if not count:
                 continue
-            sums = (float(torch.dot(da, da)), float(torch.dot(dr, dr)), float(torch.dot(g, g)))
-        stats.count += k
-        stats.candidate_sq += sums[0]
+            sums = _chunk_sums(g[finite], dr[finite], da[finite])
+        stats.count += count
+        stats.truth_sq += sums[0]
         stats.eager_sq += sums[1]
-        stats.truth_sq += sums[2]
-        stats.candidate_max = max(stats.candidate_max, float(da.abs_().max()))
-        stats.eager_max = max(stats.eager_max, float(dr.abs_().max()))
-        stats.truth_max = max(stats.truth_max, float(g.abs_().max()))
+        stats.candidate_sq += sums[2]
+        stats.truth_max = max(stats.truth_max, sums[3])
+        stats.eager_max = max(stats.eager_max, sums[4])
+        stats.candidate_max = max(stats.candidate_max, sums[5])
     return stats
+
+
+def _chunk_errors(buffers: tuple[torch.Tensor, ...], g_src: torch.Tensor, r_src: torch.Tensor,
+                  a_src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g, r - g and a - g of one chunk in float64, in the first ``len`` of ``buffers``."""
+    k = g_src.numel()
+    g, dr, da = (b[:k] for b in buffers)
+    g.copy_(g_src)
+    dr.copy_(r_src).sub_(g)
+    da.copy_(a_src).sub_(g)
+    return g, dr, da
+
+
+def _chunk_sums(*values: torch.Tensor) -> tuple[float, ...]:
+    """Sums of squares, then maxima of absolute values, of each tensor (overwritten)."""
+    maxima = [float(v.abs_().max()) for v in values]
+    return tuple(float(v.mul_(v).sum()) for v in values) + tuple(maxima)
 
 
 def verify_precision(
