@@ -163,7 +163,7 @@ def _watch_mode_class() -> type:
 
     wide = (torch.float64, torch.complex128)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: N807
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         watch = self.watch
         if not watch.seen:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from multiminddev.env.config import EvalConfig
 from multiminddev.env.precision import OutputLayout
 from multiminddev.env.results import StageStatus, TrialMismatch, VerifyResult
 
@@ -365,7 +366,7 @@ class PrecisionBudget:
     floor_ulps: float  # eager's error counts as at least this many ulps of the output
 
     @classmethod
-    def from_config(cls, cfg: Any) -> PrecisionBudget:
+    def from_config(cls, cfg: EvalConfig) -> PrecisionBudget:
         return cls(error_multiple=cfg.precision_error_multiple,
                    half_error_multiple=cfg.precision_half_error_multiple,
                    max_error_factor=cfg.precision_max_error_factor,
@@ -439,7 +440,7 @@ def error_stats(truth: torch.Tensor, eager: torch.Tensor, candidate: torch.Tenso
 
 def _chunk_errors(buffers: tuple[torch.Tensor, ...], g_src: torch.Tensor, r_src: torch.Tensor,
                   a_src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """g, r - g and a - g of one chunk in float64, in the first ``len`` of ``buffers``."""
+    """g, r - g and a - g of one chunk in float64, written into the start of ``buffers``."""
     k = g_src.numel()
     g, dr, da = (b[:k] for b in buffers)
     g.copy_(g_src)
