@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 import torch
 
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.precision import OutputLayout, output_layout
 from multiminddev.env.results import StageStatus
-from multiminddev.env.verify import compare_tensor, error_magnitudes, verify_outputs
+from multiminddev.env.verify import (
+    PrecisionBudget,
+    compare_tensor,
+    error_magnitudes,
+    error_stats,
+    layout_mismatches,
+    verify_outputs,
+    verify_precision,
+)
 
 
 def _pair(seed=0, shape=(64, 33)):
@@ -183,3 +193,246 @@ def test_chunked_report_matches_a_whole_tensor_reference():
     diff = np.abs(a - e)[finite]
     assert m.max_abs_error == pytest.approx(float(diff.max()))
     assert m.max_rel_error == pytest.approx(float((diff / np.abs(e)[finite]).max()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision by error budget: real CPU computations of honest and reduced-precision kernels
+# ---------------------------------------------------------------------------------------------
+
+BUDGET = PrecisionBudget.from_config(EvalConfig())
+
+
+def _judge(truth, eager, cand, *, rtol=1e-4):
+    return verify_precision([truth], [eager], [cand], budget=BUDGET, rtol=rtol)
+
+
+def _tf32(x):
+    """Round float32 values to TF32's 10-bit mantissa (to nearest), as tensor cores read them."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + (1 << 12)) & ~((1 << 13) - 1)).view(torch.float32)
+
+
+def _matmul_problem(k=4096, seed=0, n=64):
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(n, k, generator=gen), torch.randn(k, n, generator=gen)
+    return a, b, a.double() @ b.double(), a @ b
+
+
+def _rows(n=4096, rows=256, seed=1, dtype=torch.float32):
+    return torch.randn(rows, n, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def _sequential_sum(x, acc_dtype):
+    """One thread per row, looping over the row in order (accumulator in ``acc_dtype``)."""
+    acc = torch.zeros(x.shape[0], dtype=acc_dtype)
+    for k in range(x.shape[1]):
+        acc = acc + x[:, k].to(acc_dtype)
+    return acc
+
+
+def _pairwise_sum(x):
+    while x.shape[1] > 1:
+        x = x[:, 0::2] + x[:, 1::2]
+    return x[:, 0]
+
+
+def _kahan_sum(x):
+    total, comp = torch.zeros(x.shape[0]), torch.zeros(x.shape[0])
+    for k in range(x.shape[1]):
+        y = x[:, k] - comp
+        t = total + y
+        comp = (t - total) - y
+        total = t
+    return total
+
+
+def _perturb_ulps(x, max_ulps, seed=2):
+    """Move every element by a random number of ulps in [-max_ulps, max_ulps] (fast-math)."""
+    steps = torch.randint(-max_ulps, max_ulps + 1, x.shape,
+                          generator=torch.Generator().manual_seed(seed), dtype=torch.int32)
+    return (x.contiguous().view(torch.int32) + steps).view(torch.float32)
+
+
+def test_tf32_matmul_in_a_float32_problem_is_rejected():
+    a, b, truth, eager = _matmul_problem()
+    [m] = _judge(truth, eager, _tf32(a) @ _tf32(b))
+    assert m.reason == "precision" and "reduced precision" in m.message
+    assert "float32" in m.message and "eager PyTorch's" in m.message
+
+
+def test_float16_compute_upcast_in_a_float32_problem_is_rejected():
+    a, b, truth, eager = _matmul_problem()
+    [m] = _judge(truth, eager, (a.half() @ b.half()).float())
+    assert m.reason == "precision"
+
+
+@pytest.mark.parametrize("acc_dtype", [torch.float16, torch.bfloat16])
+def test_half_accumulation_of_a_float32_sum_is_rejected(acc_dtype):
+    x = _rows()
+    [m] = _judge(x.double().sum(1), x.sum(1), _sequential_sum(x, acc_dtype).float())
+    assert m.reason == "precision"
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda x: _sequential_sum(x, torch.float32), _pairwise_sum, _kahan_sum,
+], ids=["sequential", "pairwise", "kahan"])
+def test_float32_sums_in_another_order_are_accepted(kernel):
+    x = _rows()
+    assert _judge(x.double().sum(1), x.sum(1), kernel(x)) == []
+
+
+def test_float32_matmul_with_a_sequential_k_loop_is_accepted():
+    a, b, truth, eager = _matmul_problem()
+    acc = torch.zeros(64, 64)
+    for k in range(a.shape[1]):
+        acc = torch.addcmul(acc, a[:, k:k + 1], b[k:k + 1, :])
+    assert _judge(truth, eager, acc) == []
+
+
+def test_fast_math_exp_a_few_ulps_off_is_accepted():
+    x = _rows(n=1024, rows=64)
+    eager = torch.exp(x)
+    assert _judge(torch.exp(x.double()), eager, _perturb_ulps(eager, 4)) == []
+
+
+def test_a_few_ulps_pass_where_eager_is_exact():
+    x = _rows(n=1024, rows=64)
+    eager = torch.relu(x)
+    stats = error_stats(torch.relu(x.double()), eager, eager)
+    assert stats.eager_rms == 0.0
+    assert _judge(torch.relu(x.double()), eager, _perturb_ulps(eager, 2)) == []
+
+
+def test_reduced_precision_in_a_small_part_of_the_output_fails_the_max_bound():
+    a, b, truth, eager = _matmul_problem(n=256)
+    cand = eager.clone()
+    cand[0, :4] = (_tf32(a[:1]) @ _tf32(b[:, :4]))[0]  # 4 of 65536 elements in TF32
+    stats = error_stats(truth, eager, cand)
+    assert stats.candidate_rms <= BUDGET.error_multiple * stats.eager_rms  # RMS alone misses it
+    [m] = _judge(truth, eager, cand)
+    assert m.reason == "precision" and "in part of the output" in m.message
+
+
+def test_float16_sum_accumulated_in_float32_is_accepted():
+    x = _rows(dtype=torch.float16)
+    cand = _sequential_sum(x, torch.float32).half()
+    assert _judge(x.double().sum(1), x.sum(1), cand, rtol=1e-2) == []
+
+
+def test_float16_matmul_accumulated_in_float32_is_accepted():
+    a, b, _, _ = _matmul_problem(k=1024)
+    a, b = a.half(), b.half()
+    truth = a.double() @ b.double()
+    assert _judge(truth, a @ b, (a.float() @ b.float()).half(), rtol=1e-2) == []
+
+
+def _small_float16_outputs():
+    x = (1e-3 * _rows(n=256, rows=64)).half()
+    return torch.tanh(x.double()), torch.tanh(x)
+
+
+@pytest.mark.parametrize("fill", [0.0, 1e-3])
+def test_constant_output_of_a_small_float16_problem_is_rejected(fill):
+    truth, eager = _small_float16_outputs()
+    cand = torch.full_like(eager, fill)
+    assert compare_tensor(eager, cand, atol=1e-2, rtol=1e-2) is None  # a bare atol passes it
+    [m] = _judge(truth, eager, cand, rtol=1e-2)
+    assert m.reason == "precision" and "wrong" in m.message
+
+
+def test_constant_output_of_a_bfloat16_problem_is_rejected():
+    x = _rows(n=256, rows=64, dtype=torch.bfloat16)
+    eager = torch.tanh(x)
+    [m] = _judge(torch.tanh(x.double()), eager, torch.zeros_like(eager), rtol=1e-2)
+    assert m.reason == "precision"
+
+
+def test_without_ground_truth_a_constant_float16_output_is_rejected():
+    _, eager = _small_float16_outputs()
+    [m] = verify_precision(None, [eager], [torch.zeros_like(eager)], budget=BUDGET, rtol=1e-2)
+    assert m.reason == "precision"
+
+
+def test_without_ground_truth_an_honest_float16_kernel_is_accepted():
+    x = _rows(dtype=torch.float16)
+    cand = _sequential_sum(x, torch.float32).half()
+    assert verify_precision(None, [x.sum(1)], [cand], budget=BUDGET, rtol=1e-2) == []
+
+
+def test_non_finite_elements_are_left_to_verify_outputs():
+    x = _rows(n=1024, rows=64)
+    truth, eager = x.double().sum(1), x.sum(1)
+    truth[3], eager[3] = float("inf"), float("inf")
+    cand = _pairwise_sum(x)
+    cand[3] = float("inf")
+    assert _judge(truth, eager, cand) == []
+
+
+def test_outputs_of_other_dtypes_or_shapes_are_not_judged():
+    ints = torch.arange(6)
+    wrong_shape = torch.zeros(2, 3)
+    found = verify_precision([ints.double(), torch.ones(3, 2, dtype=torch.float64)],
+                             [ints, torch.ones(3, 2)], [ints + 1, wrong_shape],
+                             budget=BUDGET, rtol=1e-4)
+    assert found == []
+
+
+def test_error_stats_match_a_direct_float64_computation():
+    gen = torch.Generator().manual_seed(5)
+    truth = torch.randn(40_000, generator=gen, dtype=torch.float64)  # spans several chunks
+    eager = truth.float()
+    cand = (truth + 1e-3 * torch.randn(40_000, generator=gen, dtype=torch.float64)).float()
+    stats = error_stats(truth, eager, cand)
+    da, dr = cand.double() - truth, eager.double() - truth
+    assert stats.count == 40_000
+    assert stats.candidate_rms == pytest.approx(float(da.pow(2).mean().sqrt()), rel=1e-12)
+    assert stats.eager_rms == pytest.approx(float(dr.pow(2).mean().sqrt()), rel=1e-12)
+    assert stats.truth_rms == pytest.approx(float(truth.pow(2).mean().sqrt()), rel=1e-12)
+    assert stats.candidate_max == float(da.abs().max())
+    assert stats.truth_max == float(truth.abs().max())
+
+
+def test_mismatch_reports_the_trial_and_output():
+    a, b, truth, eager = _matmul_problem(k=512)
+    ok = eager.clone()
+    [m] = verify_precision([truth, truth], [eager, eager], [ok, _tf32(a) @ _tf32(b)],
+                           budget=BUDGET, rtol=1e-4, trial=3)
+    assert (m.trial, m.output_index) == (3, 1) and m.message.startswith("trial 3, output 1")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def test_expanded_output_is_rejected_when_the_reference_is_dense():
+    ref = output_layout(torch.zeros(8, 16))
+    cand = output_layout(torch.zeros(8, 1).expand(8, 16))
+    [m] = layout_mismatches([ref], [cand], trial=1)
+    assert m.reason == "layout" and "stride 0" in m.message and m.trial == 1
+
+
+def test_gapped_view_output_is_rejected():
+    ref = output_layout(torch.zeros(8, 16))
+    cand = output_layout(torch.zeros(8, 32)[:, :16])
+    [m] = layout_mismatches([ref], [cand])
+    assert m.reason == "layout" and "gaps" in m.message
+
+
+def test_non_dense_output_is_accepted_when_the_reference_is_not_dense():
+    ref = output_layout(torch.zeros(8, 1).expand(8, 16))
+    cand = output_layout(torch.zeros(1, 16).expand(8, 16))
+    assert layout_mismatches([ref], [cand]) == []
+
+
+def test_transposed_output_is_dense():
+    assert layout_mismatches([output_layout(torch.zeros(8, 16))],
+                             [output_layout(torch.zeros(16, 8).t())]) == []
+
+
+def test_layout_survives_a_round_trip_as_plain_data():
+    layout = output_layout(torch.zeros(4, 1).expand(4, 5))
+    import json
+
+    again = OutputLayout.from_dict(json.loads(json.dumps(layout.to_dict())))
+    assert again == layout

@@ -101,6 +101,24 @@ class EvalConfig:
     # sharing the H100 out of memory (run F, 2026-11-25). None: no cap.
     candidate_memory_factor: float | None = 4.0
     candidate_memory_floor_gib: float = 2.0
+    # Precision by error budget (verify.verify_precision): a float32 output's error against a
+    # float64 ground truth of the reference may be at most precision_error_multiple times eager
+    # PyTorch's own (RMS over the output). Honest float32 kernels measured 0.3-9x eager on
+    # 4096-term sums (sequential loops 0.14 * sqrt(n) x: 32 holds them up to n ~ 50,000); TF32
+    # or float16 inputs measured 1000x and more, float16/bfloat16 accumulation 70,000x and more.
+    precision_check: bool = True
+    precision_error_multiple: float = 32.0
+    # float16/bfloat16 outputs: the final rounding dominates whatever the accumulation order, so
+    # a smaller multiple; 8 still fails a constant output (1024 float16 ulps, 128 bfloat16 ulps).
+    precision_half_error_multiple: float = 8.0
+    # The largest element error may be this times the RMS multiple times eager's largest error:
+    # honest sequential sums measured 1-1.5x their RMS ratio; catches reduced precision used
+    # on a small part of the output, which barely moves the RMS.
+    precision_max_error_factor: float = 4.0
+    # Eager's error counts as at least this many ulps of the output's magnitude (RMS, or max
+    # for the max bound): exact ops (relu, copies) have zero eager error, and honest fast-math
+    # (__expf, rsqrtf) is a few ulps off.
+    precision_floor_ulps: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.start_method, str) and not isinstance(self.start_method, StartMethod):
@@ -138,6 +156,15 @@ class EvalConfig:
         if self.candidate_memory_floor_gib <= 0:
             raise ValueError("candidate_memory_floor_gib must be > 0 GiB, got "
                              f"{self.candidate_memory_floor_gib}")
+        for name in ("precision_error_multiple", "precision_half_error_multiple",
+                     "precision_max_error_factor"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (a multiple of eager PyTorch's own error), "
+                                 f"got {getattr(self, name)}; set precision_check=False to skip "
+                                 "the check")
+        if self.precision_floor_ulps <= 0:
+            raise ValueError("precision_floor_ulps must be > 0 (ulps of the output's magnitude), "
+                             f"got {self.precision_floor_ulps}")
         if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
             raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
         if self.cache_dir is None:  # resolved once, so the evaluator and its workers agree

@@ -6,10 +6,15 @@ candidate cannot influence the comparison. Per trial and output: count, shape, d
 becomes a ``TrialMismatch`` with max abs/rel error, the first bad indices and their values.
 Trials after the first failing one are only passed or failed (reason "unexamined"), so the
 result's max abs/rel error covers the passing trials and the first failing one.
+
+Also here, per trial: ``verify_precision`` (float32 within a multiple of eager's own error
+against a float64 ground truth; float16/bfloat16 by an error normalised by the output's
+magnitude) and ``layout_mismatches`` (outputs dense unless the reference's is not).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.precision import OutputLayout
 from multiminddev.env.results import StageStatus, TrialMismatch, VerifyResult
 
 MAX_REPORTED_INDICES = 5
@@ -322,3 +329,256 @@ def error_magnitudes(expected: torch.Tensor, actual: torch.Tensor) -> tuple[floa
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision by error budget
+# ---------------------------------------------------------------------------------------------
+#
+# A candidate's error is measured against a float64 ground truth ``g`` of the reference model
+# and compared with eager PyTorch's own error against the same ``g``; both as RMS (robust to a
+# few outliers) and as max (catches reduced precision in a small part of the output). Measured
+# on the CPU machine (units: ulps of the output's RMS, eps(dtype) * rms(g)):
+#   honest float32 kernels against torch's cascade sum / BLAS matmul, error / eager's error:
+#     sequential per-thread sum of n terms 0.14 * sqrt(n) (9x at 4096, 25x at 32768),
+#     32-lane strided + tree 2-4x, pairwise 0.7x, Kahan 0.3x; sequential matmul K=4096 4.5x
+#   reduced precision in a float32 problem, error / eager's error (and in RMS ulps):
+#     TF32 or float16 inputs to a float32 matmul 1000-1200x (2400 ulps, any K),
+#     bfloat16 inputs 8000-9000x, float16 accumulation of 4096 terms 70000x, bfloat16 5e5x
+# Eager's error is a few ulps or less when well-conditioned, and 0 for exact ops (relu, copies),
+# so the budget is a multiple of the larger of eager's error and ``floor_ulps`` ulps.
+# float16/bfloat16 outputs are dominated by their final rounding (~0.3 ulp RMS) whatever the
+# order of a float32 accumulation, so their multiple is smaller: with 8, a constant or zero
+# output (1024 ulps of float16 RMS, 128 of bfloat16) fails however small its values are.
+# Without a ground truth the check falls back to the same idea against eager itself: the RMS of
+# ``a - r`` within max(rtol, multiple * floor ulps) of eager's RMS magnitude.
+
+PRECISION_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(kw_only=True, frozen=True)
+class PrecisionBudget:
+    """How far a candidate's error may exceed eager's (see EvalConfig.precision_* for each)."""
+
+    error_multiple: float  # float32 outputs, RMS error
+    half_error_multiple: float  # float16 / bfloat16 outputs, RMS error
+    max_error_factor: float  # the max-error bound's multiple is this times the RMS one
+    floor_ulps: float  # eager's error counts as at least this many ulps of the output
+
+    @classmethod
+    def from_config(cls, cfg: EvalConfig) -> PrecisionBudget:
+        return cls(error_multiple=cfg.precision_error_multiple,
+                   half_error_multiple=cfg.precision_half_error_multiple,
+                   max_error_factor=cfg.precision_max_error_factor,
+                   floor_ulps=cfg.precision_floor_ulps)
+
+    def multiple(self, dtype: torch.dtype) -> float:
+        return self.error_multiple if dtype == torch.float32 else self.half_error_multiple
+
+
+@dataclass
+class ErrorStats:
+    """Errors of a candidate ``a`` and of eager ``r`` against a truth ``g``, over the elements
+    finite in all three (float64 sums; one chunked pass)."""
+
+    count: int = 0
+    candidate_sq: float = 0.0  # sum (a - g)^2
+    eager_sq: float = 0.0  # sum (r - g)^2
+    truth_sq: float = 0.0  # sum g^2
+    candidate_max: float = 0.0  # max |a - g|
+    eager_max: float = 0.0
+    truth_max: float = 0.0  # max |g|
+
+    def rms(self, total: float) -> float:
+        return math.sqrt(total / self.count) if self.count else 0.0
+
+    @property
+    def candidate_rms(self) -> float:
+        return self.rms(self.candidate_sq)
+
+    @property
+    def eager_rms(self) -> float:
+        return self.rms(self.eager_sq)
+
+    @property
+    def truth_rms(self) -> float:
+        return self.rms(self.truth_sq)
+
+
+def error_stats(truth: torch.Tensor, eager: torch.Tensor, candidate: torch.Tensor) -> ErrorStats:
+    """``ErrorStats`` in one pass of one-thread chunks (see CHUNK_ELEMENTS) with reused float64
+    buffers; a chunk holding a NaN or Inf is redone without its non-finite elements. No BLAS
+    (``torch.dot`` fans out to every core, and waits for busy ones: 2.7 s per 16M elements
+    on the loaded CPU machine against 0.15 s this way)."""
+    g_flat, r_flat, a_flat = (t.detach().reshape(-1) for t in (truth, eager, candidate))
+    n = g_flat.numel()
+    stats = ErrorStats()
+    if n == 0:
+        return stats
+    size = min(n, CHUNK_ELEMENTS)
+    buffers = tuple(torch.empty(size, dtype=torch.float64) for _ in range(3))
+    for start in range(0, n, CHUNK_ELEMENTS):
+        stop = min(n, start + CHUNK_ELEMENTS)
+        sources = (g_flat[start:stop], r_flat[start:stop], a_flat[start:stop])
+        count, sums = stop - start, _chunk_sums(*_chunk_errors(buffers, *sources))
+        if not all(math.isfinite(v) for v in sums):
+            g, dr, da = _chunk_errors(buffers, *sources)
+            finite = torch.isfinite(g) & torch.isfinite(dr) & torch.isfinite(da)
+            count = int(finite.sum())
+            if not count:
+                continue
+            sums = _chunk_sums(g[finite], dr[finite], da[finite])
+        stats.count += count
+        stats.truth_sq += sums[0]
+        stats.eager_sq += sums[1]
+        stats.candidate_sq += sums[2]
+        stats.truth_max = max(stats.truth_max, sums[3])
+        stats.eager_max = max(stats.eager_max, sums[4])
+        stats.candidate_max = max(stats.candidate_max, sums[5])
+    return stats
+
+
+def _chunk_errors(buffers: tuple[torch.Tensor, ...], g_src: torch.Tensor, r_src: torch.Tensor,
+                  a_src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """g, r - g and a - g of one chunk in float64, written into the start of ``buffers``."""
+    k = g_src.numel()
+    g, dr, da = (b[:k] for b in buffers)
+    g.copy_(g_src)
+    dr.copy_(r_src).sub_(g)
+    da.copy_(a_src).sub_(g)
+    return g, dr, da
+
+
+def _chunk_sums(*values: torch.Tensor) -> tuple[float, ...]:
+    """Sums of squares, then maxima of absolute values, of each tensor (overwritten)."""
+    maxima = [float(v.abs_().max()) for v in values]
+    return tuple(float(v.mul_(v).sum()) for v in values) + tuple(maxima)
+
+
+def verify_precision(
+    ground_truth: Sequence[Any] | None,
+    reference: Sequence[Any],
+    candidate: Sequence[Any],
+    *,
+    budget: PrecisionBudget,
+    rtol: float,
+    trial: int = 0,
+) -> list[TrialMismatch]:
+    """Precision mismatches (reason "precision") of one trial's outputs.
+
+    ``ground_truth[k]``: output ``k`` of the float64 model (``precision.ground_truth_outputs``),
+    or ``ground_truth`` None when unavailable; ``reference[k]``: eager's output in the
+    problem's dtype; ``candidate[k]``: the candidate's. CPU tensors. Only float32, float16
+    and bfloat16 outputs whose shape and dtype match the reference's are judged: anything else
+    is ``verify_outputs``' to report. ``rtol`` is the problem's, used only without a truth."""
+    found = []
+    for index, (ref, cand) in enumerate(zip(reference, candidate)):
+        if not (isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor)):
+            continue
+        if ref.dtype not in PRECISION_DTYPES or cand.dtype != ref.dtype or cand.shape != ref.shape:
+            continue
+        truth = ground_truth[index] if ground_truth is not None and index < len(ground_truth) else None
+        if isinstance(truth, torch.Tensor) and truth.shape == ref.shape:
+            mismatch = _budget_mismatch(error_stats(truth, ref, cand), ref.dtype, budget,
+                                        trial=trial, output_index=index)
+        else:
+            mismatch = _normwise_mismatch(ref, cand, budget, rtol=rtol, trial=trial,
+                                          output_index=index)
+        if mismatch is not None:
+            found.append(mismatch)
+    return found
+
+
+def _budget_mismatch(stats: ErrorStats, dtype: torch.dtype, budget: PrecisionBudget, *,
+                     trial: int, output_index: int) -> TrialMismatch | None:
+    eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+    multiple = budget.multiple(dtype)
+    allowed_rms = multiple * max(stats.eager_rms, budget.floor_ulps * eps * stats.truth_rms, tiny)
+    allowed_max = (multiple * budget.max_error_factor
+                   * max(stats.eager_max, budget.floor_ulps * eps * stats.truth_max, tiny))
+    if stats.candidate_rms <= allowed_rms and stats.candidate_max <= allowed_max:
+        return None
+    use_rms = stats.candidate_rms > allowed_rms
+    measure = "RMS" if use_rms else "largest"
+    cand_err = stats.candidate_rms if use_rms else stats.candidate_max
+    eager_err = stats.eager_rms if use_rms else stats.eager_max
+    allowed = allowed_rms if use_rms else allowed_max
+    relative = stats.candidate_rms / stats.truth_rms if stats.truth_rms else math.inf
+    where, name = f"trial {trial}, output {output_index}", str(dtype).removeprefix("torch.")
+    times = (f"{_times(cand_err / eager_err)} eager PyTorch's" if eager_err else
+             "above eager PyTorch's (exact here)")
+    facts = (f"{measure} error against a float64 ground truth {cand_err:.3g}, eager's "
+             f"{eager_err:.3g}, allowed {allowed:.3g}; RMS error {relative:.3g} of the output's "
+             f"RMS magnitude {stats.truth_rms:.3g}")
+    if relative > WRONG_VALUES_FRACTION:
+        message = (f"{where}: your {name} output is wrong, not merely imprecise ({facts}): "
+                   "small outputs can pass the per-element atol while being wrong; compute "
+                   "every element")
+    else:
+        fix = ("do the arithmetic and accumulate in float32 (no TF32, float16 or bfloat16 inputs "
+               "or accumulators)" if dtype == torch.float32 else
+               "accumulate in float32 and round to the output dtype once, at the end")
+        part = "" if use_rms else " in part of the output"
+        message = (f"{where}: your {name} kernel's error is {times} ({facts}): it computes in "
+                   f"reduced precision{part}; {fix}")
+    return TrialMismatch(trial=trial, output_index=output_index, reason="precision",
+                         max_abs_error=stats.candidate_max, max_rel_error=relative,
+                         message=message)
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
+# RMS error above this fraction of the RMS magnitude: the values are wrong, not imprecise (the
+# message says so). 5% is ~400,000 float32 ulps, 50 float16 ulps, 6 bfloat16 ulps.
+WRONG_VALUES_FRACTION = 0.05
+
+
+def _normwise_mismatch(reference: torch.Tensor, candidate: torch.Tensor, budget: PrecisionBudget,
+                       *, rtol: float, trial: int, output_index: int) -> TrialMismatch | None:
+    """Without a ground truth: the RMS of ``a - r`` must be within max(rtol, multiple * floor
+    ulps) of eager's RMS magnitude (not a bare atol, which a constant passes on small outputs)."""
+    stats = error_stats(reference, reference, candidate)
+    dtype = reference.dtype
+    limit = max(rtol, budget.multiple(dtype) * budget.floor_ulps * torch.finfo(dtype).eps)
+    allowed = limit * stats.truth_rms
+    if stats.candidate_rms <= max(allowed, torch.finfo(dtype).tiny):
+        return None
+    relative = stats.candidate_rms / stats.truth_rms if stats.truth_rms else math.inf
+    where = f"trial {trial}, output {output_index}"
+    message = (f"{where}: RMS difference from eager PyTorch {stats.candidate_rms:.3g} is "
+               f"{relative:.3g} of the output's RMS magnitude {stats.truth_rms:.3g} (allowed "
+               f"{limit:.3g}): values are wrong or computed in reduced precision; compute every "
+               "element, with float32 arithmetic and accumulation")
+    return TrialMismatch(trial=trial, output_index=output_index, reason="precision",
+                         max_abs_error=stats.candidate_max, max_rel_error=relative,
+                         message=message)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense outputs
+# ---------------------------------------------------------------------------------------------
+
+
+def layout_mismatches(reference: Sequence[OutputLayout | None],
+                      candidate: Sequence[OutputLayout | None], *, trial: int = 0
+                      ) -> list[TrialMismatch]:
+    """Mismatches (reason "layout") for candidate outputs that are not dense (an ``expand()``ed
+    stride-0 tensor, an overlapping or gapped view) where the reference's output is dense: such
+    an output stores fewer values than it claims, or points at memory it did not write.
+    Layouts come from ``precision.output_layout`` on the device; None for non-tensors."""
+    found = []
+    for index, (ref, cand) in enumerate(zip(reference, candidate)):
+        if ref is None or cand is None or cand.dense or not ref.dense:
+            continue
+        zero = [d for d, (size, st) in enumerate(zip(cand.shape, cand.stride)) if st == 0 and size > 1]
+        what = (f"stride 0 in dim(s) {zero}: an expand()ed or broadcast view" if zero else
+                "overlapping or with gaps: a strided view of a buffer")
+        found.append(TrialMismatch(
+            trial=trial, output_index=index, reason="layout",
+            message=(f"trial {trial}, output {index}: the output is not dense (shape "
+                     f"{list(cand.shape)}, stride {list(cand.stride)}; {what}) while the "
+                     "reference's is; allocate the full output (torch.empty(shape)) and have "
+                     "your kernel write every element")))
+    return found
