@@ -133,3 +133,29 @@ def test_missing_checked_timed_calls_make_the_candidate_incorrect():
 def test_fewer_timed_calls_than_checks_need_only_that_many_back():
     result = _assemble_timed(_timed_outcome([[3.0], [4.0]], [[3.0]], runs=1))
     assert result.status is EvalStatus.OK and result.verify.timed_checks_run == 1
+
+
+def _layout(stride):
+    return {"shape": [4, 4], "stride": list(stride), "dense": stride != [0, 1]}
+
+
+def test_an_expanded_output_is_incorrect_even_when_its_values_match():
+    values = [[1.0] * 16]
+    out = JobOutcome(messages={
+        "reference": _outputs(values), "compile": COMPILED, "outputs": _outputs(values),
+        "reference_layouts": {"layouts": [_layout([4, 1])]},
+        "output_layouts": {"layouts": [[_layout([0, 1])]]}, "done": {}})
+    result = _assemble(out)
+    assert result.status is EvalStatus.INCORRECT and "stride 0" in result.message
+
+
+def test_reduced_precision_within_tolerance_is_incorrect_against_the_float64_truth():
+    truth = torch.linspace(-1, 1, 4096, dtype=torch.float64) / 3
+    eager = truth.float()
+    reduced = truth.half().float()  # within atol/rtol 1e-2, ~1000x eager's own error
+    out = JobOutcome(messages={
+        "reference": {"outputs": [[pack_tensor(eager)]]}, "compile": COMPILED,
+        "outputs": {"outputs": [[pack_tensor(reduced)]]},
+        "ground_truth": {"outputs": [[pack_tensor(truth)]]}, "done": {}})
+    result = _assemble(out)
+    assert result.status is EvalStatus.INCORRECT and "precision" in result.message

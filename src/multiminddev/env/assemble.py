@@ -30,7 +30,13 @@ from multiminddev.env.results import (
     VerifyResult,
     _from_jsonable,
 )
-from multiminddev.env.verify import verify_outputs
+from multiminddev.env.precision import OutputLayout
+from multiminddev.env.verify import (
+    PrecisionBudget,
+    layout_mismatches,
+    verify_outputs,
+    verify_precision,
+)
 from multiminddev.tasks.problem import Problem
 
 _FAILURE_STATUS = {
@@ -65,7 +71,7 @@ def assemble_result(problem: Problem, candidate: str, static: StaticCheckResult,
         return result
     result.compile = _compile_result(outcome, inline_compile)
     verify_start = time.perf_counter()
-    result.verify = _verify(problem, outcome)
+    result.verify = _verify(problem, outcome, cfg)
     result.timings = timing_breakdown(outcome, time.perf_counter() - verify_start)
     result.benchmark = _benchmark(problem, outcome, cfg)
     status, message, reason = _overall(result, outcome, cfg)
@@ -98,7 +104,7 @@ def _compile_result(outcome: JobOutcome, inline_compile: CompileResult | None) -
     return result
 
 
-def _verify(problem: Problem, outcome: JobOutcome) -> VerifyResult:
+def _verify(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> VerifyResult:
     ref, cand = outcome.messages.get("reference"), outcome.messages.get("outputs")
     atol, rtol = problem.tolerances
     if ref is None or cand is None:
@@ -109,10 +115,40 @@ def _verify(problem: Problem, outcome: JobOutcome) -> VerifyResult:
         reference = reference[: len(candidate)]
     result = verify_outputs(reference, candidate, atol=atol, rtol=rtol)
     if result.status is StageStatus.OK:
+        _verify_layout_and_precision(result, outcome, cfg, reference, candidate, rtol=rtol)
+    if result.status is StageStatus.OK:
         _verify_timed_checks(result, outcome, atol=atol, rtol=rtol)
     # Time spent running the trials in the worker plus comparing here.
     result.seconds = outcome.stages_seconds.get(Stage.RUN.value, 0.0) + time.perf_counter() - start
     return result
+
+
+def _verify_layout_and_precision(result: VerifyResult, outcome: JobOutcome, cfg: EvalConfig,
+                                 reference: list[list[Any]], candidate: list[list[Any]], *,
+                                 rtol: float) -> None:
+    """Outputs within tolerance must also be dense where the reference's are, and (trial 0)
+    within the precision budget against the float64 ground truth (in place)."""
+    ref_layouts = (outcome.messages.get("reference_layouts") or {}).get("layouts")
+    cand_layouts = (outcome.messages.get("output_layouts") or {}).get("layouts") or []
+    found = []
+    if ref_layouts is not None:
+        for trial, layouts in enumerate(cand_layouts):
+            found += layout_mismatches(_layouts(ref_layouts), _layouts(layouts), trial=trial)
+            if found:
+                break
+    truth_message = outcome.messages.get("ground_truth")
+    if not found and cfg.precision_check and reference and candidate:
+        truth = _unpacked(truth_message)[0] if truth_message else None
+        found = verify_precision(truth, reference[0], candidate[0],
+                                 budget=PrecisionBudget.from_config(cfg), rtol=rtol, trial=0)
+    if found:
+        result.status = StageStatus.FAILED
+        result.mismatches.extend(found)
+        result.error = found[0].message
+
+
+def _layouts(items: list[Any]) -> list[Any]:
+    return [OutputLayout.from_dict(d) if d is not None else None for d in items]
 
 
 def _unpacked(message: dict[str, Any]) -> list[list[Any]]:

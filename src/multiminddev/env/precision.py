@@ -85,9 +85,10 @@ def ground_truth_outputs(model: Any, inputs: Sequence[Any]) -> GroundTruth:
         return _unavailable(f"the model does not run in float64: {_describe(exc)}", start)
     finally:
         torch.set_default_dtype(default_dtype)
+        # The float64 copy's memory stays in torch's cache: blocks handed back to the driver
+        # could come back to a candidate's allocation with their contents, while cached free
+        # blocks are poisoned before candidate code runs.
         del twin
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()  # give back the float64 copy's memory before trials run
     return GroundTruth(outputs=host, seconds=time.perf_counter() - start)
 
 

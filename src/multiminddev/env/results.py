@@ -130,7 +130,8 @@ class TrialMismatch:
     trial: int
     output_index: int
     reason: str  # "shape" | "dtype" | "nan_inf" | "allclose" | "count" | "unexamined" (a
-    # trial after the first failing one: pass/fail only, see verify_outputs)
+    # trial after the first failing one: pass/fail only, see verify_outputs) | "precision"
+    # (error beyond a multiple of eager's against a float64 truth) | "layout" (not dense)
     max_abs_error: float = 0.0
     max_rel_error: float = 0.0
     mismatched_fraction: float = 0.0

@@ -32,9 +32,10 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         with timed(clock, "run.model_init"):
             model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
         forget_seeds()
-        outputs, findings = _correctness_trials(state, cfg, ref, model_new)
+        outputs, layouts, findings = _correctness_trials(state, cfg, ref, model_new)
         with timed(clock, "run.send_outputs"):
             send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer)
+            conn.send(("output_layouts", {"layouts": layouts}))
         if findings:
             return _reject(conn, stage, findings)
         if state.guards is not None:
@@ -70,13 +71,18 @@ def _reject(conn: Any, stage: Stage, findings: list[Finding]) -> bool:
 
 
 def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
-                        ) -> tuple[list[list[Any]], list[Finding]]:
+                        ) -> tuple[list[list[Any]], list[list[Any]], list[Finding]]:
+    """Outputs of every trial on the host, their layouts on the GPU (a host copy is always
+    dense, so an ``expand()``ed output shows only here), and the guards' findings."""
     import torch
+
+    from multiminddev.env.precision import output_layout
 
     from multiminddev.env.worker import clone_inputs, timed, to_host
 
     guards, clock = state.guards, state.timings
     packed: list[list[Any]] = []  # per trial, the outputs copied to the CPU
+    layouts: list[list[Any]] = []
     findings: list[Finding] = []
     for trial_inputs in ref.trial_inputs:
         inputs = clone_inputs(trial_inputs)
@@ -89,11 +95,13 @@ def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                 outs, found = _guarded_forward(guards, ref, model_new, trial_inputs, inputs, clock)
                 findings.extend(found)
         with timed(clock, "run.copy_outputs"):
+            layouts.append([lay.to_dict() if (lay := output_layout(o)) is not None else None
+                            for o in outs])
             packed.append([to_host(o, state.pinned_copies) for o in outs])
         del outs
         if findings:
             break
-    return packed, findings
+    return packed, layouts, findings
 
 
 def _guarded_forward(guards: Any, ref: Any, model_new: Any, pristine: list[Any],

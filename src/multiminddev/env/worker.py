@@ -47,6 +47,7 @@ from multiminddev.env.candidate import (
     load_module_from_source,
     send_tensor_lists,
 )
+from multiminddev.env import precision
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
 
@@ -317,6 +318,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                                   transfer=cfg.tensor_transfer)
                 send_tensor_lists(conn, "timed_reference", reference.check_outputs,
                                   transfer=cfg.tensor_transfer)
+                _send_ground_truth(conn, cfg, reference)
             if cfg.benchmark:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
@@ -342,6 +344,17 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
                                  cap=state.memory_cap)
+
+
+def _send_ground_truth(conn: Any, cfg: EvalConfig, reference: Reference) -> None:
+    """The float64 ground truth of trial 0 (when the reference runs in float64) and the
+    reference outputs' layouts: the parent's precision and density checks read them."""
+    truth = reference.ground_truth
+    layouts = [lay.to_dict() if lay is not None else None for lay in reference.output_layouts]
+    conn.send(("reference_layouts", {"layouts": layouts,
+                                     "ground_truth_note": truth.reason if truth else "off"}))
+    if truth is not None and truth.available:
+        send_tensor_lists(conn, "ground_truth", [truth.outputs], transfer=cfg.tensor_transfer)
 
 
 def _seal_reference(state: WorkerState, reference: Reference) -> None:
@@ -390,6 +403,8 @@ class Reference:
     outputs: list[list[Any]]  # reference outputs of the trials (CPU), sent then dropped
     check_outputs: list[list[Any]]  # reference outputs of the checked calls (CPU), likewise
     output_specs: list[tuple[tuple[int, ...], Any]]  # (shape, dtype) of each output
+    output_layouts: list[Any]  # precision.OutputLayout of each output (None: not a tensor)
+    ground_truth: Any  # precision.GroundTruth of trial 0 (float64 reference), sent then dropped
     problem_module: Any
     rng: random.Random  # draws every seed; OS randomness unless EvalConfig.seed is set
     model: Any = None
@@ -400,7 +415,7 @@ class Reference:
 
     def drop_model(self) -> None:
         self.model = None
-        self.outputs, self.check_outputs = [], []
+        self.outputs, self.check_outputs, self.ground_truth = [], [], None
 
 
 SEED_RANGE = 1 << 62
@@ -429,10 +444,13 @@ def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Ref
     model = module.Model(*init_inputs).cuda().eval()
     ref = Reference(init_seed=init_seed, init_inputs=init_inputs, trial_inputs=[],
                     check_inputs=[], outputs=[], check_outputs=[], output_specs=[],
-                    problem_module=module, rng=rng, model=model)
+                    output_layouts=[], ground_truth=None, problem_module=module, rng=rng,
+                    model=model)
     for _ in range(cfg.num_trials):
         ref.trial_inputs.append(ref.draw_inputs())
         ref.outputs.append(_reference_outputs(model, ref.trial_inputs[-1], pinned, ref))
+    if cfg.precision_check:  # one trial: precision is a property of the kernel, not the data
+        ref.ground_truth = precision.ground_truth_outputs(model, ref.trial_inputs[0])
     per_call = (tensor_bytes(ref.trial_inputs[0])
                 + sum(o.numel() * o.element_size() for o in ref.outputs[0]
                       if isinstance(o, torch.Tensor)))
@@ -451,6 +469,7 @@ def _reference_outputs(model: Any, inputs: list[Any], pinned: bool, ref: Referen
     if not ref.output_specs:
         ref.output_specs = [(tuple(o.shape), o.dtype) if isinstance(o, torch.Tensor) else ((), None)
                             for o in outs]
+        ref.output_layouts = [precision.output_layout(o) for o in outs]
     return [to_host(o, pinned) for o in outs]
 
 
