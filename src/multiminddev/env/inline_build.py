@@ -8,7 +8,8 @@
    flags, torch version and GPU arch. The build process never loads the built library.
 2. In the worker, ``install_routing`` replaces ``load_inline`` with a function that computes
    the same key from the real arguments and loads the cached ``.so`` (no subprocess, no rebuild);
-   on a cache miss (arguments computed at run time) it builds in the worker.
+   on a cache miss (arguments computed at run time) it builds in the worker, in a private
+   directory: the shared cache is written by the trusted builder only.
 
 Where torch has no CUDA build or nvcc is missing, candidates get a clear SKIPPED compile
 result (status no_gpu / infra_error) instead of an exception.
@@ -24,6 +25,7 @@ import json
 import multiprocessing
 import os
 import re
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -369,7 +371,9 @@ def install_routing(cache_root: Path, arch: str) -> None:
             module = cpp_extension._import_module_from_library(
                 name, str(build_dir), bool(spec.args["is_python_module"]))
         else:
-            build_dir.mkdir(parents=True, exist_ok=True)
+            # Built by candidate-controlled code: never into the shared cache, where a later
+            # evaluation would load it as prebuilt. A fresh directory of this process instead.
+            build_dir = Path(tempfile.mkdtemp(prefix=f"mmd-inline-{key[:12]}-"))
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _arch_list(arch))
             rest = {k: v for k, v in call.items() if k not in ("name", "build_directory")}
             try:
