@@ -240,8 +240,8 @@ def test_a_vendor_kernel_inside_the_candidates_kernel_name_is_not_its_own():
     ("relu", "relu"),
     ("relu_kernel(float const*, float*, int)", "relu_kernel"),
     ("void add_kernel<float, 4>(float const*, float const*, float*, int)", "add_kernel"),
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::f, "
-     "at::detail::Array<char*, 2> >(int, f, at::detail::Array<char*, 2>)",
+    (("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::f, "
+      "at::detail::Array<char*, 2> >(int, f, at::detail::Array<char*, 2>)"),
      "at::native::vectorized_elementwise_kernel"),
     ("(anonymous namespace)::relu(float*)", "(anonymous namespace)::relu"),
     ("void (anonymous namespace)::relu<float>(float*)", "(anonymous namespace)::relu"),

@@ -19,6 +19,7 @@ from typing import Any
 
 from multiminddev.env.candidate import candidate_hash, unpack_tensor
 from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.guards import check_impossible_speed, check_kernel_coverage
 from multiminddev.env.pool import JobOutcome
 from multiminddev.env.results import (
     BenchmarkResult,
@@ -33,7 +34,6 @@ from multiminddev.env.results import (
     VerifyResult,
     _from_jsonable,
 )
-from multiminddev.env.guards import check_impossible_speed, check_kernel_coverage
 from multiminddev.env.verify import verify_outputs
 from multiminddev.tasks.problem import Problem
 

@@ -6,7 +6,8 @@ job, with the default ``max_jobs_per_worker=1``) the next job finds a warm proce
 enforces every stage's time limit by polling the pipe and SIGKILLing the worker; the pool and
 the evaluator never die with it.
 
-Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, baselines) are
+Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, the checked
+timed calls' expected outputs, baselines) are
 accepted only before the candidate's compile stage begins; one arriving later came from the
 candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
 """
@@ -34,7 +35,7 @@ from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMe
 
 _log = logging.getLogger(__name__)
 # Sent by the worker's trusted stages (setup, baseline) before the candidate is imported.
-TRUSTED_TAGS = frozenset({"reference", "baseline"})
+TRUSTED_TAGS = frozenset({"reference", "timed_reference", "baseline"})
 # ``before_send(job, worker_info) -> job``: completes a job once its worker is known (e.g. with
 # that GPU's cached baselines); ``worker_info`` is the worker's start-up ("ready") payload.
 BeforeSend = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]

@@ -193,6 +193,15 @@ def _kernel_coverage(guards: Any, cfg: EvalConfig, run: Any, notes: list[str]
     return profiled if profiled is not None else from_events
 
 
+def own_nvrtc_compiles() -> list[Any]:
+    """The ``CompileResult`` objects of the candidate's successful ``compile_kernels`` calls:
+    a launched kernel is the candidate's when its module's result is one of these objects."""
+    from multiminddev.cuda import kernels as kernels_mod
+    from multiminddev.env.results import StageStatus
+
+    return [r for r in kernels_mod.compile_log if r.status is StageStatus.OK]
+
+
 def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
     """Exact names of the kernels this process's candidate compiled: (NVRTC ``extern "C"``
     names from ptxas, load_inline's ``__global__`` function names from its CUDA sources)."""
@@ -203,15 +212,6 @@ def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
         return sorted({k.name for r in results for k in r.kernels})
 
     return names(kernels_mod.compile_log), names(inline_build.inline_log)
-
-
-def own_nvrtc_compiles() -> list[Any]:
-    """The ``CompileResult`` objects of the candidate's successful ``compile_kernels`` calls:
-    a launched kernel is the candidate's when its module's result is one of these objects."""
-    from multiminddev.cuda import kernels as kernels_mod
-    from multiminddev.env.results import StageStatus
-
-    return [r for r in kernels_mod.compile_log if r.status is StageStatus.OK]
 
 
 def _benchmark_candidate(state: Any, cfg: EvalConfig, problem: Any, ref: Any, model_new: Any
