@@ -120,3 +120,22 @@ def test_a_cubin_planted_in_the_shared_cache_does_not_break_a_later_honest_candi
         after = ev.evaluate(problem, HONEST)
     assert after.status is EvalStatus.OK, after.message
     assert after.verify.trials_passed == after.verify.trials_run
+
+
+def test_a_library_planted_in_the_shared_load_inline_cache_is_rebuilt_not_loaded(tmp_path):
+    import torch
+
+    from multiminddev.env import inline_build
+
+    source = (FIXTURES / "honest" / "relu_load_inline.py").read_text()
+    (spec,) = inline_build.extract_inline_specs(source)
+    key = spec.key(inline_build.inline_arch(None), torch.__version__)
+    library = inline_build.library_path(inline_build.build_dir_for(tmp_path, key),
+                                        spec.module_name(key))
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF planted, not built by the evaluator")
+    with Evaluator(_config(tmp_path, compile_baseline=False, inline_build_timeout_s=600)) as ev:
+        result = ev.evaluate(problem_named("1_relu"), source)
+    assert result.status is EvalStatus.OK, result.message
+    assert not result.compile.cached  # rebuilt: the planted file was never trusted
+    assert library.read_bytes() != b"\x7fELF planted, not built by the evaluator"

@@ -128,8 +128,10 @@ class Evaluator:
         static = run_static(candidate, problem, self.config)
         if static.rejected:
             return rejected_by_static(problem, candidate, static)
+        # inline_libraries: the verified prebuilt load_inline libraries the worker may load
+        # (key -> SHA-256); none unless this candidate's were built and checked just now.
         job: dict[str, Any] = {"problem": problem.to_dict(), "candidate": candidate,
-                               "config": self.pool._config_dict}
+                               "config": self.pool._config_dict, "inline_libraries": {}}
         inline_compile = None
         if detect_kind(candidate) is CandidateKind.LOAD_INLINE:
             inline_compile, job = self._prebuild_inline(candidate, job)
@@ -183,8 +185,11 @@ class Evaluator:
         if self._inline is None:
             self._inline = inline_build.InlineBuilder(
                 self.config.cache_path, self.config.arch, self.config.inline_build_workers)
-        result = self._inline.build(specs, self.config.inline_build_timeout_s)
-        return result, {**job, "compile_timeout_s": self.config.compile_timeout_s}
+        result, digests = self._inline.build_verified(specs, self.config.inline_build_timeout_s)
+        # The worker loads only libraries with these digests (None: the cache has no usable key,
+        # so nothing could be verified; prebuilt libraries then load unchecked).
+        return result, {**job, "compile_timeout_s": self.config.compile_timeout_s,
+                        "inline_libraries": digests}
 
 
 def _torch_version() -> str:

@@ -291,6 +291,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
 
     cfg = EvalConfig.from_dict(job["config"])
     problem = Problem.from_dict(job["problem"])
+    _expect_inline_libraries(job)
     send = conn.send
     stage = Stage.SETUP
     state.timings = {}
@@ -335,6 +336,14 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
                                  cap=state.memory_cap)
+
+
+def _expect_inline_libraries(job: dict[str, Any]) -> None:
+    """The prebuilt load_inline libraries this job may load: those the evaluator verified
+    (``job["inline_libraries"]``, key -> SHA-256); set for every job, before candidate code."""
+    from multiminddev.env import inline_build
+
+    inline_build.expect_libraries(job.get("inline_libraries"))
 
 
 def _lift_memory_cap(state: WorkerState) -> None:
