@@ -338,14 +338,6 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                                  cap=state.memory_cap)
 
 
-def _expect_inline_libraries(job: dict[str, Any]) -> None:
-    """The prebuilt load_inline libraries this job may load: those the evaluator verified
-    (``job["inline_libraries"]``, key -> SHA-256); set for every job, before candidate code."""
-    from multiminddev.env import inline_build
-
-    inline_build.expect_libraries(job.get("inline_libraries"))
-
-
 def _lift_memory_cap(state: WorkerState) -> None:
     import torch
 
@@ -571,6 +563,14 @@ def use_private_compile_caches(workdir: Path) -> None:
         path = Path(workdir) / sub
         path.mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(path)
+
+
+def _expect_inline_libraries(job: dict[str, Any]) -> None:
+    """The prebuilt load_inline libraries this job may load: those the evaluator verified
+    (``job["inline_libraries"]``, key -> SHA-256); set for every job, before candidate code."""
+    from multiminddev.env import inline_build
+
+    inline_build.expect_libraries(job.get("inline_libraries"))
 
 
 def _compile_payload(nvrtc: list[CompileResult], inline: list[CompileResult]) -> dict[str, Any]:
