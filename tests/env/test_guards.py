@@ -249,6 +249,7 @@ def test_a_vendor_kernel_inside_the_candidates_kernel_name_is_not_its_own():
     ("_ZN2ns6kernelEPf", "ns::kernel"),
     ("_ZN12_GLOBAL__N_14reluEPf", "(anonymous namespace)::relu"),
     ("_Z4reluIfEvPT_", "relu"),
+    ("_ZL4reluPf", "relu"),
     ("ampere_sgemm_relu_128x64_nn", "ampere_sgemm_relu_128x64_nn"),
 ])
 def test_kernel_function_name_reads_profiler_names(profiled, name):

@@ -606,7 +606,7 @@ def _after_last_top_level_space(text: str) -> str:
 def _demangled_function_name(mangled: str) -> str | None:
     """The qualified name of an Itanium-mangled function (``_Z<name>`` or ``_ZN<parts>E``),
     from its source-name components only; None for forms this does not read."""
-    i = 2
+    i = 3 if mangled.startswith("_ZL") else 2  # L: internal linkage (a static function)
     nested = mangled.startswith("_ZN")
     if nested:
         i = 3
