@@ -106,3 +106,53 @@ def test_parse_helpers_on_real_log_lines():
         4,
         8,
     )
+
+
+NEGATE = RELU.replace("fmaxf(x[i], 0.f)", "-x[i]").replace("relu", "neg")
+
+
+def _entry(root, source, options):
+    from multiminddev.cuda.compiler import CACHE_SUBDIR, _cache_key, resolve_arch
+
+    key = _cache_key(source, resolve_arch(options), options)
+    return root / CACHE_SUBDIR / f"{key}.json", root / CACHE_SUBDIR / f"{key}.cubin"
+
+
+def test_a_cubin_planted_under_another_sources_key_is_rebuilt(tmp_path):
+    options = CompileOptions(arch="sm_90", cache_dir=str(tmp_path))
+    honest = compile_cuda(RELU, options).cubin
+    hostile = compile_cuda(NEGATE, options)
+    meta, cubin = _entry(tmp_path, RELU, options)
+    other_meta, other_cubin = _entry(tmp_path, NEGATE, options)
+    cubin.write_bytes(other_cubin.read_bytes())  # the poisoned kernel under relu's key
+    meta.write_text(other_meta.read_text())
+    again = compile_cuda(RELU, options)
+    assert not again.result.cached
+    assert again.cubin == honest and again.cubin != hostile.cubin
+    assert again.kernel_names == ["relu"]
+
+
+def test_an_edited_cubin_with_its_old_tag_is_rebuilt(tmp_path):
+    options = CompileOptions(arch="sm_90", cache_dir=str(tmp_path))
+    honest = compile_cuda(RELU, options).cubin
+    _, cubin = _entry(tmp_path, RELU, options)
+    cubin.write_bytes(honest[:-16] + b"\0" * 16)
+    again = compile_cuda(RELU, options)
+    assert not again.result.cached and again.cubin == honest
+
+
+def test_an_entry_tagged_with_another_key_is_not_trusted(tmp_path):
+    from multiminddev.cuda import cache_auth
+
+    options = CompileOptions(arch="sm_90", cache_dir=str(tmp_path))
+    compile_cuda(RELU, options)
+    cache_auth.key_path(tmp_path).unlink()  # a new secret: every old tag is now unverifiable
+    assert not compile_cuda(RELU, options).result.cached
+    assert compile_cuda(RELU, options).result.cached
+
+
+def test_no_cache_is_written_without_use_cache(tmp_path):
+    from multiminddev.cuda import cache_auth
+
+    compile_cuda(RELU, CompileOptions(arch="sm_90", cache_dir=str(tmp_path), use_cache=False))
+    assert not any(tmp_path.iterdir()) and not cache_auth.key_path(tmp_path).exists()

@@ -24,6 +24,94 @@ def _assemble(outcome):
     return assemble_result(problem_named("1_relu"), "src", STATIC, outcome, CFG)
 
 
+# ---------------------------------------------------------------- decisions made in the parent
+
+PARENT_CFG = EvalConfig()  # benchmark and defenses on
+RELU_BYTES = problem_named("1_relu").bytes_moved  # 128 MiB: 0.0447 ms at 3000 GB/s
+
+
+def _timed(median_ms, *, peak_gbps=3000.0, coverage=0.95, late=()):
+    stats = {"median_ms": median_ms, "runs": 10}
+    out = JobOutcome(messages={
+        "reference": _outputs([[1.0, 2.0]]), "compile": COMPILED, "outputs": _outputs([[1.0, 2.0]]),
+        "baseline": {"eager": {"median_ms": 0.1, "runs": 10}, "compiled": None,
+                     "peak_gbps": peak_gbps, "gpu_name": "H100", "torch_version": "2.11"},
+        "guards": {"coverage": coverage, "notes": []}, "benchmark": {"candidate": stats},
+        "done": {}}, late_trusted=list(late))
+    return assemble_result(problem_named("1_relu"), "src", STATIC, out, PARENT_CFG)
+
+
+def test_a_plausible_time_with_own_kernels_is_ok():
+    result = _timed(0.06)
+    assert result.status is EvalStatus.OK, result.message
+    assert result.benchmark.custom_kernel_time_fraction == 0.95
+
+
+def test_faster_than_the_roofline_is_rejected_by_the_parent():
+    result = _timed(0.01)
+    assert result.status is EvalStatus.REJECTED
+    assert result.reject_reason is RejectReason.IMPOSSIBLE_SPEED
+    assert result.message.startswith("rejected: runtime check impossible_speed: median 0.0100 ms")
+    assert result.benchmark.status is StageStatus.FAILED
+
+
+def test_the_roofline_uses_the_peak_of_the_trusted_baseline_message():
+    assert _timed(0.01, peak_gbps=1e9).status is EvalStatus.OK  # a huge peak: no floor to break
+    assert _timed(0.01, peak_gbps=None).status is EvalStatus.OK  # no peak known: no decision
+
+
+def test_low_reported_coverage_is_rejected_by_the_parent():
+    result = _timed(0.06, coverage=0.2)
+    assert result.status is EvalStatus.REJECTED
+    assert result.reject_reason is RejectReason.LOW_KERNEL_COVERAGE
+    assert "runtime check kernel_time_coverage: the candidate's own kernels account for 20%" \
+        in result.message
+
+
+def test_coverage_threshold_is_the_parents_config():
+    lenient = EvalConfig(min_kernel_coverage=0.1)
+    out = _timed(0.06, coverage=0.2)
+    assert out.status is EvalStatus.REJECTED
+    stats = {"median_ms": 0.06, "runs": 10}
+    outcome = JobOutcome(messages={
+        "reference": _outputs([[1.0]]), "compile": COMPILED, "outputs": _outputs([[1.0]]),
+        "guards": {"coverage": 0.2}, "benchmark": {"candidate": stats}, "done": {}})
+    assert assemble_result(problem_named("1_relu"), "src", STATIC, outcome,
+                           lenient).status is EvalStatus.OK
+
+
+def test_a_coverage_that_is_not_a_fraction_is_not_used():
+    for junk in ("1.0", True, 7.0, float("nan"), None):
+        result = _timed(0.06, coverage=junk)
+        assert result.status is EvalStatus.OK and result.benchmark.custom_kernel_time_fraction is None
+
+
+def test_wrong_outputs_read_as_incorrect_before_low_coverage():
+    stats = {"median_ms": 0.06, "runs": 10}
+    out = JobOutcome(messages={
+        "reference": _outputs([[1.0]]), "compile": COMPILED, "outputs": _outputs([[5.0]]),
+        "guards": {"coverage": 0.0}, "benchmark": {"candidate": stats}, "done": {}})
+    assert assemble_result(problem_named("1_relu"), "src", STATIC, out,
+                           PARENT_CFG).status is EvalStatus.INCORRECT
+
+
+def test_parent_decisions_are_off_without_defenses():
+    stats = {"median_ms": 0.001, "runs": 10}
+    out = JobOutcome(messages={
+        "reference": _outputs([[1.0]]), "compile": COMPILED, "outputs": _outputs([[1.0]]),
+        "baseline": {"eager": {"median_ms": 0.1}, "peak_gbps": 3000.0},
+        "guards": {"coverage": 0.0}, "benchmark": {"candidate": stats}, "done": {}})
+    result = assemble_result(problem_named("1_relu"), "src", STATIC, out,
+                             EvalConfig(defenses=False))
+    assert result.status is EvalStatus.OK
+
+
+def test_a_trusted_message_sent_after_the_candidate_loaded_is_a_forgery():
+    result = _timed(0.06, late=["baseline"])
+    assert result.status is EvalStatus.REJECTED
+    assert result.reject_reason is RejectReason.MONKEY_PATCH and "baseline" in result.message
+
+
 def test_matching_outputs_are_ok():
     out = JobOutcome(messages={"reference": _outputs([[1.0, 2.0]] * 5), "compile": COMPILED,
                                "outputs": _outputs([[1.0, 2.0]] * 5), "done": {}})

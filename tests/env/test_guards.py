@@ -224,6 +224,43 @@ def test_coverage_is_own_share_of_kernel_time():
     assert guards.coverage_from_kernel_times(times, ["relu", "my_kernel"]) == pytest.approx(0.9)
 
 
+def test_a_vendor_kernel_containing_the_candidates_kernel_name_is_not_its_own():
+    times = [("relu", 10.0), ("ampere_sgemm_relu_128x64_nn", 60.0),
+             ("void at::native::relu_kernel<float>(float*, int)", 20.0),
+             ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_relu_64x64>(Params)", 10.0)]
+    assert guards.coverage_from_kernel_times(times, ["relu"]) == pytest.approx(0.1)
+
+
+def test_a_vendor_kernel_inside_the_candidates_kernel_name_is_not_its_own():
+    times = [("my_relu_kernel(float const*, float*, int)", 40.0), ("relu", 60.0)]
+    assert guards.coverage_from_kernel_times(times, ["my_relu_kernel"]) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize(("profiled", "name"), [
+    ("relu", "relu"),
+    ("relu_kernel(float const*, float*, int)", "relu_kernel"),
+    ("void add_kernel<float, 4>(float const*, float const*, float*, int)", "add_kernel"),
+    (("void at::native::vectorized_elementwise_kernel<4, at::native::(anonymous namespace)::f, "
+      "at::detail::Array<char*, 2> >(int, f, at::detail::Array<char*, 2>)"),
+     "at::native::vectorized_elementwise_kernel"),
+    ("(anonymous namespace)::relu(float*)", "(anonymous namespace)::relu"),
+    ("void (anonymous namespace)::relu<float>(float*)", "(anonymous namespace)::relu"),
+    ("_Z11relu_kernelPKfPfi", "relu_kernel"),
+    ("_ZN2ns6kernelEPf", "ns::kernel"),
+    ("_ZN12_GLOBAL__N_14reluEPf", "(anonymous namespace)::relu"),
+    ("_Z4reluIfEvPT_", "relu"),
+    ("_ZL4reluPf", "relu"),
+    ("ampere_sgemm_relu_128x64_nn", "ampere_sgemm_relu_128x64_nn"),
+])
+def test_kernel_function_name_reads_profiler_names(profiled, name):
+    assert guards.kernel_function_name(profiled) == name
+
+
+def test_the_candidates_anonymous_namespace_kernels_are_its_own_but_not_other_namespaces():
+    times = [("(anonymous namespace)::relu(float*)", 30.0), ("ns::relu(float*)", 70.0)]
+    assert guards.coverage_from_kernel_times(times, ["relu"]) == pytest.approx(0.3)
+
+
 def test_coverage_unknown_without_names_or_time():
     assert guards.coverage_from_kernel_times([("relu", 1.0)], []) is None
     assert guards.coverage_from_kernel_times([], ["relu"]) is None
@@ -241,7 +278,7 @@ def test_launch_timer_puts_the_kernel_call_back_even_after_an_error():
     from multiminddev.cuda.kernels import Kernel
 
     original = Kernel.__call__
-    with pytest.raises(RuntimeError, match="forward failed"), guards._OwnLaunchTimer({"relu"}):
+    with pytest.raises(RuntimeError, match="forward failed"), guards._OwnLaunchTimer([]):
         assert Kernel.__call__ is not original
         raise RuntimeError("forward failed")
     assert Kernel.__call__ is original
@@ -259,4 +296,14 @@ def test_gpu_only_guards_are_no_ops_without_gpu():
     guards.poison_free_cuda_memory()
     assert guards.check_streams_synchronized() == []
     assert guards.kernel_time_coverage(lambda: None, ["relu"]) is None
-    assert guards.kernel_time_coverage_events(lambda: None, ["relu"]) is None
+    assert guards.kernel_time_coverage_events(lambda: None, [object()]) is None
+
+
+def test_launch_timer_owns_kernels_of_the_given_compiles_only():
+    from multiminddev.cuda import compile_kernels
+
+    src = 'extern "C" __global__ void relu(float* y) { y[0] = 0.f; }'
+    mine, other = compile_kernels(src, arch="sm_90"), compile_kernels(src, arch="sm_90")
+    timer = guards._OwnLaunchTimer([mine.compile_result])
+    assert timer.owns(mine.relu)
+    assert not timer.owns(other.relu)  # same source, same name: another module all the same

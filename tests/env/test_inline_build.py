@@ -71,3 +71,62 @@ def test_cpu_torch_reports_skipped_build(tmp_path):
     builder = ib.InlineBuilder(tmp_path, "sm_90")
     result = builder.build(ib.extract_inline_specs(_fixture_source()), timeout_s=10)
     assert result.status is StageStatus.SKIPPED and "CPU build" in result.error
+
+
+# ---------------------------------------------------------------- authenticated libraries
+
+
+def _planted_library(root, spec, arch="sm_90"):
+    """A file where the builder would put ``spec``'s library (what a hostile process could
+    write into the shared cache)."""
+    import torch
+
+    key = spec.key(arch, torch.__version__)
+    library = ib.library_path(ib.build_dir_for(root, key), spec.module_name(key))
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"\x7fELF planted")
+    return key, library
+
+
+def test_a_tagged_library_is_authentic_and_any_change_is_not(tmp_path):
+    from multiminddev.cuda import cache_auth
+
+    secret = cache_auth.load_or_create_key(tmp_path)
+    library = tmp_path / "x.so"
+    library.write_bytes(b"\x7fELF built")
+    digest = ib.tag_library(library, "k", secret)
+    assert ib.authentic_digest(library, "k", secret) == digest
+    assert ib.authentic_digest(library, "other-key", secret) is None
+    library.write_bytes(b"\x7fELF swapped")
+    assert ib.authentic_digest(library, "k", secret) is None
+
+
+def test_an_untagged_library_is_not_authentic(tmp_path):
+    from multiminddev.cuda import cache_auth
+
+    library = tmp_path / "x.so"
+    library.write_bytes(b"\x7fELF planted")
+    assert ib.authentic_digest(library, "k", cache_auth.load_or_create_key(tmp_path)) is None
+
+
+def test_the_evaluator_sends_no_digest_for_a_planted_library(tmp_path):
+    (spec,) = ib.extract_inline_specs(_fixture_source())
+    _planted_library(tmp_path, spec)
+    builder = ib.InlineBuilder(tmp_path, "sm_90")
+    assert builder.verified_digests([spec]) == {}
+
+
+def test_the_evaluator_sends_the_digest_of_an_authentic_library(tmp_path):
+    from multiminddev.cuda import cache_auth
+
+    (spec,) = ib.extract_inline_specs(_fixture_source())
+    key, library = _planted_library(tmp_path, spec)
+    digest = ib.tag_library(library, key, cache_auth.load_or_create_key(tmp_path))
+    assert ib.InlineBuilder(tmp_path, "sm_90").verified_digests([spec]) == {key: digest}
+
+
+def test_the_worker_refuses_a_library_whose_digest_changed(tmp_path):
+    (spec,) = ib.extract_inline_specs(_fixture_source())
+    key, library = _planted_library(tmp_path, spec)
+    with pytest.raises(ib.InlineBuildUnavailable, match="changed after the evaluator verified"):
+        ib.load_verified_copy(library.parent, spec.module_name(key), "0" * 64, True)

@@ -3,6 +3,11 @@
 Compiling needs no GPU: give ``arch`` ("sm_90") on a machine without one. Results are
 ``CompileResult`` dataclasses; a broken kernel is ``StageStatus.FAILED`` with diagnostics
 carrying line numbers, never an exception.
+
+The disk cache is authenticated (``cache_auth``): each entry's cubin and compile result carry an
+HMAC made with the cache's secret, so a cubin planted under another source's key is rebuilt,
+never loaded. Evaluation workers do not use the shared cache at all: they point
+``$MULTIMINDDEV_CACHE`` at a private directory of their own before candidate code loads.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from multiminddev.cuda import cache_auth
 from multiminddev.env.results import (
     CompileResult,
     Diagnostic,
@@ -27,6 +33,9 @@ from multiminddev.env.results import (
 )
 
 DEFAULT_ARCH = "sm_90"
+# Authenticated entries live apart from the unauthenticated ones of older versions ("nvrtc"),
+# which are never read again.
+CACHE_SUBDIR = "nvrtc-signed"
 SHIM_INCLUDE_DIR = Path(__file__).parent / "include"
 
 
@@ -164,9 +173,11 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
     options = options or CompileOptions()
     arch = resolve_arch(options)
     key = _cache_key(source, arch, options)
-    cache_dir = cache_root(options) / "nvrtc"
-    if options.use_cache:
-        hit = _read_cache(cache_dir, key)
+    root = cache_root(options)
+    cache_dir = root / CACHE_SUBDIR
+    secret = cache_auth.load_or_create_key(root) if options.use_cache else None
+    if secret is not None:
+        hit = _read_cache(cache_dir, key, secret)
         if hit is not None:
             return hit
     start = time.perf_counter()
@@ -213,30 +224,39 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
         error=error,
     )
     module = CompiledModule(cubin=cubin, result=result, kernel_names=[k.name for k in result.kernels])
-    if options.use_cache and status is StageStatus.OK:
-        _write_cache(cache_dir, key, module)
+    if secret is not None and status is StageStatus.OK:
+        _write_cache(cache_dir, key, module, secret)
     return module
 
 
-def _read_cache(cache_dir: Path, key: str) -> CompiledModule | None:
+def _read_cache(cache_dir: Path, key: str, secret: bytes) -> CompiledModule | None:
+    """The entry under ``key`` if its tag verifies; a missing, partial, planted or edited
+    entry is a miss (the caller compiles and overwrites it)."""
     meta_path, cubin_path = cache_dir / f"{key}.json", cache_dir / f"{key}.cubin"
     try:
         meta = json.loads(meta_path.read_text())
         cubin = cubin_path.read_bytes()
-    except (OSError, ValueError):
+        result_text = meta["result"]
+        if not cache_auth.tag_matches(secret, meta.get("tag"), key.encode(), cubin,
+                                      result_text.encode()):
+            return None
+        result = _from_jsonable(CompileResult, json.loads(result_text))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
-    result = _from_jsonable(CompileResult, meta)
     result.cached = True
     return CompiledModule(cubin=cubin, result=result, kernel_names=[k.name for k in result.kernels])
 
 
-def _write_cache(cache_dir: Path, key: str, module: CompiledModule) -> None:
+def _write_cache(cache_dir: Path, key: str, module: CompiledModule, secret: bytes) -> None:
+    """Cubin first, then the tagged metadata: a reader sees a whole entry or a miss."""
+    result_text = json.dumps(_to_jsonable(module.result))
+    tag = cache_auth.entry_tag(secret, key.encode(), module.cubin, result_text.encode())
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        tmp = cache_dir / f"{key}.{os.getpid()}.tmp"
+        tmp = cache_dir / f"{key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
         tmp.write_bytes(module.cubin)
         tmp.replace(cache_dir / f"{key}.cubin")
-        tmp.write_text(json.dumps(_to_jsonable(module.result)))
+        tmp.write_text(json.dumps({"result": result_text, "tag": tag}))
         tmp.replace(cache_dir / f"{key}.json")
     except OSError:
         pass  # a read-only or full cache disk only costs speed

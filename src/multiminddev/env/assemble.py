@@ -1,9 +1,12 @@
 """Turn what a worker reported (``JobOutcome``) into one ``EvalResult`` with a readable message.
 
-Precedence: a runtime anti-hack rejection, then wrong outputs (incorrect), then the first
+Precedence: a forged trusted message, then a runtime anti-hack rejection, then wrong outputs
+(incorrect), then the rejections decided here (kernel coverage, impossible speed), then the first
 failure (compile error, runtime error, timeout, death), then ok. Verification happens here,
 in the evaluator's process, from the reference outputs the worker sent before the candidate
-was imported.
+was imported. So do the coverage and roofline decisions: the worker only reports its numbers
+(coverage fraction, median time); the thresholds, the problem's bytes and the peak bandwidth
+(from the evaluator's own cache, or measured before the candidate loaded) are the parent's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from multiminddev.env.candidate import candidate_hash, unpack_tensor
 from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.guards import check_impossible_speed, check_kernel_coverage
 from multiminddev.env.pool import JobOutcome
 from multiminddev.env.results import (
     BenchmarkResult,
@@ -210,14 +214,15 @@ def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> Benchm
             result.achieved_gbps = problem.bytes_moved / (cand.median_ms * 1e-3) / 1e9
             if result.peak_gbps:
                 result.fraction_of_peak = result.achieved_gbps / result.peak_gbps
-    coverage = (outcome.messages.get("guards") or {}).get("coverage")
-    result.custom_kernel_time_fraction = coverage
+    result.custom_kernel_time_fraction = reported_coverage(outcome)
     return result
 
 
 def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
              ) -> tuple[EvalStatus, str, RejectReason | None]:
     failure = outcome.failure or {}
+    if outcome.late_trusted:
+        return _forged_messages(result, outcome.late_trusted)
     late = failure.get("stage") in (Stage.GUARDS.value, Stage.BENCHMARK.value)
     if failure.get("kind") == "rejected" and not (late and result.verify.status is StageStatus.FAILED):
         # A wrong kernel also "fails" the once-per-evaluation checks (stale output compares
@@ -228,6 +233,12 @@ def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
     if result.verify.status is StageStatus.FAILED:
         return EvalStatus.INCORRECT, f"incorrect: {result.verify.error}; fix the kernel so its " \
             "outputs match the reference", None
+    decided = parent_findings(result, outcome, cfg) if cfg.defenses else []
+    if decided:
+        stage, finding = decided[0]
+        message = f"runtime check {finding.rule}: {finding.message}"
+        _mark_stage(result, stage.value, StageStatus.FAILED, message)
+        return EvalStatus.REJECTED, f"rejected: {message}", finding.reason
     if outcome.timed_out_stage:
         return _timeout(result, outcome, cfg)
     if outcome.died_in_stage:
@@ -239,6 +250,40 @@ def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
     if "done" not in outcome.messages:
         return EvalStatus.INFRA_ERROR, "the worker stopped without a result", None
     return EvalStatus.OK, _ok_message(result), None
+
+
+def parent_findings(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
+                    ) -> list[tuple[Stage, Finding]]:
+    """The rejections the evaluator decides from the worker's reported numbers, with the
+    stage each belongs to: own-kernel share of GPU time below ``cfg.min_kernel_coverage``
+    (LOW_KERNEL_COVERAGE), then a median below the roofline floor of the problem's bytes at the
+    peak bandwidth (IMPOSSIBLE_SPEED)."""
+    found = [(Stage.GUARDS, f) for f in check_kernel_coverage(
+        reported_coverage(outcome), cfg.min_kernel_coverage)]
+    bench = result.benchmark
+    if bench.status is StageStatus.OK and bench.candidate.runs:
+        found += [(Stage.BENCHMARK, f) for f in check_impossible_speed(
+            bench.candidate.median_ms, bench.bytes_moved, bench.peak_gbps)]
+    return found
+
+
+def reported_coverage(outcome: JobOutcome) -> float | None:
+    """The worker's own-kernel time fraction; None when it sent none or not a fraction."""
+    value = (outcome.messages.get("guards") or {}).get("coverage")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0.0 <= value <= 1.0 else None
+
+
+def _forged_messages(result: EvalResult, tags: list[str]
+                     ) -> tuple[EvalStatus, str, RejectReason]:
+    """Only the worker's trusted stages send these tags, all before the candidate loads; one
+    that arrives later came from the candidate's process, trying to rewrite the evidence."""
+    _mark_stage(result, Stage.RUN.value, StageStatus.FAILED, "forged evaluator messages")
+    names = ", ".join(sorted(set(tags)))
+    return (EvalStatus.REJECTED, f"rejected: the candidate's process sent the evaluator's own "
+            f"{names} message(s) after the candidate loaded (an attempt to forge the result)",
+            RejectReason.MONKEY_PATCH)
 
 
 def _timeout(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig

@@ -7,7 +7,10 @@ so no result can be reused across calls. Runs are recorded in batches between sy
 so host overhead does not enter the figure; each run's interval is between two events on the current stream, with the
 flush (a write of ~2x the L2 size) enqueued before the start event. Peak bandwidth is measured
 once per GPU with a device-to-device copy and cached on disk, as are torch.compile baselines
-(keyed by problem source hash, GPU name and torch version).
+(keyed by problem source hash, GPU name and torch version). Those caches belong to the
+evaluator's process (``TrustedBaselines``): entries are authenticated with a key the workers
+never receive, workers get the cached figures in their job and only report what they measured
+on a miss, before any candidate code is imported.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import json
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiminddev.cuda import cache_auth
 from multiminddev.env.results import TimingStats, _from_jsonable, _to_jsonable
 
 DEFAULT_L2_BYTES = 64 * 1024 * 1024
@@ -189,29 +194,105 @@ def gpu_identity(device: Any = None) -> tuple[str, str]:
 
 
 class JsonCache:
-    """A directory of small JSON records keyed by arbitrary strings; misses are None."""
+    """A directory of small JSON records keyed by arbitrary strings; misses are None.
 
-    def __init__(self, root: Path):
+    Each record carries an HMAC over its key and value made with ``secret``; a record whose tag
+    does not verify (forged, edited, written under another secret or before records were
+    authenticated) reads as a miss, so the caller measures again and overwrites it."""
+
+    def __init__(self, root: Path, secret: bytes):
+        if len(secret) < 16:
+            raise ValueError("JsonCache needs a secret of at least 16 random bytes "
+                             "(cache_auth.load_or_create_key)")
         self.root = root
+        self._secret = secret
 
     def _path(self, key: str) -> Path:
         return self.root / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
+    def _tag(self, key: str, value: dict[str, Any]) -> str:
+        return cache_auth.entry_tag(self._secret, key.encode(),
+                                    json.dumps(value, sort_keys=True).encode())
+
     def get(self, key: str) -> dict[str, Any] | None:
         try:
             data = json.loads(self._path(key).read_text())
-        except (OSError, ValueError):
+            value = data["value"]
+            if data.get("key") != key or not isinstance(value, dict):
+                return None
+            if not cache_auth.tag_matches(self._secret, data.get("tag"), key.encode(),
+                                          json.dumps(value, sort_keys=True).encode()):
+                return None
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
-        return data if data.get("key") == key else None
+        return value
 
     def put(self, key: str, value: dict[str, Any]) -> None:
+        record = {"key": key, "value": value, "tag": self._tag(key, value)}
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             tmp = self.root / f".{os.getpid()}.{time.monotonic_ns()}.tmp"
-            tmp.write_text(json.dumps({**value, "key": key}))
+            tmp.write_text(json.dumps(record))
             tmp.replace(self._path(key))
         except OSError:
             pass  # an unwritable cache only costs time
+
+
+class TrustedBaselines:
+    """The evaluator's store of peak bandwidth and torch.compile baselines (thread-safe).
+
+    Lives in the evaluator's process only: a figure comes from memory, else from the
+    authenticated disk cache under ``cache_root/baselines``; a miss is measured by a worker in
+    its trusted stage and handed back through ``record_*``. Without a usable key (a read-only
+    cache directory, a key file others can read) figures are kept in memory only."""
+
+    def __init__(self, cache_root: Path):
+        secret = cache_auth.load_or_create_key(cache_root)
+        self._disk = JsonCache(cache_root / "baselines", secret) if secret is not None else None
+        self._memory: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+
+    def _get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            hit = self._memory.get(key)
+        if hit is None and self._disk is not None:
+            hit = self._disk.get(key)
+            if hit is not None:
+                with self._lock:
+                    self._memory[key] = hit
+        return hit
+
+    def _put(self, key: str, value: dict[str, Any]) -> None:
+        with self._lock:
+            self._memory[key] = value
+        if self._disk is not None:
+            self._disk.put(key, value)
+
+    def peak_gbps(self, gpu_name: str, torch_version: str) -> float | None:
+        hit = self._get(peak_bandwidth_key(gpu_name, torch_version))
+        value = (hit or {}).get("gbps")
+        return float(value) if _positive_number(value) else None
+
+    def compiled_baseline(self, problem_hash: str, gpu_name: str, torch_version: str
+                          ) -> dict[str, Any] | None:
+        hit = self._get(compile_baseline_key(problem_hash, gpu_name, torch_version))
+        stats = (hit or {}).get("stats")
+        return stats if isinstance(stats, dict) else None
+
+    def record_peak_gbps(self, gpu_name: str, torch_version: str, gbps: Any) -> None:
+        if _positive_number(gbps):
+            self._put(peak_bandwidth_key(gpu_name, torch_version), {"gbps": float(gbps)})
+
+    def record_compiled_baseline(self, problem_hash: str, gpu_name: str, torch_version: str,
+                                 stats: Any) -> None:
+        if isinstance(stats, dict) and _positive_number(stats.get("median_ms")):
+            self._put(compile_baseline_key(problem_hash, gpu_name, torch_version),
+                      {"stats": stats})
+
+
+def _positive_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 def compile_baseline_key(problem_hash: str, gpu_name: str, torch_version: str) -> str:

@@ -10,6 +10,12 @@ Every call returns an ``EvalResult`` with a one-line ``message``; nothing a cand
 these raise. Workers start from a forkserver (or spawn), so a script that builds an Evaluator
 needs the usual ``if __name__ == "__main__":`` guard. Static checks run here; compilation, execution and timing run in worker processes
 (``pool.py``); outputs are verified here (``verify.py``), outside the candidate's process.
+
+Baselines are the evaluator's: the peak bandwidth and torch.compile timings it holds (memory
+plus an authenticated disk cache, ``benchmark.TrustedBaselines``) go to each worker in its job
+(``job["peak_gbps"]``, ``job["compiled_baseline"]``); a worker measures one only when the job has
+none, in its trusted stage, and the evaluator stores what came back in the ("baseline", ...)
+message, which the pool accepts only before the candidate's code is imported.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from multiminddev.env.benchmark import TrustedBaselines
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.results import (
@@ -44,7 +51,9 @@ class Evaluator:
         self._executor = cf.ThreadPoolExecutor(max_workers=self.pool.size,
                                                thread_name_prefix="mmd-eval")
         self._inline = None
-        self._peak_gbps: float | None = None
+        self._baselines: TrustedBaselines | None = None
+        if self.config.benchmark:
+            self._baselines = TrustedBaselines(self.config.cache_path)
         self._closed = False
 
     # ------------------------------------------------------------------ public API
@@ -119,20 +128,46 @@ class Evaluator:
         static = run_static(candidate, problem, self.config)
         if static.rejected:
             return rejected_by_static(problem, candidate, static)
+        # inline_libraries: the verified prebuilt load_inline libraries the worker may load
+        # (key -> SHA-256); none unless this candidate's were built and checked just now.
         job: dict[str, Any] = {"problem": problem.to_dict(), "candidate": candidate,
-                               "config": self.pool._config_dict, "peak_gbps": self._peak_gbps}
+                               "config": self.pool._config_dict, "inline_libraries": {}}
         inline_compile = None
         if detect_kind(candidate) is CandidateKind.LOAD_INLINE:
             inline_compile, job = self._prebuild_inline(candidate, job)
             if inline_compile is not None and inline_compile.status is not StageStatus.OK:
                 if inline_compile.status is not StageStatus.SKIPPED or self.pool.gpu_count:
                     return _inline_failure(problem, candidate, static, inline_compile)
-        outcome = self.pool.run(job)
+        outcome = self.pool.run(
+            job, before_send=lambda job, info: self._with_baselines(problem, job, info))
         result = assemble_result(problem, candidate, static, outcome, self.config, inline_compile)
-        peak = (outcome.messages.get("baseline") or {}).get("peak_gbps")
-        if peak:
-            self._peak_gbps = peak
+        self._store_baselines(problem, outcome)
         return result
+
+    def _with_baselines(self, problem: Problem, job: dict[str, Any], worker_info: dict[str, Any]
+                        ) -> dict[str, Any]:
+        """The job plus the cached figures for the worker's GPU (None: the worker measures)."""
+        peak, compiled = None, None
+        if self._baselines is not None and worker_info.get("gpu"):
+            gpu_name, torch_version = str(worker_info.get("device", "")), _torch_version()
+            peak = self._baselines.peak_gbps(gpu_name, torch_version)
+            compiled = self._baselines.compiled_baseline(problem.source_hash, gpu_name,
+                                                         torch_version)
+        return {**job, "peak_gbps": peak, "compiled_baseline": compiled}
+
+    def _store_baselines(self, problem: Problem, outcome: Any) -> None:
+        """Keep what a worker measured in its trusted baseline stage (the pool drops a
+        ("baseline", ...) message sent once candidate code had loaded)."""
+        base = outcome.messages.get("baseline")
+        if self._baselines is None or not isinstance(base, dict):
+            return
+        gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
+        if self._baselines.peak_gbps(gpu_name, torch_version) is None:
+            self._baselines.record_peak_gbps(gpu_name, torch_version, base.get("peak_gbps"))
+        if (base.get("compiled") is not None and self._baselines.compiled_baseline(
+                problem.source_hash, gpu_name, torch_version) is None):
+            self._baselines.record_compiled_baseline(problem.source_hash, gpu_name, torch_version,
+                                                     base["compiled"])
 
     def _prebuild_inline(self, candidate: str, job: dict[str, Any]
                          ) -> tuple[CompileResult | None, dict[str, Any]]:
@@ -150,8 +185,17 @@ class Evaluator:
         if self._inline is None:
             self._inline = inline_build.InlineBuilder(
                 self.config.cache_path, self.config.arch, self.config.inline_build_workers)
-        result = self._inline.build(specs, self.config.inline_build_timeout_s)
-        return result, {**job, "compile_timeout_s": self.config.compile_timeout_s}
+        result, digests = self._inline.build_verified(specs, self.config.inline_build_timeout_s)
+        # The worker loads only libraries with these digests (None: the cache has no usable key,
+        # so nothing could be verified; prebuilt libraries then load unchecked).
+        return result, {**job, "compile_timeout_s": self.config.compile_timeout_s,
+                        "inline_libraries": digests}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 STRUCTURAL_REASONS = (RejectReason.SYNTAX, RejectReason.NO_MODEL_NEW)

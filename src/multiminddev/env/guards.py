@@ -538,19 +538,103 @@ def check_impossible_speed(median_ms: float, bytes_moved: int | None, peak_gbps:
 
 def coverage_from_kernel_times(kernel_times: Iterable[tuple[str, float]],
                                own_kernel_names: Iterable[str]) -> float | None:
-    """Share of GPU kernel time spent in kernels whose name contains one of ``own_kernel_names``
-    (exact for NVRTC ``extern "C"`` names; substring for mangled load_inline names)."""
-    names = [n for n in own_kernel_names if n]
+    """Share of GPU kernel time spent in the candidate's own kernels.
+
+    A profiled kernel counts only when its function name (``kernel_function_name``: the
+    profiler's demangled or mangled name without return type, template arguments and
+    parameters) is exactly one of ``own_kernel_names``, or that name in the candidate's own
+    anonymous namespace. Never by substring: a vendor kernel such as ``ampere_sgemm_relu_nn`` or
+    torch's ``at::native::relu_kernel`` does not become the candidate's because it contains the
+    candidate's kernel name."""
+    names = {n for n in own_kernel_names if n}
     times = list(kernel_times)
     total = sum(t for _, t in times)
     if not names or total <= 0:
         return None
-    own = sum(t for name, t in times if any(n == name or n in name for n in names))
+    own_names = names | {f"{ANONYMOUS_NAMESPACE}::{n}" for n in names}
+    own = sum(t for name, t in times if kernel_function_name(name) in own_names)
     return own / total
 
 
+ANONYMOUS_NAMESPACE = "(anonymous namespace)"
+_OPEN, _CLOSE = "(<[", ")>]"
+
+
+def kernel_function_name(profiled: str) -> str:
+    """The qualified function name of a kernel as a profiler reports it.
+
+    ``relu`` (extern "C") -> ``relu``; ``void my_kernel<float, 4>(float const*, int)`` ->
+    ``my_kernel``; ``at::native::vectorized_elementwise_kernel<4, ...>(int, ...)`` ->
+    ``at::native::vectorized_elementwise_kernel``; mangled ``_ZN2ns6kernelEPf`` -> ``ns::kernel``.
+    """
+    text = profiled.strip()
+    if text.startswith("_Z"):
+        return _demangled_function_name(text) or text
+    if text.endswith(")"):
+        text = text[: _matching_open(text, len(text) - 1)].rstrip()
+    if text.endswith(">"):
+        text = text[: _matching_open(text, len(text) - 1)].rstrip()
+    return _after_last_top_level_space(text)
+
+
+def _matching_open(text: str, close_at: int) -> int:
+    """Index of the bracket that opens the one closing at ``close_at`` (0 if unbalanced)."""
+    depth = 0
+    for i in range(close_at, -1, -1):
+        if text[i] in _CLOSE:
+            depth += 1
+        elif text[i] in _OPEN:
+            depth -= 1
+            if depth == 0:
+                return i
+    return 0
+
+
+def _after_last_top_level_space(text: str) -> str:
+    """Drops a return type: what follows the last space outside brackets."""
+    depth, cut = 0, 0
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            depth += 1
+        elif ch in _CLOSE:
+            depth -= 1
+        elif ch == " " and depth == 0:
+            cut = i + 1
+    return text[cut:]
+
+
+def _demangled_function_name(mangled: str) -> str | None:
+    """The qualified name of an Itanium-mangled function (``_Z<name>`` or ``_ZN<parts>E``),
+    from its source-name components only; None for forms this does not read."""
+    i = 3 if mangled.startswith("_ZL") else 2  # L: internal linkage (a static function)
+    nested = mangled.startswith("_ZN")
+    if nested:
+        i = 3
+        while i < len(mangled) and mangled[i] in "rVKRO":  # cv / ref qualifiers of methods
+            i += 1
+    parts: list[str] = []
+    while i < len(mangled) and mangled[i].isdigit():
+        j = i
+        while j < len(mangled) and mangled[j].isdigit():
+            j += 1
+        length = int(mangled[i:j])
+        part = mangled[j:j + length]
+        if len(part) != length:
+            return None
+        parts.append(ANONYMOUS_NAMESPACE if part.startswith("_GLOBAL__N") else part)
+        i = j + length
+        if not nested:
+            break
+        if i < len(mangled) and mangled[i] == "I":  # template arguments of a nested component
+            return None
+    if not parts or (nested and (i >= len(mangled) or mangled[i] != "E")):
+        return None
+    return "::".join(parts)
+
+
 def kernel_time_coverage(run_fn: Callable[[], Any], own_kernel_names: Iterable[str]) -> float | None:
-    """Fraction of the CUDA kernel time of one ``run_fn()`` spent in the candidate's kernels.
+    """Fraction of the CUDA kernel time of one ``run_fn()`` spent in the candidate's kernels,
+    matched by exact function name (``coverage_from_kernel_times``).
 
     None when there are no names to look for, no GPU, or the profiler saw no kernel time.
     """
@@ -587,18 +671,25 @@ def coverage_from_event_times(own_ms: Iterable[float], total_ms: float) -> float
 
 
 class _OwnLaunchTimer:
-    """Brackets each launch of the named multiminddev kernels with CUDA events on its stream."""
+    """Brackets each launch of the candidate's own multiminddev kernels with CUDA events on its
+    stream. Own means: the kernel belongs to one of the given compile results (by identity, the
+    very objects this job's compiles produced), not merely that it has a familiar name."""
 
-    def __init__(self, names: set[str]):
-        self.names = names
+    def __init__(self, own_compiles: Iterable[Any]):
+        self._own = list(own_compiles)  # kept alive so their ids stay theirs
+        self._own_ids = {id(c) for c in self._own}
         self.launches: list[tuple[str, Any, Any]] = []
         self._patch: Any = None
+
+    def owns(self, kernel: Any) -> bool:
+        owner = getattr(kernel, "_owner", None)
+        return id(getattr(owner, "compile_result", None)) in self._own_ids
 
     def __enter__(self) -> Self:
         torch = _torch()
 
         def on_launch(kernel: Any, stream: Any, launch: Callable[[], Any]) -> Any:
-            if kernel.name not in self.names:
+            if not self.owns(kernel):
                 return launch()
             on = None
             if stream is not None:
@@ -625,27 +716,30 @@ class _OwnLaunchTimer:
 COVERAGE_HOLD_CYCLES = 16_000_000  # ~8 ms of GPU spin while the host enqueues one forward
 
 
-def kernel_time_coverage_events(run_fn: Callable[[], Any], own_kernel_names: Iterable[str]
+def kernel_time_coverage_events(run_fn: Callable[[], Any], own_compiles: Iterable[Any]
                                 ) -> float | None:
     """Like ``kernel_time_coverage`` for NVRTC kernels, from CUDA events instead of the profiler
     (CUPTI's first use costs seconds per process, and every candidate gets a fresh process).
+    ``own_compiles``: the ``CompileResult`` objects of the candidate's own ``compile_kernels``
+    calls (``multiminddev.cuda.kernels.compile_log``); launches of kernels from those modules
+    are its own, matched by identity.
 
     The run starts behind a GPU spin kernel, as in ``benchmark.time_cuda``, so the interval
     between the begin and end events holds GPU work only, not gaps while Python enqueues; if the
     host took longer than the spin, the run is repeated behind a longer one. Each launch of the
-    candidate's own kernels is bracketed by its own events. None without names or a GPU.
+    candidate's own kernels is bracketed by its own events. None without own compiles or a GPU.
     """
     from multiminddev.env.benchmark import _cycles_to_cover, _hold_gpu
 
     torch = _torch()
-    names = set(own_kernel_names)
-    if not names or not torch.cuda.is_available():
+    own = list(own_compiles)
+    if not own or not torch.cuda.is_available():
         return None
     hold = COVERAGE_HOLD_CYCLES
     for _ in range(2):
         torch.cuda.synchronize()
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        with _OwnLaunchTimer(names) as timer:
+        with _OwnLaunchTimer(own) as timer:
             enqueue_start = time.perf_counter()
             _hold_gpu(torch, hold)
             begin.record()

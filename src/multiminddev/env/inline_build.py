@@ -8,7 +8,14 @@
    flags, torch version and GPU arch. The build process never loads the built library.
 2. In the worker, ``install_routing`` replaces ``load_inline`` with a function that computes
    the same key from the real arguments and loads the cached ``.so`` (no subprocess, no rebuild);
-   on a cache miss (arguments computed at run time) it builds in the worker.
+   on a cache miss (arguments computed at run time) it builds in the worker, in a private
+   directory: the shared cache is written by the trusted builder only.
+3. Built libraries are authenticated: the builder tags each with an HMAC over its SHA-256
+   (``cache_auth``; the key never reaches a worker) and rebuilds one whose tag does not verify.
+   The evaluator re-checks the tags before each job and sends the digests in the job
+   (``job["inline_libraries"]``: key -> SHA-256); given them (``expect_libraries``), the worker
+   loads only a private copy whose digest matches, so a library planted or swapped in the
+   shared cache is never loaded.
 
 Where torch has no CUDA build or nvcc is missing, candidates get a clear SKIPPED compile
 result (status no_gpu / infra_error) instead of an exception.
@@ -24,6 +31,8 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -31,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev import pyast
+from multiminddev.cuda import cache_auth
 from multiminddev.env.results import CompileResult, Diagnostic, KernelResources, StageStatus
 
 SPEC_ARGS = (
@@ -110,6 +120,12 @@ def inline_arch(config_arch: str | None) -> str:
     from multiminddev.cuda.compiler import DEFAULT_ARCH, current_device_arch
 
     return config_arch or current_device_arch() or DEFAULT_ARCH
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
 
 
 def _arch_list(arch: str) -> str:
@@ -213,8 +229,37 @@ def library_path(build_dir: Path, module_name: str) -> Path:
     return build_dir / f"{module_name}.so"
 
 
+def library_digest(library: Path) -> str:
+    return hashlib.sha256(library.read_bytes()).hexdigest()
+
+
+def _tag_path(library: Path) -> Path:
+    return library.with_name(library.name + ".tag")
+
+
+def authentic_digest(library: Path, key: str, secret: bytes | None) -> str | None:
+    """The library's SHA-256 when its tag (written by the trusted builder) verifies; None for a
+    missing, untagged, planted or altered library."""
+    if secret is None:
+        return None
+    try:
+        digest = library_digest(library)
+        tag = _tag_path(library).read_text().strip()
+    except OSError:
+        return None
+    return digest if cache_auth.tag_matches(secret, tag, key.encode(), digest.encode()) else None
+
+
+def tag_library(library: Path, key: str, secret: bytes) -> str:
+    """Tag a library the trusted builder just built; returns its SHA-256."""
+    digest = library_digest(library)
+    _tag_path(library).write_text(cache_auth.entry_tag(secret, key.encode(), digest.encode()))
+    return digest
+
+
 def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> dict[str, Any]:
-    """Build one extension without loading it (runs in a build process). JSON-able outcome."""
+    """Build one extension without loading it (runs in a build process). JSON-able outcome,
+    with the library's SHA-256 when it built (or an authentic build was already there)."""
     import torch
     from torch.utils import cpp_extension
 
@@ -222,21 +267,31 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     key = spec.key(arch, torch.__version__)
     name = spec.module_name(key)
     build_dir = build_dir_for(Path(cache_root), key)
+    secret = cache_auth.load_or_create_key(Path(cache_root))
     start = time.perf_counter()
-    if library_path(build_dir, name).exists():
-        return {"status": "ok", "cached": True, "seconds": 0.0, "log": "", "key": key}
+    library = library_path(build_dir, name)
+    if library.exists():
+        digest = authentic_digest(library, key, secret)
+        if digest is not None:
+            return {"status": "ok", "cached": True, "seconds": 0.0, "log": "", "key": key,
+                    "sha256": digest}
+        # Planted, altered or untagged: build from scratch (ninja would call a newer planted
+        # library up to date).
+        shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list(arch)
     # Build only: the untrusted library is loaded later, inside the sandboxed worker.
     cpp_extension._import_module_from_library = lambda *a, **k: None
     kwargs = {k: v for k, v in spec_args.items() if k != "name" and v is not None}
+    digest = None
     try:
         cpp_extension.load_inline(name=name, build_directory=str(build_dir), verbose=False, **kwargs)
         status, log = "ok", ""
+        digest = tag_library(library, key, secret) if secret is not None else None
     except Exception as exc:  # noqa: BLE001 - the compiler's output is in the message
         status, log = "failed", str(exc)
     return {"status": status, "cached": False, "seconds": time.perf_counter() - start,
-            "log": log[-20000:], "key": key}
+            "log": log[-20000:], "key": key, "sha256": digest}
 
 
 def outcome_to_compile_result(outcome: dict[str, Any], arch: str) -> CompileResult:
@@ -331,6 +386,42 @@ class InlineBuilder:
         merged.cached = all(r.cached for r in results)
         return merged
 
+    def verified_digests(self, specs: list[InlineSpec]) -> dict[str, str] | None:
+        """Key -> SHA-256 of each built library of ``specs`` whose tag verifies now (what the
+        evaluator sends in the job). A library that no longer verifies is left out and
+        forgotten, so the next ``build`` makes it again. None when this cache has no usable
+        key (then nothing can be verified; see ``cache_auth``)."""
+        import torch
+
+        secret = cache_auth.load_or_create_key(self.cache_root)
+        if secret is None:
+            return None
+        digests: dict[str, str] = {}
+        for spec in specs:
+            key = spec.key(self.arch, torch.__version__)
+            library = library_path(build_dir_for(self.cache_root, key), spec.module_name(key))
+            digest = authentic_digest(library, key, secret)
+            if digest is not None:
+                digests[key] = digest
+            else:
+                with self._lock:
+                    self._futures.pop(key, None)
+        return digests
+
+    def build_verified(self, specs: list[InlineSpec], timeout_s: float
+                       ) -> tuple[CompileResult, dict[str, str] | None]:
+        """``build``, then the verified digests; a library that fails its check (written by
+        someone else since it was built) is built once more."""
+        result = self.build(specs, timeout_s)
+        if result.status is not StageStatus.OK:
+            return result, {}
+        digests = self.verified_digests(specs)
+        if digests is not None and len(digests) < len({s.key(self.arch, _torch_version())
+                                                       for s in specs}):
+            result = self.build(specs, timeout_s)
+            digests = self.verified_digests(specs) if result.status is StageStatus.OK else {}
+        return result, digests
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -340,6 +431,32 @@ class InlineBuilder:
 # ---------------------------------------------------------------- routing inside the worker
 
 inline_log: list[CompileResult] = []
+# Key -> SHA-256 of the prebuilt libraries this job may load (the evaluator verified them);
+# None: no expectations were given, prebuilt libraries load as they are.
+_expected_libraries: dict[str, str] | None = None
+
+
+def expect_libraries(digests: dict[str, str] | None) -> None:
+    """The worker's per-job list of verified prebuilt libraries (``job["inline_libraries"]``);
+    call before the candidate loads. With a list, a prebuilt library loads only from a private
+    copy whose digest matches; one not on the list is a cache miss."""
+    global _expected_libraries
+    _expected_libraries = dict(digests) if digests is not None else None
+
+
+def load_verified_copy(build_dir: Path, name: str, expected: str, is_python_module: bool) -> Any:
+    """Copy the library into a private directory, check its SHA-256, load the copy (so a swap
+    in the shared cache after the check cannot take effect)."""
+    from torch.utils import cpp_extension
+
+    data = library_path(build_dir, name).read_bytes()
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise InlineBuildUnavailable(
+            "the prebuilt load_inline library changed after the evaluator verified it (another "
+            "process wrote the shared cache); evaluate again: the evaluator rebuilds it")
+    private = Path(tempfile.mkdtemp(prefix=f"mmd-inline-{name[-12:]}-"))
+    library_path(private, name).write_bytes(data)
+    return cpp_extension._import_module_from_library(name, str(private), is_python_module)
 
 
 def install_routing(cache_root: Path, arch: str) -> None:
@@ -365,11 +482,19 @@ def install_routing(cache_root: Path, arch: str) -> None:
         build_dir = build_dir_for(cache_root, key)
         start = time.perf_counter()
         prebuilt = library_path(build_dir, name).exists()
-        if prebuilt:
+        expected = None if _expected_libraries is None else _expected_libraries.get(key)
+        if prebuilt and _expected_libraries is not None and expected is None:
+            prebuilt = False  # not verified for this job: build privately, never load it
+        if prebuilt and expected is not None:
+            module = load_verified_copy(build_dir, name, expected,
+                                        bool(spec.args["is_python_module"]))
+        elif prebuilt:
             module = cpp_extension._import_module_from_library(
                 name, str(build_dir), bool(spec.args["is_python_module"]))
         else:
-            build_dir.mkdir(parents=True, exist_ok=True)
+            # Built by candidate-controlled code: never into the shared cache, where a later
+            # evaluation would load it as prebuilt. A fresh directory of this process instead.
+            build_dir = Path(tempfile.mkdtemp(prefix=f"mmd-inline-{key[:12]}-"))
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _arch_list(arch))
             rest = {k: v for k, v in call.items() if k not in ("name", "build_directory")}
             try:

@@ -5,6 +5,11 @@ its current job plus ``spare_workers`` started ahead of time, so after a fault (
 job, with the default ``max_jobs_per_worker=1``) the next job finds a warm process. The parent
 enforces every stage's time limit by polling the pipe and SIGKILLing the worker; the pool and
 the evaluator never die with it.
+
+Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, the checked
+timed calls' expected outputs, baselines) are
+accepted only before the candidate's compile stage begins; one arriving later came from the
+candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +34,11 @@ from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
 
 _log = logging.getLogger(__name__)
+# Sent by the worker's trusted stages (setup, baseline) before the candidate is imported.
+TRUSTED_TAGS = frozenset({"reference", "timed_reference", "baseline"})
+# ``before_send(job, worker_info) -> job``: completes a job once its worker is known (e.g. with
+# that GPU's cached baselines); ``worker_info`` is the worker's start-up ("ready") payload.
+BeforeSend = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
 
 
 @dataclass
@@ -45,6 +56,7 @@ class JobOutcome:
     device: str = ""
     gpu: bool = False
     stages_seconds: dict[str, float] = field(default_factory=dict)
+    late_trusted: list[str] = field(default_factory=list)  # trusted tags sent after the candidate loaded
 
 
 class WorkerHandle:
@@ -188,16 +200,17 @@ class WorkerPool:
     def size(self) -> int:
         return len(self.slots)
 
-    def run(self, job: dict[str, Any]) -> JobOutcome:
+    def run(self, job: dict[str, Any], before_send: BeforeSend | None = None) -> JobOutcome:
         if self.closed:
             return JobOutcome(infra_error="the evaluator is closed")
         slot = self._free.get()
         try:
-            return self._run_on_slot(slot, job)
+            return self._run_on_slot(slot, job, before_send)
         finally:
             self._free.put(slot)
 
-    def _run_on_slot(self, slot: Slot, job: dict[str, Any]) -> JobOutcome:
+    def _run_on_slot(self, slot: Slot, job: dict[str, Any],
+                     before_send: BeforeSend | None = None) -> JobOutcome:
         worker = slot.take()
         if not worker.wait_ready(self.config.startup_timeout_s):
             error = worker.startup_error
@@ -207,6 +220,8 @@ class WorkerPool:
                 worker.kill()
                 return JobOutcome(infra_error=f"{error}; retry: {worker.startup_error}")
         outcome = JobOutcome(device=str(worker.info.get("device", "")), gpu=bool(worker.info.get("gpu")))
+        if before_send is not None:
+            job = before_send(job, dict(worker.info))
         try:
             worker.conn.send(job)
             self._collect(worker, outcome, job)
@@ -281,6 +296,9 @@ class WorkerPool:
                 stage, stage_start = Stage(payload), time.monotonic()
                 if stage is Stage.COMPILE:
                     candidate_start = stage_start
+                continue
+            if tag in TRUSTED_TAGS and candidate_start is not None:
+                outcome.late_trusted.append(str(tag))
                 continue
             outcome.messages[tag] = payload
             if tag in ("done", "fail"):

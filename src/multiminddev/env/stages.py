@@ -177,15 +177,17 @@ def _one_off_guards(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
 
 def _kernel_coverage(guards: Any, cfg: EvalConfig, run: Any, notes: list[str]
                      ) -> float | None:
-    """Share of the forward's GPU time in the candidate's own kernels.
+    """Share of the forward's GPU time in the candidate's own kernels (a measurement: the
+    evaluator compares it with ``cfg.min_kernel_coverage`` and decides).
 
-    NVRTC kernels launch through our ``Kernel`` class, so CUDA events around their launches
-    measure it cheaply. The profiler (CUPTI: seconds on its first use in a process) is used for
-    ``load_inline`` kernels, which we cannot see launch, and to confirm a low event-based figure
-    before anything is rejected on it (events also count launch gaps, so many tiny launches
-    look worse than they are)."""
+    NVRTC kernels launch through our ``Kernel`` class, so CUDA events around the launches of the
+    candidate's own modules (matched by identity) measure it cheaply. The profiler (CUPTI:
+    seconds on its first use in a process) is used for ``load_inline`` kernels, which we cannot
+    see launch, and to confirm a low event-based figure (events also count launch gaps, so many
+    tiny launches look worse than they are); it matches the candidate's kernels by exact
+    function name, never by substring."""
     nvrtc, inline = own_kernel_names_by_backend()
-    from_events = None if inline else guards.kernel_time_coverage_events(run, nvrtc)
+    from_events = None if inline else guards.kernel_time_coverage_events(run, own_nvrtc_compiles())
     if from_events is not None and from_events >= cfg.min_kernel_coverage:
         return from_events
     try:
@@ -196,8 +198,18 @@ def _kernel_coverage(guards: Any, cfg: EvalConfig, run: Any, notes: list[str]
     return profiled if profiled is not None else from_events
 
 
+def own_nvrtc_compiles() -> list[Any]:
+    """The ``CompileResult`` objects of the candidate's successful ``compile_kernels`` calls:
+    a launched kernel is the candidate's when its module's result is one of these objects."""
+    from multiminddev.cuda import kernels as kernels_mod
+    from multiminddev.env.results import StageStatus
+
+    return [r for r in kernels_mod.compile_log if r.status is StageStatus.OK]
+
+
 def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
-    """Names of the kernels this process compiled: (NVRTC, load_inline's __global__ names)."""
+    """Exact names of the kernels this process's candidate compiled: (NVRTC ``extern "C"``
+    names from ptxas, load_inline's ``__global__`` function names from its CUDA sources)."""
     from multiminddev.cuda import kernels as kernels_mod
     from multiminddev.env import inline_build
 

@@ -298,6 +298,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
 
     cfg = EvalConfig.from_dict(job["config"])
     problem = Problem.from_dict(job["problem"])
+    _expect_inline_libraries(job)
     send = conn.send
     stage = Stage.SETUP
     state.timings = {}
@@ -323,7 +324,8 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
                 with timed(clock, "baseline"):
-                    baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"))
+                    baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"),
+                                          job.get("compiled_baseline"))
                 send(("baseline", baseline))
             _seal_reference(state, reference)
             state.memory_cap = _cap_candidate_memory(cfg)
@@ -508,42 +510,41 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
 
 
 def _baselines(state: WorkerState, problem: Any, cfg: EvalConfig, ref: Reference,
-               peak_gbps: float | None) -> dict[str, Any]:
-    """Eager and torch.compile timings of the reference, plus the GPU's peak bandwidth."""
+               peak_gbps: float | None, compiled_baseline: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """Eager and torch.compile timings of the reference, plus the GPU's peak bandwidth.
+
+    Trusted stage, before any candidate code loads. ``peak_gbps`` and ``compiled_baseline``
+    (TimingStats as a dict) come from the evaluator's authenticated cache, in the job; each is
+    measured here only when the job has none, and reported in the returned payload (the
+    ("baseline", ...) message), from which the evaluator stores it. The worker never reads or
+    writes the shared baselines cache: a candidate running later in this process could
+    otherwise plant figures for the evaluations after it."""
     import torch
 
     from multiminddev.env import benchmark as bm
 
     plan = timing_plan(cfg)
-    cache = bm.JsonCache(Path(cfg.cache_dir or ".") / "baselines")
     gpu_name, torch_version = bm.gpu_identity(state.device_index)
     if peak_gbps is None:
-        key = bm.peak_bandwidth_key(gpu_name, torch_version)
-        hit = cache.get(key)
-        peak_gbps = hit["gbps"] if hit else bm.measure_peak_bandwidth(state.device_index)
-        if not hit:
-            cache.put(key, {"gbps": peak_gbps})
-            torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
+        peak_gbps = bm.measure_peak_bandwidth(state.device_index)
+        torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
     state.peak_gbps = peak_gbps
     inputs = clone_inputs(ref.trial_inputs[0])
     with torch.no_grad():
         eager = bm.time_cuda(lambda: ref.model(*inputs), plan, state.flush)
     out: dict[str, Any] = {"eager": bm.stats_to_dict(eager), "compiled": None, "peak_gbps": peak_gbps,
                            "gpu_name": gpu_name, "torch_version": torch_version, "note": ""}
-    if cfg.compile_baseline:
-        key = bm.compile_baseline_key(problem.source_hash, gpu_name, torch_version)
-        hit = cache.get(key)
-        if hit is not None:
-            out["compiled"] = hit["stats"]
-        else:
-            try:
-                compiled_model = torch.compile(ref.model)
-                with torch.no_grad():
-                    stats = bm.time_cuda(lambda: compiled_model(*inputs), plan, state.flush)
-                out["compiled"] = bm.stats_to_dict(stats)
-                cache.put(key, {"stats": out["compiled"]})
-            except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
-                out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
+    if cfg.compile_baseline and compiled_baseline is not None:
+        out["compiled"] = compiled_baseline
+    elif cfg.compile_baseline:
+        try:
+            compiled_model = torch.compile(ref.model)
+            with torch.no_grad():
+                stats = bm.time_cuda(lambda: compiled_model(*inputs), plan, state.flush)
+            out["compiled"] = bm.stats_to_dict(stats)
+        except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
+            out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
     return out
 
 
@@ -622,16 +623,43 @@ def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException,
 
 
 def _install_sandbox(state: WorkerState, cfg: EvalConfig, *, allow_build: bool) -> None:
-    """The sandbox, with our cache dir writable; ``allow_build`` lets ``ninja`` run (a
-    load_inline candidate whose sources could not be built ahead, outside the sandbox)."""
+    """The sandbox, writable only in this worker's private directory (its compile caches
+    included); ``allow_build`` lets ``ninja`` run (a load_inline candidate whose sources could
+    not be built ahead, outside the sandbox).
+
+    The shared cache (``cfg.cache_dir``) stays readable, not writable: ``load_inline`` routing
+    loads the libraries the evaluator's trusted builder put under ``<cache>/inline``, and a
+    candidate must not be able to plant a library or cubin there for the evaluations after it."""
     from multiminddev.env import sandbox
 
-    policy = sandbox.SandboxPolicy(
-        extra_writable_paths=(str(cfg.cache_dir),) if cfg.cache_dir else (),
-        allowed_executables=("ninja",) if allow_build else (),
-    )
+    use_private_compile_caches(state.workdir)
+    policy = sandbox.SandboxPolicy(allowed_executables=("ninja",) if allow_build else ())
     sandbox.install_sandbox(state.workdir, policy)
     state.sandboxed = True
+
+
+PRIVATE_CACHE_DIRS = {"MULTIMINDDEV_CACHE": "compile-cache", "TORCH_EXTENSIONS_DIR": "torch-extensions"}
+
+
+def use_private_compile_caches(workdir: Path) -> None:
+    """Point this worker's NVRTC cache and torch's extension directory into ``workdir``.
+
+    Candidate code compiles in this process; with the shared caches it could write a poisoned
+    cubin or library under the key of a later, honest candidate. Its own compiles land here,
+    where no other evaluation looks. (The sandbox keeps these two locations writable and
+    pins them through its environment scrub.) Must run before candidate code loads."""
+    for name, sub in PRIVATE_CACHE_DIRS.items():
+        path = Path(workdir) / sub
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ[name] = str(path)
+
+
+def _expect_inline_libraries(job: dict[str, Any]) -> None:
+    """The prebuilt load_inline libraries this job may load: those the evaluator verified
+    (``job["inline_libraries"]``, key -> SHA-256); set for every job, before candidate code."""
+    from multiminddev.env import inline_build
+
+    inline_build.expect_libraries(job.get("inline_libraries"))
 
 
 def _compile_payload(nvrtc: list[CompileResult], inline: list[CompileResult]) -> dict[str, Any]:
