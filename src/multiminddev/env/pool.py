@@ -35,7 +35,8 @@ from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMe
 
 _log = logging.getLogger(__name__)
 # Sent by the worker's trusted stages (setup, baseline) before the candidate is imported.
-TRUSTED_TAGS = frozenset({"reference", "timed_reference", "baseline"})
+TRUSTED_TAGS = frozenset({"reference", "timed_reference", "ground_truth", "reference_layouts",
+                          "baseline"})
 # ``before_send(job, worker_info) -> job``: completes a job once its worker is known (e.g. with
 # that GPU's cached baselines); ``worker_info`` is the worker's start-up ("ready") payload.
 BeforeSend = Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]

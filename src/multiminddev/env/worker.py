@@ -200,6 +200,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
     workdir = Path(tempfile.mkdtemp(prefix="mmd-worker-"))
+    use_private_compile_caches(workdir)  # sandbox or not: no worker shares a compile cache
     stack_dump = _register_stack_dump()
     with timed(startup, "toolchain"):
         warm_module = _warm_toolchain(cfg)
@@ -524,28 +525,42 @@ def _baselines(state: WorkerState, problem: Any, cfg: EvalConfig, ref: Reference
 
     from multiminddev.env import benchmark as bm
 
-    plan = timing_plan(cfg)
     gpu_name, torch_version = bm.gpu_identity(state.device_index)
     if peak_gbps is None:
         peak_gbps = bm.measure_peak_bandwidth(state.device_index)
         torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
     state.peak_gbps = peak_gbps
-    inputs = clone_inputs(ref.trial_inputs[0])
-    with torch.no_grad():
-        eager = bm.time_cuda(lambda: ref.model(*inputs), plan, state.flush)
+    eager = time_like_candidate(state, cfg, ref, ref.model)
     out: dict[str, Any] = {"eager": bm.stats_to_dict(eager), "compiled": None, "peak_gbps": peak_gbps,
                            "gpu_name": gpu_name, "torch_version": torch_version, "note": ""}
     if cfg.compile_baseline and compiled_baseline is not None:
         out["compiled"] = compiled_baseline
     elif cfg.compile_baseline:
         try:
-            compiled_model = torch.compile(ref.model)
-            with torch.no_grad():
-                stats = bm.time_cuda(lambda: compiled_model(*inputs), plan, state.flush)
-            out["compiled"] = bm.stats_to_dict(stats)
+            compiled = time_like_candidate(state, cfg, ref, torch.compile(ref.model))
+            out["compiled"] = bm.stats_to_dict(compiled)
         except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
             out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
     return out
+
+
+def time_like_candidate(state: WorkerState, cfg: EvalConfig, ref: Reference, model: Any) -> Any:
+    """Time ``model`` exactly as the candidate is timed (fresh inputs copied into new buffers
+    before every call, the L2 flush, the same number of calls for the same budget), so a
+    speedup compares like with like."""
+    import torch
+
+    from multiminddev.env import benchmark as bm
+    from multiminddev.env.timed_checks import CheckedCalls
+
+    def forward(args: list[Any]) -> list[Any]:
+        with torch.no_grad():
+            return as_output_list(model(*args))
+
+    calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=[],
+                         output_specs=ref.output_specs, forward=forward, rng=ref.rng)
+    timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
+    return bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan)
 
 
 def timing_plan(cfg: EvalConfig) -> Any:
