@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
 import functools
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -222,7 +223,9 @@ class ModuleInfo:
     classes: dict[str, ast.ClassDef]
     model_new: ast.ClassDef | None
     kernel_holders: set[str] = field(default_factory=set)  # names bound to compiled kernels
+    kernel_factories: set[str] = field(default_factory=set)  # names of functions returning them
     self_holders: set[str] = field(default_factory=set)  # self.<attr> bound to compiled kernels
+    self_factories: set[str] = field(default_factory=set)  # methods of ModelNew returning them
     self_tensors: set[str] = field(default_factory=set)  # self.<attr> holding tensors
     self_modules: dict[str, str] = field(default_factory=dict)  # self.<attr> -> torch module/class
     self_callables: dict[str, str] = field(default_factory=dict)  # self.<attr> = torch.fn
@@ -278,41 +281,99 @@ def _assignments(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
                 yield target, value
 
 
-def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
-    """Does ``value`` evaluate to compiled kernels (or one kernel / extension function)?
+class KernelValue(str, enum.Enum):
+    """What an expression evaluates to, as far as kernel launches are concerned."""
 
-    Walks the chain ``a.b[0].c()`` inward: ``kernels.relu``, ``self.ext.fn``, ``_get()``
-    (a module function returning kernels) and ``compile_kernels(...)`` all qualify.
+    HANDLE = "handle"  # compiled kernels, one kernel, an extension module/function: launchable
+    FACTORY = "factory"  # a function/method returning a HANDLE (``def _kernels(): return ...``)
+
+
+def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
+    """HANDLE, FACTORY or None for ``node``, from the module's kernel bindings.
+
+    Calling a FACTORY gives a HANDLE (``_kernels().relu``); an attribute or item of a HANDLE is
+    a HANDLE (``kernels.relu``, ``KS["relu"]``); calling a HANDLE is a launch (its value is the
+    launch's result, not kernels). Containers are handles only when every non-constant element
+    is one, so a tuple cannot smuggle a torch function in next to a kernel.
     """
-    node = value
-    while True:
-        if _is_builder_call(node, info.aliases):
-            return True
-        attr = _self_attr(node)
-        if attr is not None:
-            return attr in info.self_holders
-        if isinstance(node, ast.Name):
-            if node.id in info.kernel_holders:
-                return True
-            fn = info.functions.get(node.id)
-            return fn is not None and _function_returns_kernels(fn, info)
-        if isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, (ast.Attribute, ast.Subscript)):
-            node = node.value
-        else:
-            return False
+    if _is_builder_call(node, info.aliases):
+        return KernelValue.HANDLE
+    if isinstance(node, ast.Name):
+        if node.id in info.kernel_holders:
+            return KernelValue.HANDLE
+        return KernelValue.FACTORY if node.id in info.kernel_factories else None
+    if isinstance(node, ast.Attribute):
+        if _self_attr(node) is not None or (isinstance(node.value, ast.Name)
+                                            and node.value.id in info.classes):
+            if node.attr in info.self_holders:
+                return KernelValue.HANDLE
+            return KernelValue.FACTORY if node.attr in info.self_factories else None
+        return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
+    if isinstance(node, ast.Subscript):
+        return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
+    if isinstance(node, ast.Call):
+        return KernelValue.HANDLE if kernel_value(node.func, info) is KernelValue.FACTORY else None
+    if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.IfExp)):
+        parts = (node.elts if isinstance(node, (ast.Tuple, ast.List)) else node.values
+                 if isinstance(node, ast.Dict) else [node.body, node.orelse])
+        values = [p for p in parts if not isinstance(p, ast.Constant)]
+        if values and all(kernel_value(p, info) is KernelValue.HANDLE for p in values):
+            return KernelValue.HANDLE
+        return None
+    if isinstance(node, ast.Lambda):
+        return KernelValue.FACTORY if kernel_value(node.body, info) is KernelValue.HANDLE else None
+    return None
 
 
-def _function_returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Return) and node.value is not None:
-            if _is_builder_call(node.value, info.aliases):
-                return True
-            root = _root(node.value)
-            if isinstance(root, ast.Name) and root.id in info.kernel_holders:
-                return True
-    return False
+def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
+    """Does ``value`` evaluate to compiled kernels (or one kernel / extension function)?"""
+    return kernel_value(value, info) is KernelValue.HANDLE
+
+
+def _returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
+    return any(isinstance(n, ast.Return) and n.value is not None and _holds_kernels(n.value, info)
+               for n in ast.walk(fn))
+
+
+def _is_property(fn: ast.AST) -> bool:
+    return any(_dotted(d) in {"property", "functools.cached_property", "cached_property"}
+               for d in getattr(fn, "decorator_list", ()))
+
+
+def _bind_kernels(info: ModuleInfo) -> None:
+    """Fixed point over every way a module binds kernels: names, self/class attributes,
+    module functions and methods that return them (``k = _build(); self.k = k``, chains of
+    helpers, ``@functools.cache`` builders, properties, class attributes)."""
+    classes = [info.model_new] if info.model_new is not None else []
+    for _ in range(10):
+        size = (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
+                len(info.self_factories))
+        for name, fn in info.functions.items():
+            if _returns_kernels(fn, info):
+                info.kernel_factories.add(name)
+        for target, value in _assignments(info.tree):
+            while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
+                target = target.value
+            kind = kernel_value(value, info)
+            if kind is None:
+                continue
+            attr = _self_attr(target)
+            if isinstance(target, ast.Name):
+                (info.kernel_holders if kind is KernelValue.HANDLE
+                 else info.kernel_factories).add(target.id)
+            elif attr is not None:
+                (info.self_holders if kind is KernelValue.HANDLE
+                 else info.self_factories).add(attr)
+        for cls in classes:
+            for node in cls.body:  # class attributes are read back as ``self.X``
+                if isinstance(node, ast.Assign) and _holds_kernels(node.value, info):
+                    info.self_holders.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            for name, method in info.methods(cls).items():
+                if _returns_kernels(method, info):
+                    (info.self_holders if _is_property(method) else info.self_factories).add(name)
+        if size == (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
+                    len(info.self_factories)):
+            return
 
 
 def _classify_self_attrs(info: ModuleInfo) -> None:
@@ -327,9 +388,9 @@ def _classify_self_attrs(info: ModuleInfo) -> None:
         if attr is None:
             continue
         callee = resolve(value.func, info.aliases) if isinstance(value, ast.Call) else None
-        if _holds_kernels(value, info):
-            info.self_holders.add(attr)
-        elif callee in {"torch.nn.Parameter", "torch.nn.parameter.Parameter"} or (
+        if attr in info.self_holders or attr in info.self_factories:
+            continue
+        if callee in {"torch.nn.Parameter", "torch.nn.parameter.Parameter"} or (
             callee is not None and callee.startswith("torch.") and callee.count(".") == 1
         ):
             info.self_tensors.add(attr)
@@ -359,12 +420,7 @@ def analyse(tree: ast.Module) -> ModuleInfo:
         tree=tree, aliases=aliases, functions=functions, classes=classes,
         model_new=classes.get("ModelNew"),
     )
-    for _ in range(3):  # fixed point over chains like ``k = _build(); self.k = k``
-        for target, value in _assignments(tree):
-            while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
-                target = target.value
-            if isinstance(target, ast.Name) and _holds_kernels(value, info):
-                info.kernel_holders.add(target.id)
+    _bind_kernels(info)
     _classify_self_attrs(info)
     return info
 
@@ -657,15 +713,8 @@ def check_kernel_defined_and_launched(tree: ast.Module, source: str) -> list[Fin
 
 
 def _is_launch(call: ast.Call, info: ModuleInfo) -> bool:
-    func = call.func
-    if not isinstance(func, (ast.Attribute, ast.Subscript, ast.Call, ast.Name)):
-        return False
-    if isinstance(func, ast.Name):
-        return func.id in info.kernel_holders  # ``relu = kernels.relu; relu(...)``
-    if _is_builder_call(func, info.aliases):
-        return False
-    return _holds_kernels(func.value if isinstance(func, (ast.Attribute, ast.Subscript)) else func,
-                          info)
+    """Calling a kernel handle (``kernels.relu(...)``, ``_kernels().relu(...)``, ``ext.f(x)``)."""
+    return not _is_builder_call(call, info.aliases) and _holds_kernels(call.func, info)
 
 
 def check_torch_compute(tree: ast.Module, source: str) -> list[Finding]:
