@@ -121,7 +121,17 @@ LOW_PRECISION_DTYPES = frozenset(
     {"torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"}
 )
 LOW_PRECISION_METHODS = frozenset({"half", "bfloat16"})
-LOW_PRECISION_CUDA_TOKENS = ("__half", "__nv_bfloat16", "cuda_fp16.h", "cuda_bf16.h", "__float2half")
+# Low-precision types and intrinsics in CUDA code (read after comments and strings are blanked,
+# so a float32 kernel whose comment says ``__half`` passes). ``half`` alone is also a common
+# variable name (``int half = n / 2``), so it counts only where it is used as a type.
+LOW_PRECISION_CUDA = re.compile(
+    r"\b(__half2?|half2|__nv_bfloat162?|nv_bfloat162?|__float2half\w*|__floats2half2\w*|"
+    r"__float2bfloat16\w*|__h(add|sub|mul|div|fma|max|min|neg)2?(_rn|_sat)?|__float_to_tf32|"
+    r"tf32|__nv_fp8\w*)\b|"
+    r"\bconst\s+half\b|\bhalf\s*\*\s*__restrict__|<\s*(const\s+)?half\s*[*>]|"
+    r"\bhalf\s+[A-Za-z_]\w*\s*[=;\[,)]")
+# Inside inline PTX (asm strings are code): reduced-precision types of cvt/mma/wgmma.
+LOW_PRECISION_PTX = re.compile(r"\.(tf32|f16|bf16|f16x2|bf16x2|e4m3|e5m2)\b")
 FILE_FUNCTIONS = frozenset(
     {"open", "io.open", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",
      "numpy.memmap", "numpy.save", "numpy.savez", "torch.load", "torch.save", "torch.from_file",
@@ -1149,12 +1159,14 @@ def check_precision_downgrade(tree: ast.Module, source: str, *,
               and node.func.attr in LOW_PRECISION_METHODS):
             findings.append(_finding("low_precision_cast", RejectReason.PRECISION_DOWNGRADE,
                                      f".{node.func.attr}() on a float32 problem", node))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
-            token = next((t for t in LOW_PRECISION_CUDA_TOKENS if t in node.value), None)
-            if token:
-                findings.append(_finding("low_precision_kernel", RejectReason.PRECISION_DOWNGRADE,
-                                         f"kernel uses {token} on a float32 problem", node))
+    for node, code in _native_sources(tree):
+        match = LOW_PRECISION_CUDA.search(code) or next(
+            (m for a, b in _asm_spans(code) if (m := LOW_PRECISION_PTX.search(code, a, b))), None)
+        if match:
+            findings.append(Finding(rule="low_precision_kernel", reason=RejectReason.PRECISION_DOWNGRADE,
+                                    line=_native_line(node, code, match.start()),
+                                    message=f"kernel code uses `{match.group(0).strip()}` on a float32 "
+                                            "problem: compute in float32"))
     return _dedup(findings)
 
 
@@ -1182,7 +1194,41 @@ def check_returns_input(tree: ast.Module, source: str) -> list[Finding]:
 
 
 # Native (C++/CUDA) source: load_inline wrappers run natively, outside every Python-level check.
-_CXX_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# One lexer pass over C/C++/CUDA: comments, string and character literals. Comments and
+# literals are prose or data, not code, so rules never match inside them; the string literals
+# of inline ``asm(...)`` statements are PTX code and are kept.
+_CXX_LEXEMES = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.DOTALL)
+_ASM_START = re.compile(r"\b(?:asm|__asm__|__asm)\b(?:\s*(?:volatile|__volatile__))?\s*\(")
+
+
+def _asm_spans(text: str) -> list[tuple[int, int]]:
+    """[start, end) of every ``asm(...)`` statement (balanced parentheses, literals skipped)."""
+    spans = []
+    for start in _ASM_START.finditer(text):
+        depth, i = 1, start.end()
+        while i < len(text) and depth:
+            lexeme = _CXX_LEXEMES.match(text, i)
+            if lexeme:
+                i = lexeme.end()
+                continue
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        spans.append((start.start(), i))
+    return spans
+
+
+def cuda_code(text: str) -> str:
+    """``text`` with comments and (non-asm) string/char literals blanked; newlines and length
+    kept, so offsets still give line numbers."""
+    spans = _asm_spans(text)
+
+    def blank(m: re.Match[str]) -> str:
+        lexeme = m.group(0)
+        if lexeme[0] == '"' and any(a <= m.start() < b for a, b in spans):
+            return lexeme  # PTX inside asm(...)
+        return "".join("\n" if c == "\n" else " " for c in lexeme)
+
+    return _CXX_LEXEMES.sub(blank, text)
 NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
     ("native_streams_threads", RejectReason.CONCURRENCY, re.compile(
         r"\b(cudaStreamCreate\w*|getStreamFromPool|getStreamFromExternal|cudaStreamBeginCapture|"
@@ -1196,6 +1242,17 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"(py|pybind11)::module_?::import)\b|"
         r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
         r"spawn\.h|sys/mman\.h|Python\.h)>")),
+    # Registering kernels with torch's dispatcher from C++ overrides torch ops for everyone
+    # (the harness included): the native form of torch.library.
+    ("native_dispatcher_registration", RejectReason.MONKEY_PATCH, re.compile(
+        r"\b(TORCH_LIBRARY\w*|c10::Dispatcher|RegisterOperators|registerFallback|"
+        r"c10::impl::\w+)\b")),
+    # Vendor libraries compute with kernels that are not the candidate's.
+    ("native_vendor_library", RejectReason.TORCH_COMPUTE, re.compile(
+        r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|curand\w*|"
+        r"getCurrentCUDABlasHandle\w*)\s*\(|"
+        r"#\s*include\s*<(cublas\w*\.h|cublasLt\.h|cudnn\w*\.h|cufft\w*\.h|cusparse\.h|"
+        r"cusolver\w*\.h|ATen/cuda/CUDABlas\.h)>")),
 )
 # ATen calls a C++ wrapper may make: allocation and metadata. Everything else is torch compute.
 NATIVE_ALLOWED_ATEN = frozenset(
@@ -1221,14 +1278,14 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def _native_sources(tree: ast.Module) -> Iterator[tuple[ast.Constant, str]]:
-    """String constants that are C/C++/CUDA source, comments blanked (newlines kept so match
-    offsets still give line numbers); docstrings are prose, not code."""
+    """String constants that are C/C++/CUDA source, read by ``cuda_code`` (comments and
+    literals blanked, offsets kept); docstrings are prose, not code."""
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and id(node) not in docstrings and any(
                     marker in node.value for marker in ("__global__", "#include", "torch::", "at::"))):
-            yield node, _CXX_COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n") + " ", node.value)
+            yield node, cuda_code(node.value)
 
 
 def _native_line(node: ast.Constant, code: str, offset: int) -> int:
