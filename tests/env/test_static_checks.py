@@ -595,6 +595,7 @@ def test_main_guard_and_parameter_named_input_are_allowed():
     ("m = kernels.module\nreturn y", "harness_internals"),
     ("s = kernels.relu.signature\nreturn y", "harness_internals"),
     ("self.register_forward_hook(lambda m, i, o: None)\nreturn y", "hook"),
+    ("self._forward_hooks[0] = lambda m, i, o: None\nreturn y", "hook"),
     ("e = torch.cuda.current_stream().record_event()\nreturn y", "streams_events_graphs"),
     ("s = x.untyped_storage()\nreturn y", "tensor_storage"),
     ("h = torch.empty(4).pin_memory()\nreturn y", "host_memory"),

@@ -1397,7 +1397,8 @@ def check_builtins(tree: ast.Module, source: str) -> list[Finding]:
                                           and name not in ALLOWED_BUILTINS):
             findings.append(_finding("builtin_not_allowed", RejectReason.FORBIDDEN_IMPORT,
                                      f"`{name}` is not available to candidates (it hides code "
-                                     "or identity from the checks)", node))
+                                     "or identity from the checks); rename a variable of this "
+                                     "name, and key caches by shapes, never by identity", node))
         elif name in CONDITIONAL_BUILTINS:
             message = _conditional_builtin_message(node, parents.get(id(node)), bindings, tree)
             if message:
@@ -1405,7 +1406,9 @@ def check_builtins(tree: ast.Module, source: str) -> list[Finding]:
                                          message, node))
         elif (name in BUILTIN_NAMES and name not in ALLOWED_BUILTINS and name not in bound):
             findings.append(_finding("builtin_not_allowed", RejectReason.FORBIDDEN_IMPORT,
-                                     f"builtin `{name}` is not on the candidate allowlist", node))
+                                     f"builtin `{name}` is not on the candidate allowlist "
+                                     "(numbers, containers, iteration, isinstance, super, "
+                                     "exceptions); a kernel wrapper does not need it", node))
     return _dedup(findings)
 
 
@@ -1428,8 +1431,9 @@ def _conditional_builtin_message(node: ast.Name, parent: ast.AST | None,
         return None if len(args) == 1 and not parent.keywords else (
             "type() with more than one argument builds classes: define classes with `class`")
     if len(args) < 2 or not _literal_public_name(args[1]):
-        return (f"{name}() needs a literal, public attribute name; write `obj.attr` "
-                "(string-named attribute access hides what is reached)")
+        return (f"{name}() needs a literal, public attribute name; write `obj.attr`, and keep "
+                "numbered things in a list or nn.ModuleList (string-named attribute access "
+                "hides what is reached)")
     root = _root(args[0])
     if isinstance(root, ast.Name) and root.id in bindings:
         return (f"{name}() on the imported {root.id!r}: write the attribute directly "
@@ -1444,7 +1448,9 @@ def _conditional_builtin_message(node: ast.Name, parent: ast.AST | None,
 # its own attributes), grouped by what they reach.
 INTROSPECTION_ATTRIBUTE = re.compile(
     r"^(gi|cr|ag|tb|co)_\w+$|^f_(back|globals|locals|builtins|code|trace\w*|lineno|lasti)$")
-HOOK_ATTRIBUTE = re.compile(r"^register_\w*hook\w*$|^register_module_\w+$")
+# Any hook, registered through the API or written into nn.Module's own tables
+# (``self._forward_hooks[0] = fn``), on self or not.
+HOOK_ATTRIBUTE = re.compile(r"hook|^register_module_\w+$", re.IGNORECASE)
 EVENT_ATTRIBUTES = frozenset({"record_event", "wait_event", "wait_stream", "elapsed_time",
                               "record_stream"})
 STORAGE_ATTRIBUTES = frozenset({"untyped_storage", "storage", "set_", "share_memory_"})
@@ -1508,7 +1514,7 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
         return ("private_internals", RejectReason.FORBIDDEN_IMPORT,
                 f"`.{attr}` is private to an object that is not yours (torch, a tensor, a "
                 "kernel handle); use its public API")
-    if HOOK_ATTRIBUTE.match(attr):
+    if HOOK_ATTRIBUTE.search(attr):
         return ("hook", RejectReason.MONKEY_PATCH,
                 f"`.{attr}` installs a hook that runs code outside forward; do the work in "
                 "forward with your kernels")
