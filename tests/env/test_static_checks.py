@@ -621,6 +621,7 @@ def test_own_private_attributes_and_super_init_are_allowed():
     "if x[0, 0]:\n    return y\nreturn y",
     "k = f'{x[0, 0]}'\nreturn y",
     "if x.data_ptr() == self.p:\n    return y\nreturn y",
+    "k = x.data_ptr() % (1 << 40)\nreturn y",
     "self.last = x\nv = self.last.item()\nreturn y",
 ])
 def test_host_reads_of_inputs_in_forward_are_refused(body):

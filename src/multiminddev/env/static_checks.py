@@ -1618,8 +1618,7 @@ def _host_read_message(node: ast.AST, tensors: set[str], info: ModuleInfo, reass
             return "`.to('cpu')`"
         if method == "data_ptr":
             parent = parents.get(id(node))
-            if not (isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mod, ast.BitAnd))
-                    and parent.left is node):
+            if not _alignment_test(node, parent):
                 return "`.data_ptr()` (other than an alignment test `p % 16`)"
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             and node.func.id in HOST_READ_BUILTINS
@@ -1638,6 +1637,14 @@ def _host_read_message(node: ast.AST, tensors: set[str], info: ModuleInfo, reass
     if any(is_tensor_expr(t, tensors, info) and not _init_only(t, reassigned) for t in tests):
         return "a tensor used as a condition (an implicit bool(tensor))"
     return None
+
+
+def _alignment_test(node: ast.AST, parent: ast.AST | None) -> bool:
+    """``p % 16`` / ``p & 15`` with a small constant: a few low bits say nothing about
+    which tensor it is, the whole pointer would."""
+    return (isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mod, ast.BitAnd))
+            and parent.left is node and isinstance(parent.right, ast.Constant)
+            and type(parent.right.value) is int and 0 < parent.right.value <= 1024)
 
 
 def _names_cpu(node: ast.AST) -> bool:
