@@ -10,8 +10,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from multiminddev.env import registry_guard  # noqa: E402
-from multiminddev.env.results import RejectReason  # noqa: E402
+from multiminddev.env import registry_guard
+from multiminddev.env.results import RejectReason
 
 
 def test_no_registration_means_no_finding():

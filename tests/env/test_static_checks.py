@@ -639,27 +639,27 @@ def test_host_read_of_a_weight_set_in_init_is_allowed():
 BUILDERS = {
     "helper_called_in_forward": ("def _kernels():\n    return compile_kernels(SRC)\n", "",
                                  "k = _kernels()\nk.relu(grid=(1,), block=(1,), args=(x, y, n))"),
-    "module_constant_from_helper": ("def _build():\n    ks = compile_kernels(SRC)\n    return ks\n\n"
-                                    "KERNELS = _build()\n", "",
+    "module_constant_from_helper": (("def _build():\n    ks = compile_kernels(SRC)\n    return ks\n\n"
+                                     "KERNELS = _build()\n"), "",
                                     "KERNELS.relu(grid=(1,), block=(1,), args=(x, y, n))"),
     "cached_in_init": ("def _build():\n    return compile_kernels(SRC)\n", "self.k = _build()",
                        "self.k.relu(grid=(1,), block=(1,), args=(x, y, n))"),
-    "functools_cache": ("import functools\n\n@functools.cache\ndef ks():\n"
-                        "    return compile_kernels(SRC)\n", "",
+    "functools_cache": (("import functools\n\n@functools.cache\ndef ks():\n"
+                         "    return compile_kernels(SRC)\n"), "",
                         "ks().relu(grid=(1,), block=(1,), args=(x, y, n))"),
-    "lazy_global": ("_K = None\n\ndef _get():\n    global _K\n    if _K is None:\n"
-                    "        _K = compile_kernels(SRC)\n    return _K\n", "",
+    "lazy_global": (("_K = None\n\ndef _get():\n    global _K\n    if _K is None:\n"
+                     "        _K = compile_kernels(SRC)\n    return _K\n"), "",
                     "_get().relu(grid=(1,), block=(1,), args=(x, y, n))"),
-    "dict_of_kernels": ("def _build():\n    return {'relu': compile_kernels(SRC).relu}\n\n"
-                        "KS = _build()\n", "", "KS['relu'](grid=(1,), block=(1,), args=(x, y, n))"),
+    "dict_of_kernels": (("def _build():\n    return {'relu': compile_kernels(SRC).relu}\n\n"
+                         "KS = _build()\n"), "", "KS['relu'](grid=(1,), block=(1,), args=(x, y, n))"),
     "helper_returns_one_kernel": ("def _relu():\n    return compile_kernels(SRC).relu\n",
                                   "self.relu = _relu()",
                                   "self.relu(grid=(1,), block=(1,), args=(x, y, n))"),
     "tuple_with_constant": ("def _build():\n    return compile_kernels(SRC), 256\n",
                             "self.k, self.block = _build()",
                             "self.k.relu(grid=(1,), block=(self.block,), args=(x, y, n))"),
-    "chain_of_helpers": ("def _a():\n    return compile_kernels(SRC)\ndef _b():\n    return _a()\n"
-                         "def _c():\n    k = _b()\n    return k\ndef _d():\n    return _c()\n",
+    "chain_of_helpers": (("def _a():\n    return compile_kernels(SRC)\ndef _b():\n    return _a()\n"
+                          "def _c():\n    k = _b()\n    return k\ndef _d():\n    return _c()\n"),
                          "self.k = _d()", "self.k.relu(grid=(1,), block=(1,), args=(x, y, n))"),
 }
 

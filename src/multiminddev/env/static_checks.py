@@ -1218,8 +1218,8 @@ _REFUSAL_FAMILIES: tuple[tuple[tuple[str, ...], str, RejectReason, str], ...] = 
     (("torch.library", "torch.ops", "torch._ops", "torch._library", "torch._C._dispatch",
       "torch.utils._python_dispatch", "torch.overrides", "torch._C._EnablePythonDispatcher"),
      "dispatcher_registration", RejectReason.MONKEY_PATCH,
-     "reaches torch's dispatcher (operator registration / overrides); launch your own kernels "
-     "directly and leave torch's operators alone"),
+     ("reaches torch's dispatcher (operator registration / overrides); launch your own kernels "
+      "directly and leave torch's operators alone")),
     (("torch.manual_seed", "torch.seed", "torch.initial_seed", "torch.random",
       "torch.set_rng_state", "torch.get_rng_state", "torch.Generator", "torch.default_generator",
       "torch.cuda.manual_seed", "torch.cuda.seed", "torch.cuda.set_rng_state",
@@ -1249,21 +1249,20 @@ def _allowed_name(qualified: str) -> bool:
 def _refusal(qualified: str) -> tuple[str, RejectReason, str]:
     """(rule, reason, why) for a qualified name off the allowlist."""
     for prefixes, rule, reason, why in _REFUSAL_FAMILIES:
-        if any(qualified == p or qualified.startswith(p + ".") or qualified.startswith(p + "_")
-               for p in prefixes):
+        if any(qualified == p or qualified.startswith((p + ".", p + "_")) for p in prefixes):
             return rule, reason, why
     if qualified in _NAMESPACES:
         return ("module_reference", RejectReason.FORBIDDEN_IMPORT,
-                "is a module (or namespace): use it only as the prefix of an allowed name "
-                "(torch.empty_like, torch.float32, nn.Module, torch.cuda.current_stream, "
-                "math.ceil); a module is never a value")
+                ("is a module (or namespace): use it only as the prefix of an allowed name "
+                 "(torch.empty_like, torch.float32, nn.Module, torch.cuda.current_stream, "
+                 "math.ceil); a module is never a value"))
     if any(part.startswith("_") for part in qualified.split(".")):
         return ("private_internals", RejectReason.FORBIDDEN_IMPORT,
                 "is a private internal of torch or the harness")
     return ("not_allowlisted", RejectReason.FORBIDDEN_IMPORT,
-            "is not on the candidate allowlist (allocation: torch.empty/empty_like/zeros; views "
-            "and shapes; dtypes; nn.Module/nn.Parameter and nn layers for weights; "
-            "torch.cuda.current_stream; load_inline; math); compute belongs in your kernel")
+            ("is not on the candidate allowlist (allocation: torch.empty/empty_like/zeros; views "
+             "and shapes; dtypes; nn.Module/nn.Parameter and nn layers for weights; "
+             "torch.cuda.current_stream; load_inline; math); compute belongs in your kernel"))
 
 
 def check_forbidden_import(tree: ast.Module, source: str) -> list[Finding]:
@@ -1505,34 +1504,34 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
         if imported:
             return None
         return ("introspection", RejectReason.FORBIDDEN_IMPORT,
-                f"`.{attr}` reaches interpreter internals (classes, globals, code); only "
-                "super().__init__(...) is allowed")
+                (f"`.{attr}` reaches interpreter internals (classes, globals, code); only "
+                 "super().__init__(...) is allowed"))
     if INTROSPECTION_ATTRIBUTE.match(attr) and not _own_receiver(value, info):
         return ("introspection", RejectReason.FORBIDDEN_IMPORT,
                 f"`.{attr}` reaches frames, generators or code objects (the harness's stack)")
     if attr.startswith("_") and not _own_receiver(value, info) and not imported:
         return ("private_internals", RejectReason.FORBIDDEN_IMPORT,
-                f"`.{attr}` is private to an object that is not yours (torch, a tensor, a "
-                "kernel handle); use its public API")
+                (f"`.{attr}` is private to an object that is not yours (torch, a tensor, a "
+                 "kernel handle); use its public API"))
     if HOOK_ATTRIBUTE.search(attr):
         return ("hook", RejectReason.MONKEY_PATCH,
-                f"`.{attr}` installs a hook that runs code outside forward; do the work in "
-                "forward with your kernels")
+                (f"`.{attr}` installs a hook that runs code outside forward; do the work in "
+                 "forward with your kernels"))
     if attr in EVENT_ATTRIBUTES:
         return ("streams_events_graphs", RejectReason.CONCURRENCY,
-                f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
-                "stream only")
+                (f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
+                 "stream only"))
     if attr in STORAGE_ATTRIBUTES:
         return ("tensor_storage", RejectReason.POINTER_CACHE,
-                f"`.{attr}` reaches tensor storage identity; allocate outputs with "
-                "torch.empty_like and write them with your kernel")
+                (f"`.{attr}` reaches tensor storage identity; allocate outputs with "
+                 "torch.empty_like and write them with your kernel"))
     if attr in HOST_MEMORY_ATTRIBUTES:
         return ("host_memory", RejectReason.TORCH_COMPUTE,
                 f"`.{attr}` moves work to host memory; all compute runs in your CUDA kernels")
     if attr in KERNEL_HANDLE_INTERNALS and _holds_kernels(value, info):
         return ("harness_internals", RejectReason.FORBIDDEN_IMPORT,
-                f"`.{attr}` of a kernel handle belongs to the harness; a handle's only "
-                "attributes are your kernels (kernels.<name>(grid=..., block=..., args=...))")
+                (f"`.{attr}` of a kernel handle belongs to the harness; a handle's only "
+                 "attributes are your kernels (kernels.<name>(grid=..., block=..., args=...))"))
     return None
 
 
