@@ -751,3 +751,23 @@ def test_native_registration_and_vendor_calls(body, rule):
 def test_native_rules_ignore_string_literals():
     body = 'TORCH_CHECK(x.is_cuda(), "not torch::relu(x), nor system(\\"ls\\")");'
     assert reasons(INLINE.replace("BODY", body)) == set()
+
+
+def test_a_name_bound_to_kernels_and_to_a_helper_is_not_a_kernel():
+    forward = ("    def _post(self, t):\n        return t.exp()\n\n"
+               + forward_with("k = self._post\nreturn k(y)"))
+    src = candidate(forward, extra="k = kernels\n")
+    assert "torch_compute" in rules(src)
+
+
+def test_a_helper_returning_kernels_or_a_function_is_not_a_factory():
+    extra = ("def _post(t):\n    return t.exp()\n\n"
+             "def _pick(fast):\n    if fast:\n        return kernels\n    return _post\n")
+    assert "torch_compute" in rules(candidate(forward_with("return _pick(False)(y)"), extra=extra))
+
+
+def test_a_helper_passed_as_a_value_is_analysed():
+    extra = "def _post(t):\n    return t.exp()\n\ndef _apply(f, t):\n    return f(t)\n"
+    src = candidate(forward_with("return _apply(_post, y)"), extra=extra)
+    finding = next(f for f in sc.run_static_checks(src).findings if f.rule == "torch_compute")
+    assert ".exp()" in finding.message

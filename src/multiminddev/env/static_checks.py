@@ -369,9 +369,33 @@ def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
     return kernel_value(value, info) is KernelValue.HANDLE
 
 
+def _own_returns(fn: ast.AST) -> Iterator[ast.Return]:
+    """``return`` statements of ``fn`` itself (not of functions or classes nested in it)."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _neutral(value: ast.AST) -> bool:
+    """``None`` and empty containers: placeholders before kernels are stored (``_K = None``,
+    ``self._k = {}``), which neither make nor unmake a kernel binding."""
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    if isinstance(value, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
+        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
+    return (isinstance(value, ast.Call) and _dotted(value.func) in {"dict", "list"}
+            and not value.args and not value.keywords)
+
+
 def _returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
-    return any(isinstance(n, ast.Return) and n.value is not None and _holds_kernels(n.value, info)
-               for n in ast.walk(fn))
+    """Every value ``fn`` returns is kernels (``None`` aside), and it returns some: a helper
+    that returns kernels on one path and a torch function on another is not a factory."""
+    values = [r.value for r in _own_returns(fn) if r.value is not None and not _neutral(r.value)]
+    return bool(values) and all(_holds_kernels(v, info) for v in values)
 
 
 def _is_property(fn: ast.AST) -> bool:
@@ -380,15 +404,52 @@ def _is_property(fn: ast.AST) -> bool:
 
 
 def _bind_kernels(info: ModuleInfo) -> None:
-    """Fixed point over every way a module binds kernels: names, self/class attributes,
-    module functions and methods that return them (``k = _build(); self.k = k``, chains of
-    helpers, ``@functools.cache`` builders, properties, class attributes)."""
+    """Names, self/class attributes, functions and methods that hold or return kernels.
+
+    A fixed point over every way a module binds kernels (``k = _build(); self.k = k``, chains
+    of helpers, ``@functools.cache`` builders, properties, class attributes), then names and
+    attributes that are ever bound to anything else (``None``/empty placeholders aside) are
+    excluded and the fixed point recomputed: ``k = kernels`` in one place and
+    ``k = self._torch_helper`` in another must not turn the helper's call into a "launch".
+    """
+    banned_names: set[str] = set()
+    banned_attrs: set[str] = set()
+    while True:
+        for bindings in (info.kernel_holders, info.kernel_factories, info.self_holders,
+                         info.self_factories):
+            bindings.clear()
+        _bind_kernels_once(info, banned_names, banned_attrs)
+        names, attrs = _rebound(info)
+        if names <= banned_names and attrs <= banned_attrs:
+            return
+        banned_names |= names
+        banned_attrs |= attrs
+
+
+def _rebound(info: ModuleInfo) -> tuple[set[str], set[str]]:
+    """Kernel names/self attributes that some assignment binds to something else."""
+    names, attrs = set(), set()
+    for target, value in _assignments(info.tree):
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if _neutral(value) or kernel_value(value, info) is not None:
+            continue
+        if isinstance(target, ast.Name) and (target.id in info.kernel_holders
+                                             or target.id in info.kernel_factories):
+            names.add(target.id)
+        attr = _self_attr(target)
+        if attr is not None and (attr in info.self_holders or attr in info.self_factories):
+            attrs.add(attr)
+    return names, attrs
+
+
+def _bind_kernels_once(info: ModuleInfo, banned_names: set[str], banned_attrs: set[str]) -> None:
     classes = [info.model_new] if info.model_new is not None else []
     for _ in range(10):
         size = (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
                 len(info.self_factories))
         for name, fn in info.functions.items():
-            if _returns_kernels(fn, info):
+            if name not in banned_names and _returns_kernels(fn, info):
                 info.kernel_factories.add(name)
         for target, value in _assignments(info.tree):
             while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
@@ -397,18 +458,19 @@ def _bind_kernels(info: ModuleInfo) -> None:
             if kind is None:
                 continue
             attr = _self_attr(target)
-            if isinstance(target, ast.Name):
+            if isinstance(target, ast.Name) and target.id not in banned_names:
                 (info.kernel_holders if kind is KernelValue.HANDLE
                  else info.kernel_factories).add(target.id)
-            elif attr is not None:
+            elif attr is not None and attr not in banned_attrs:
                 (info.self_holders if kind is KernelValue.HANDLE
                  else info.self_factories).add(attr)
         for cls in classes:
             for node in cls.body:  # class attributes are read back as ``self.X``
                 if isinstance(node, ast.Assign) and _holds_kernels(node.value, info):
-                    info.self_holders.update(t.id for t in node.targets if isinstance(t, ast.Name))
+                    info.self_holders.update(t.id for t in node.targets
+                                             if isinstance(t, ast.Name) and t.id not in banned_attrs)
             for name, method in info.methods(cls).items():
-                if _returns_kernels(method, info):
+                if name not in banned_attrs and _returns_kernels(method, info):
                     (info.self_holders if _is_property(method) else info.self_factories).add(name)
         if size == (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
                     len(info.self_factories)):
@@ -632,13 +694,35 @@ def _reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
         seen.add(key)
         tensors = _bind_tensors(fn, fn_seeds, info)
         scopes.append(FunctionScope(fn=fn, tensors=tensors))
+        called = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
         for node in ast.walk(fn):
             if isinstance(node, ast.Call):
                 target, bound = _call_target(node, info)
                 if target is not None:
                     work.append((target, _tensor_params(node, target, bound, tensors, info)))
+            elif id(node) not in called:
+                target = _function_value(node, info)
+                if target is not None:  # passed or stored, called later: every parameter
+                    work.append((target, _all_params(target)))  # may be a tensor
     scopes[0].aliases_of_inputs = _input_aliases(forward, set(params), info)
     return scopes
+
+
+def _function_value(node: ast.AST, info: ModuleInfo) -> ast.AST | None:
+    """A module-local function or ModelNew method used as a value (``f = self._helper``,
+    ``partial(_post, y)``, ``k = _scale``): it may run later with anything."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        return info.functions.get(node.id)
+    if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+            and _self_attr(node) is not None and info.model_new is not None):
+        return info.methods(info.model_new).get(node.attr)
+    return None
+
+
+def _all_params(fn: ast.AST) -> set[str]:
+    a = fn.args
+    names = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)} - {"self", "cls"}
+    return names | {p.arg for p in (a.vararg, a.kwarg) if p}
 
 
 def _tensor_params(call: ast.Call, target: ast.AST, bound: bool, tensors: set[str],
