@@ -771,3 +771,13 @@ def test_a_helper_passed_as_a_value_is_analysed():
     src = candidate(forward_with("return _apply(_post, y)"), extra=extra)
     finding = next(f for f in sc.run_static_checks(src).findings if f.rule == "torch_compute")
     assert ".exp()" in finding.message
+
+
+@pytest.mark.parametrize("extra,init", [
+    ("", "self.forward = self._other"),
+    ("ModelNew.forward = lambda self, x: x.exp()\n", ""),
+])
+def test_replacing_forward_is_patching(extra, init):
+    forward = "    def _other(self, x):\n        return x\n\n" + HONEST_FORWARD
+    src = candidate(forward, init=init) + extra
+    assert RejectReason.MONKEY_PATCH in reasons(src)

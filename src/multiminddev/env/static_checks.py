@@ -1084,6 +1084,13 @@ def _patch_target_message(target: ast.AST, info: ModuleInfo) -> str | None:
         return (f"modifies {ast.unparse(target)[:60]} (imported from "
                 f"{info.aliases.get(root.id, root.id)})")
     chain = ast.unparse(target)
+    if isinstance(target, ast.Attribute) and isinstance(root, ast.Name) and (
+            root.id in info.classes and target.value is root):
+        return (f"modifies class {root.id} after its definition ({chain[:60]}); define its "
+                "members in the class body")
+    if _self_attr(target) in CALL_ENTRY_POINTS:
+        return (f"rebinds {chain[:60]}: the harness calls the forward method you define, "
+                "never a replacement")
     if "__class__" in chain or (isinstance(root, ast.Name) and root.id == "type"):
         return f"modifies a class through {chain[:60]}"
     if (isinstance(target, ast.Attribute) and target.attr.startswith("__")
