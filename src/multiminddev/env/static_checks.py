@@ -1279,7 +1279,8 @@ ALLOWED_NAMES = frozenset(
             "ClassVar", "Final", "Literal", "NamedTuple", "Protocol", "cast", "TYPE_CHECKING",
             "overload", "Annotated", "TypeAlias", "Self", "NoReturn", "Never",
         )),
-        "__future__.annotations",
+        *(f"__future__.{n}" for n in ("annotations", "division", "print_function",
+                                      "absolute_import", "unicode_literals", "generator_stop")),
         *(f"multiminddev.cuda.{n}" for n in (
             "compile_kernels", "KernelCompileError", "KernelArgumentError", "NoGPUError",
             "CompiledKernels", "Kernel",
