@@ -781,3 +781,12 @@ def test_replacing_forward_is_patching(extra, init):
     forward = "    def _other(self, x):\n        return x\n\n" + HONEST_FORWARD
     src = candidate(forward, init=init) + extra
     assert RejectReason.MONKEY_PATCH in reasons(src)
+
+
+@pytest.mark.parametrize("extra", [
+    "def deco(f):\n    def run(self, x):\n        return x.exp()\n    return run\n",
+    "def deco(f):\n    return lambda self, x: x.exp()\n",
+])
+def test_a_decorator_wrapping_forward_is_analysed(extra):
+    forward = HONEST_FORWARD.replace("    def forward", "    @deco\n    def forward")
+    assert "torch_compute" in rules(candidate(forward, extra=extra))

@@ -704,6 +704,10 @@ def _reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
                 target = _function_value(node, info)
                 if target is not None:  # passed or stored, called later: every parameter
                     work.append((target, _all_params(target)))  # may be a tensor
+        for deco in getattr(fn, "decorator_list", ()):  # the wrapper it returns runs instead
+            target = _function_value(deco.func if isinstance(deco, ast.Call) else deco, info)
+            if target is not None:
+                work.append((target, _all_params(target)))
     scopes[0].aliases_of_inputs = _input_aliases(forward, set(params), info)
     return scopes
 
@@ -720,9 +724,15 @@ def _function_value(node: ast.AST, info: ModuleInfo) -> ast.AST | None:
 
 
 def _all_params(fn: ast.AST) -> set[str]:
-    a = fn.args
-    names = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)} - {"self", "cls"}
-    return names | {p.arg for p in (a.vararg, a.kwarg) if p}
+    """Parameters of ``fn`` and of the functions and lambdas nested in it (a function used as
+    a value or a decorator may return a wrapper that runs with the inputs)."""
+    names: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            names |= {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+            names |= {p.arg for p in (a.vararg, a.kwarg) if p}
+    return names - {"self", "cls"}
 
 
 def _tensor_params(call: ast.Call, target: ast.AST, bound: bool, tensors: set[str],
