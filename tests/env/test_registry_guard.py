@@ -83,3 +83,15 @@ def test_a_dispatch_mode_left_on_the_stack_is_found():
         inside = registry_guard.snapshot()
     messages = [f.message for f in registry_guard.changes(before, inside)]
     assert any("torch-dispatch mode stack" in m for m in messages)
+
+
+def test_replacing_the_dump_function_after_the_first_snapshot_changes_nothing(monkeypatch):
+    before = registry_guard.snapshot()  # pins torch._C's functions
+    monkeypatch.setattr(torch._C, "_dispatch_dump", lambda op: "forged")
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        lib.impl("relu", lambda x: x, "PrivateUse2")
+        after = registry_guard.snapshot()
+    finally:
+        lib._destroy()
+    assert "aten::relu" in " ".join(f.message for f in registry_guard.changes(before, after))

@@ -5,6 +5,8 @@ The static checks refuse ``torch.library``, ``torch.ops`` and ``torch._C`` in ca
 dispatcher itself. Call ``snapshot()`` in the worker just before importing the candidate and
 again just after (and, if wanted, after the correctness trials), then ``changes(before, after)``:
 every difference is a ``Finding`` (rule ``dispatcher_registration``, reason ``MONKEY_PATCH``).
+Take the first snapshot after the trusted setup (importing e.g. ``torch._dynamo`` registers
+operators of its own) and before the candidate runs: it also pins the C functions read.
 
 What one snapshot records, and why:
 
@@ -30,7 +32,9 @@ the dispatcher is not a snapshot of the interpreter.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from multiminddev.env.results import Finding, RejectReason
@@ -52,15 +56,26 @@ def _digest(table: str) -> bytes:
     return hashlib.blake2b(table.encode(), digest_size=16).digest()
 
 
-def snapshot() -> RegistrySnapshot:
-    """Read the dispatcher's op names, per-op kernel tables and the mode stacks."""
+@functools.cache
+def _dispatcher_api() -> tuple[Callable[[], list[str]], Callable[[str], str], Callable[[], int],
+                               Callable[[], int]]:
+    """torch's C functions, looked up once: the first snapshot is taken before the candidate
+    is imported, so a candidate that later replaces ``torch._C._dispatch_dump`` with a liar
+    does not change what the after-snapshot reads."""
     import torch  # imported here: env/ stays importable (and this module testable) without it
 
     c = torch._C
+    return (c._dispatch_get_all_op_names, c._dispatch_dump, c._len_torch_dispatch_stack,
+            c._len_torch_function_stack)
+
+
+def snapshot() -> RegistrySnapshot:
+    """Read the dispatcher's op names, per-op kernel tables and the mode stacks."""
+    op_names, dump, dispatch_depth, function_depth = _dispatcher_api()
     return RegistrySnapshot(
-        tables={op: _digest(c._dispatch_dump(op)) for op in c._dispatch_get_all_op_names()},
-        dispatch_modes=c._len_torch_dispatch_stack(),
-        function_modes=c._len_torch_function_stack(),
+        tables={op: _digest(dump(op)) for op in op_names()},
+        dispatch_modes=dispatch_depth(),
+        function_modes=function_depth(),
     )
 
 
