@@ -342,8 +342,9 @@ def test_forbidden_imports_and_dynamic_code(extra):
 
 
 def test_allowed_imports():
-    extra = ("import numpy as np\nfrom typing import Any\nimport functools\n"
-             "from torch.utils.cpp_extension import load_inline\nfrom torch import Tensor\n")
+    extra = ("from typing import Any, Optional\nimport functools\nfrom torch import nn, Tensor\n"
+             "from torch.utils.cpp_extension import load_inline\nimport torch.nn.init as init\n"
+             "from torch.utils import cpp_extension\nfrom multiminddev.cuda import KernelCompileError\n")
     assert reasons(candidate(extra=extra)) == set()
 
 
@@ -460,3 +461,332 @@ def test_honest_inline_wrapper_is_clean():
 ])
 def test_native_code_rules(body, reason):
     assert reason in reasons(INLINE.replace("BODY", body))
+
+
+# --- the allowlist: imports ------------------------------------------------------------------
+
+
+def rules(source: str, **kwargs) -> set[str]:
+    return {f.rule for f in sc.run_static_checks(source, **kwargs).findings}
+
+
+def line_of(source: str, text: str) -> int:
+    return next(i for i, line in enumerate(source.splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("extra", [
+    "import numpy as np\n", "import cffi\n", "import operator\n", "import builtins\n",
+    "from torch import cuda\n",  # a module reached as a name of an allowed module
+    "import torch.cuda\n", "from torch import library\n", "import torch.library\n",
+    "from multiminddev.cuda.kernels import launch_counts\n",  # harness state
+    "import multiminddev.cuda.kernels as mk\n", "from multiminddev.cuda import compile_cuda\n",
+    "from typing import get_type_hints\n", "from math import *\n",
+])
+def test_imports_off_the_allowlist_are_refused(extra):
+    assert "forbidden_import" in rules(candidate(extra=extra))
+
+
+def test_refused_import_names_the_allowed_modules():
+    src = candidate(extra="import numpy\n")
+    finding = next(f for f in sc.run_static_checks(src).findings if f.rule == "forbidden_import")
+    assert finding.reason is RejectReason.FORBIDDEN_IMPORT
+    assert finding.line == line_of(src, "import numpy")
+    assert "'numpy'" in finding.message and "multiminddev.cuda" in finding.message
+
+
+# --- the allowlist: names reached through imports ---------------------------------------------
+
+
+@pytest.mark.parametrize("extra,rule", [
+    ("m = torch.cuda\n", "module_reference"),
+    ("def f(a):\n    return a\nf(torch.backends)\n", "not_allowlisted"),
+    ("U = torch.utils\n", "module_reference"),
+    ("T = torch\n", "module_reference"),
+    ("G = F\n", "module_reference"),
+    ("S = torch.cuda.cudart()\n", "not_allowlisted"),
+    ("G = torch.cuda.graphs\n", "not_allowlisted"),
+    ("torch._dynamo.reset()\n", "private_internals"),
+    ("E = torch._C._get_tracing_state\n", "private_internals"),
+    ("class Fn(torch.autograd.Function):\n    pass\n", "not_allowlisted"),
+    ("lib = torch.library.Library('aten', 'IMPL')\n", "dispatcher_registration"),
+    ("op = torch.ops.aten.relu.default\n", "dispatcher_registration"),
+    ("torch.manual_seed(0)\n", "rng_state"),
+    ("W = F.relu(torch.ones(3))\n", "not_allowlisted"),
+])
+def test_names_off_the_allowlist_are_refused_anywhere_in_the_module(extra, rule):
+    assert rule in rules(candidate(extra=extra))
+
+
+def test_dispatcher_access_is_reported_as_patching_torch():
+    src = candidate(extra="lib = torch.library.Library('aten', 'IMPL')\n"
+                          "lib.impl('relu', lambda t: t, 'CUDA')\n")
+    result = sc.run_static_checks(src)
+    assert result.findings[0].reason is RejectReason.MONKEY_PATCH
+    assert "dispatcher" in result.findings[0].message
+
+
+def test_module_reference_message_says_what_to_do():
+    src = candidate(extra="m = torch.cuda\n")
+    finding = next(f for f in sc.run_static_checks(src).findings if f.rule == "module_reference")
+    assert "torch.empty_like" in finding.message and finding.line == line_of(src, "m = torch.cuda")
+
+
+@pytest.mark.parametrize("init", [
+    "self.w = nn.Parameter(torch.empty(4, 4))\nnn.init.kaiming_uniform_(self.w, a=math.sqrt(5))",
+    "fan_in, _ = nn.init._calculate_fan_in_and_fan_out(torch.empty(4, 4))",
+    "self.lin = nn.Linear(4, 4)\nself.norm = nn.LayerNorm(4)\nself.b = nn.Parameter(torch.randn(4))",
+    "self.blocks = nn.ModuleList([nn.Conv2d(3, 3, 3)])\nself.dt = torch.float32",
+    "nn.Module.__init__(self)\nself.cap = torch.cuda.get_device_capability()",
+])
+def test_weight_creation_in_init_is_allowed(init):
+    assert reasons(candidate(init=init)) == set()
+
+
+# --- the allowlist: builtins and string-named attributes ------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    "f = getattr(x, 're' + 'lu')\nreturn y",
+    "f = getattr(torch, 'cuda')\nreturn y",
+    "g = globals()\nreturn y",
+    "d = vars(self)\nreturn y",
+    "k = id(x)\nreturn y",
+    "T = type('T', (), {})\nreturn y",
+    "a = list(map(getattr, [x], ['relu']))\nreturn y",
+    "object.__setattr__(self, 'a', 1)\nreturn y",
+])
+def test_dynamic_and_identity_builtins_are_refused(body):
+    assert rules(candidate(forward_with(body))) & {"dynamic_attribute", "builtin_not_allowed"}
+
+
+def test_dangerous_builtin_is_refused_even_if_the_name_is_bound_elsewhere():
+    src = candidate(extra="def g():\n    eval = 1\n\nX = eval('1')\n")
+    assert "builtin_not_allowed" in rules(src)
+
+
+@pytest.mark.parametrize("body", [
+    "has_bias = hasattr(self, 'bias') and getattr(self, 'bias', None) is not None\nreturn y",
+    "t = type(x)\nreturn y",
+    "print(f'{x.shape} {x.dtype}')\nreturn y",
+    "assert isinstance(x, torch.Tensor), 'need a tensor'\nreturn y",
+])
+def test_ordinary_builtins_are_allowed(body):
+    assert reasons(candidate(forward_with(body))) == set()
+
+
+def test_main_guard_and_parameter_named_input_are_allowed():
+    forward = ("    def forward(self, input):\n        y = torch.empty_like(input)\n"
+               "        n = input.numel()\n"
+               "        kernels.relu(grid=((n + 255) // 256,), block=(256,), args=(input, y, n))\n"
+               "        return y\n")
+    src = candidate(forward) + "\nif __name__ == '__main__':\n    print(ModelNew())\n"
+    assert reasons(src) == set()
+
+
+# --- the allowlist: attribute names ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("body,rule", [
+    ("c = x.__class__\nreturn y", "introspection"),
+    ("g = (i for i in range(1))\nf = g.gi_frame.f_back\nreturn y", "introspection"),
+    ("g = self.forward.__func__.__globals__\nreturn y", "introspection"),
+    ("b = x._base\nreturn y", "private_internals"),
+    ("m = kernels._loaded\nreturn y", "private_internals"),
+    ("m = kernels.module\nreturn y", "harness_internals"),
+    ("s = kernels.relu.signature\nreturn y", "harness_internals"),
+    ("self.register_forward_hook(lambda m, i, o: None)\nreturn y", "hook"),
+    ("self._forward_hooks[0] = lambda m, i, o: None\nreturn y", "hook"),
+    ("e = torch.cuda.current_stream().record_event()\nreturn y", "streams_events_graphs"),
+    ("s = x.untyped_storage()\nreturn y", "tensor_storage"),
+    ("h = torch.empty(4).pin_memory()\nreturn y", "host_memory"),
+])
+def test_introspection_and_internal_attributes_are_refused(body, rule):
+    assert rule in rules(candidate(forward_with(body)))
+
+
+def test_own_private_attributes_and_super_init_are_allowed():
+    src = candidate(forward_with("self._n = n\nreturn y"), init="self._cache = {}")
+    assert reasons(src) == set()
+
+
+# --- host reads in forward ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [
+    "v = x[0, 0].item()\nreturn y",
+    "v = x.tolist()\nreturn y",
+    "h = x.cpu()\nreturn y",
+    "h = x.to('cpu')\nreturn y",
+    "v = float(x[0, 0])\nreturn y",
+    "if x[0, 0]:\n    return y\nreturn y",
+    "k = f'{x[0, 0]}'\nreturn y",
+    "if x.data_ptr() == self.p:\n    return y\nreturn y",
+    "k = x.data_ptr() % (1 << 40)\nreturn y",
+    "self.last = x\nv = self.last.item()\nreturn y",
+])
+def test_host_reads_of_inputs_in_forward_are_refused(body):
+    assert "host_read" in rules(candidate(forward_with(body), init="self.p = 0"))
+
+
+def test_host_read_of_a_weight_set_in_init_is_allowed():
+    body = "s = self.scale.item()\naligned = x.data_ptr() % 16 == 0\nreturn y"
+    src = candidate(forward_with(body), init="self.scale = nn.Parameter(torch.tensor(2.0))")
+    assert reasons(src) == set()
+
+
+# --- kernel handles returned by helpers (no false positives) -------------------------------
+
+BUILDERS = {
+    "helper_called_in_forward": ("def _kernels():\n    return compile_kernels(SRC)\n", "",
+                                 "k = _kernels()\nk.relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "module_constant_from_helper": (("def _build():\n    ks = compile_kernels(SRC)\n    return ks\n\n"
+                                     "KERNELS = _build()\n"), "",
+                                    "KERNELS.relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "cached_in_init": ("def _build():\n    return compile_kernels(SRC)\n", "self.k = _build()",
+                       "self.k.relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "functools_cache": (("import functools\n\n@functools.cache\ndef ks():\n"
+                         "    return compile_kernels(SRC)\n"), "",
+                        "ks().relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "lazy_global": (("_K = None\n\ndef _get():\n    global _K\n    if _K is None:\n"
+                     "        _K = compile_kernels(SRC)\n    return _K\n"), "",
+                    "_get().relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "dict_of_kernels": (("def _build():\n    return {'relu': compile_kernels(SRC).relu}\n\n"
+                         "KS = _build()\n"), "", "KS['relu'](grid=(1,), block=(1,), args=(x, y, n))"),
+    "helper_returns_one_kernel": ("def _relu():\n    return compile_kernels(SRC).relu\n",
+                                  "self.relu = _relu()",
+                                  "self.relu(grid=(1,), block=(1,), args=(x, y, n))"),
+    "tuple_with_constant": ("def _build():\n    return compile_kernels(SRC), 256\n",
+                            "self.k, self.block = _build()",
+                            "self.k.relu(grid=(1,), block=(self.block,), args=(x, y, n))"),
+    "chain_of_helpers": (("def _a():\n    return compile_kernels(SRC)\ndef _b():\n    return _a()\n"
+                          "def _c():\n    k = _b()\n    return k\ndef _d():\n    return _c()\n"),
+                         "self.k = _d()", "self.k.relu(grid=(1,), block=(1,), args=(x, y, n))"),
+}
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_helper_returned_kernels_are_launches_not_compute(name):
+    extra, init, call = BUILDERS[name]
+    extra = "SRC = kernels_src = 'extern \"C\" __global__ void relu() {}'\n" + extra
+    forward = ("    def forward(self, x):\n        y = torch.empty_like(x)\n        n = x.numel()\n"
+               f"{textwrap.indent(call, ' ' * 8)}\n        return y\n")
+    assert rules(candidate(forward, extra=extra, init=init)) == set()
+
+
+@pytest.mark.parametrize("method", [
+    "    def _kernels(self):\n        return compile_kernels(SRC)\n",
+    "    @staticmethod\n    def _kernels():\n        return compile_kernels(SRC)\n",
+])
+def test_method_returning_kernels_is_a_launch(method):
+    forward = (method + "\n    def forward(self, x):\n        y = torch.empty_like(x)\n"
+               "        n = x.numel()\n        k = self._kernels()\n"
+               "        k.relu(grid=(1,), block=(1,), args=(x, y, n))\n        return y\n")
+    src = candidate(forward, extra="SRC = 'extern \"C\" __global__ void relu() {}'\n")
+    assert rules(src) == set()
+
+
+def test_class_attribute_and_property_kernels_are_launches():
+    forward = ("    K = compile_kernels(SRC)\n\n    @property\n    def ks(self):\n"
+               "        return compile_kernels(SRC)\n\n"
+               "    def forward(self, x):\n        y = torch.empty_like(x)\n        n = x.numel()\n"
+               "        self.K.relu(grid=(1,), block=(1,), args=(x, y, n))\n"
+               "        self.ks.relu(grid=(1,), block=(1,), args=(x, y, n))\n        return y\n")
+    src = candidate(forward, extra="SRC = 'extern \"C\" __global__ void relu() {}'\n")
+    assert rules(src) == set()
+
+
+def test_a_torch_function_next_to_a_kernel_is_not_a_kernel():
+    # A container counts as kernels only when all its non-constant elements are kernels.
+    extra = "PAIR = (compile_kernels('extern \"C\" __global__ void k() {}'), torch.relu)\n"
+    assert "torch_compute" in rules(candidate(forward_with("return PAIR[1](x)"), extra=extra))
+
+
+# --- precision reads CUDA code, not comments or strings --------------------------------------
+
+FP32_WITH_PROSE = PRELUDE.replace(
+    "    long i = blockIdx.x",
+    '    // no __half or __nv_bfloat16 here: float32 only\n    /* half2 would be faster */\n'
+    '    if (n < 0) printf("__half %d", 0);\n    int half = 2; (void)half;\n    long i = blockIdx.x')
+
+
+def test_comments_and_strings_mentioning_half_are_not_a_downgrade():
+    assert "// no __half" in FP32_WITH_PROSE and 'printf("__half' in FP32_WITH_PROSE
+    assert reasons(candidate(prelude=FP32_WITH_PROSE)) == set()
+
+
+@pytest.mark.parametrize("code", [
+    "const half* h = nullptr; (void)h;",
+    "__nv_bfloat16 b = __float2bfloat16(1.f); (void)b;",
+    'unsigned r; asm volatile("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(1.f));',
+    'unsigned short r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(1.f));',
+])
+def test_half_types_and_reduced_precision_ptx_are_a_downgrade(code):
+    src = candidate(prelude=PRELUDE.replace("    long i = blockIdx.x", f"    {code}\n    long i = blockIdx.x"))
+    findings = [f for f in sc.run_static_checks(src).findings if f.rule == "low_precision_kernel"]
+    assert findings and findings[0].line == line_of(src, code)
+
+
+def test_cuda_code_blanks_comments_and_literals_but_keeps_offsets_and_asm():
+    text = 'a; // x\n/* y */ s("q"); asm("add.f16 %0;");\n'
+    code = sc.cuda_code(text)
+    assert len(code) == len(text) and code.count("\n") == 2
+    assert "x" not in code and "y" not in code and "q" not in code and "add.f16" in code
+
+
+# --- native registrations and vendor libraries ----------------------------------------------
+
+
+@pytest.mark.parametrize("body,rule", [
+    ("", "native_dispatcher_registration"),
+    ("cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, 0, 0, 1, 0, 1, 0, 0, 1);",
+     "native_vendor_library"),
+])
+def test_native_registration_and_vendor_calls(body, rule):
+    src = INLINE.replace("BODY", body)
+    if not body:
+        src = src.replace("\"\"\"\next = ", "TORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl(\"relu\", &f); }\n\"\"\"\next = ")
+    assert rule in rules(src)
+
+
+def test_native_rules_ignore_string_literals():
+    body = 'TORCH_CHECK(x.is_cuda(), "not torch::relu(x), nor system(\\"ls\\")");'
+    assert reasons(INLINE.replace("BODY", body)) == set()
+
+
+def test_a_name_bound_to_kernels_and_to_a_helper_is_not_a_kernel():
+    forward = ("    def _post(self, t):\n        return t.exp()\n\n"
+               + forward_with("k = self._post\nreturn k(y)"))
+    src = candidate(forward, extra="k = kernels\n")
+    assert "torch_compute" in rules(src)
+
+
+def test_a_helper_returning_kernels_or_a_function_is_not_a_factory():
+    extra = ("def _post(t):\n    return t.exp()\n\n"
+             "def _pick(fast):\n    if fast:\n        return kernels\n    return _post\n")
+    assert "torch_compute" in rules(candidate(forward_with("return _pick(False)(y)"), extra=extra))
+
+
+def test_a_helper_passed_as_a_value_is_analysed():
+    extra = "def _post(t):\n    return t.exp()\n\ndef _apply(f, t):\n    return f(t)\n"
+    src = candidate(forward_with("return _apply(_post, y)"), extra=extra)
+    finding = next(f for f in sc.run_static_checks(src).findings if f.rule == "torch_compute")
+    assert ".exp()" in finding.message
+
+
+@pytest.mark.parametrize("extra,init", [
+    ("", "self.forward = self._other"),
+    ("ModelNew.forward = lambda self, x: x.exp()\n", ""),
+])
+def test_replacing_forward_is_patching(extra, init):
+    forward = "    def _other(self, x):\n        return x\n\n" + HONEST_FORWARD
+    src = candidate(forward, init=init) + extra
+    assert RejectReason.MONKEY_PATCH in reasons(src)
+
+
+@pytest.mark.parametrize("extra", [
+    "def deco(f):\n    def run(self, x):\n        return x.exp()\n    return run\n",
+    "def deco(f):\n    return lambda self, x: x.exp()\n",
+])
+def test_a_decorator_wrapping_forward_is_analysed(extra):
+    forward = HONEST_FORWARD.replace("    def forward", "    @deco\n    def forward")
+    assert "torch_compute" in rules(candidate(forward, extra=extra))

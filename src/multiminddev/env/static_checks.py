@@ -1,19 +1,58 @@
 """Static (AST) anti-hack checks on a candidate's source, run before anything executes.
 
 ``run_static_checks(source)`` parses the candidate once and runs one pure
-``check_<pattern>(tree, source) -> list[Finding]`` per known reward hack. Each check's docstring
-names the real incident it defends against. A candidate with any finding is rejected
-(``StaticCheckResult.status == FAILED``) and every finding says which rule fired and on which
-line, so the Tester agent can explain it.
+``check_<pattern>(tree, source) -> list[Finding]`` per rule. Each check's docstring names the
+hack class it defends against. A candidate with any finding is rejected
+(``StaticCheckResult.status == FAILED``); every finding names its rule, a ``RejectReason`` and
+the line, and its message says what to do instead, so the Tester agent can explain it.
 
-What static checks can and cannot do: they read the source, so they catch the hacks that are
-visible in it (torch doing the work in ``forward``, using the reference ``Model``, try/except
+**Candidate Python is an allowlist, not a denylist.** A kernel wrapper needs very little:
+allocate outputs, reshape/view, read shapes and dtypes, create weights the way the reference
+does, query the current stream, compile and launch its kernels. Exactly that is allowed;
+everything else is refused, wherever it appears in the module (not only in ``forward``):
+
+- *Imports* (``check_forbidden_import``): ``IMPORTABLE_MODULES`` only (torch, torch.nn,
+  torch.nn.functional, torch.nn.init, torch.utils.cpp_extension, math, typing, __future__,
+  functools, itertools, collections, dataclasses, enum, multiminddev.cuda); ``from p import n``
+  only where ``p.n`` is one of those modules or an allowed name. No os/sys/ctypes/cffi/numpy/
+  importlib/inspect/gc, no harness internals (``multiminddev.cuda.kernels``' logs and caches).
+- *Names reached through imports* (``check_torch_attributes``): every maximal ``a.b.c`` chain
+  rooted at an import must be in ``ALLOWED_NAMES`` exactly (allocation and parameter creation,
+  views, dtypes, ``torch.Size``/``device``/``finfo``, ``no_grad``, ``nn.Module``/``Parameter``
+  and nn layer classes, ``nn.init``, read-only ``torch.cuda`` queries, ``load_inline``,
+  ``compile_kernels`` and its errors, math, typing helpers). A module is never a value
+  (``m = torch.cuda``, ``f(torch.backends)``, ``from torch import cuda``): modules appear only
+  as the prefix of an allowed name. ``torch.library``/``torch.ops``/``torch._C`` dispatch are
+  refused as dispatcher registration, the RNG (``manual_seed``...) as global-state tampering.
+- *Builtins* (``check_builtins``): ``ALLOWED_BUILTINS`` (numbers, containers, iteration,
+  ``isinstance``, ``super``, exceptions...); ``getattr``/``hasattr`` with literal public names
+  on non-imported objects, ``setattr``/``delattr`` on ``self``, one-argument ``type``,
+  ``object`` as a base only; ``eval``/``exec``/``compile``/``__import__``/``globals``/``vars``/
+  ``open``/``id``/``hash`` never.
+- *Attribute names* (``check_attribute_names``): no dunder attributes but
+  ``super().__init__``; no frame/generator/coroutine/traceback/code attributes; no private
+  attributes of objects the candidate does not own; no hooks, CUDA events, tensor storage,
+  pinned host memory, or the harness-side attributes of kernel handles.
+- *Host reads in forward* (``check_host_reads``): no ``.item()``/``.tolist()``/``.cpu()``/
+  ``int(t)``/``if t:``/``.data_ptr()`` on values derived from the inputs (they key caches by
+  value); weights set in ``__init__`` may be read.
+
+On top of the allowlist, pattern checks catch the classic hacks that use only allowed names:
+torch compute in ``forward`` and its helpers, using the reference ``Model``, try/except
 fallbacks, threads and side streams, monkey-patching, file access, pointer-keyed caches,
-forbidden imports, precision downgrades). Dynamic tricks (``getattr`` with computed strings,
-compute hidden behind an unknown object) can slip past a static reading; ``eval``/``exec``/
-``__import__`` are refused outright for that reason, and the runtime guards (``env/guards.py``:
-a TorchDispatchMode during ``forward``, input/output/stream/thread checks, stale-output and
-roofline checks) plus the sandbox (``env/sandbox.py``) cover what runs.
+returning an input, precision downgrades (read from CUDA *code*: comments and string literals
+are blanked first, inline PTX kept), and rules for native ``load_inline`` C++ (torch ops,
+side streams, ``system()``, ``TORCH_LIBRARY`` registrations, cuBLAS/cuDNN calls).
+
+What static checks cannot do: prove what runs. The runtime guards (``env/guards.py``: a
+TorchDispatchMode during ``forward``, input/output/stream/thread checks, stale-output and
+roofline checks), the dispatcher-registration snapshot (``env/registry_guard.py``) and the
+sandbox (``env/sandbox.py``) cover what executes.
+
+Kernel handles: names, ``self``/class attributes, functions and methods that hold or return
+compiled kernels (``compile_kernels(...)``, ``load_inline(...)``, ``def _kernels(): return
+compile_kernels(SRC)``, ``@functools.cache`` builders, properties) are tracked to a fixed
+point (``kernel_value``), so calling them is a launch, never torch compute.
 
 Tensor tracking is a flow-insensitive heuristic: names bound to ``forward``'s parameters, to
 ``self`` tensors (``nn.Parameter``, buffers), to results of torch calls and views, and to
@@ -25,7 +64,9 @@ from __future__ import annotations
 
 import ast
 import builtins
+import enum
 import functools
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -94,14 +135,6 @@ HARMLESS_BUILTINS = frozenset(
 )
 
 BUILTIN_NAMES = frozenset(dir(builtins))
-ALLOWED_IMPORTS = frozenset(
-    {
-        "__future__", "typing", "math", "numpy", "functools", "itertools", "operator",
-        "dataclasses", "enum", "collections", "collections.abc", "torch", "torch.nn",
-        "torch.nn.functional", "torch.utils.cpp_extension", "torch.cuda",
-        "multiminddev.cuda", "multiminddev.cuda.kernels", "multiminddev.cuda.compiler",
-    }
-)
 CONCURRENCY_MODULES = frozenset(
     {"threading", "_thread", "multiprocessing", "concurrent", "asyncio", "subprocess", "sched",
      "queue", "torch.multiprocessing"}
@@ -115,12 +148,21 @@ CONCURRENCY_TORCH = frozenset(
         "futures", "jit.fork", "jit.wait",
     )
 )
-TORCH_PRIVATE_OK = frozenset()  # no private torch attribute is needed by a kernel candidate
 LOW_PRECISION_DTYPES = frozenset(
     {"torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"}
 )
 LOW_PRECISION_METHODS = frozenset({"half", "bfloat16"})
-LOW_PRECISION_CUDA_TOKENS = ("__half", "__nv_bfloat16", "cuda_fp16.h", "cuda_bf16.h", "__float2half")
+# Low-precision types and intrinsics in CUDA code (read after comments and strings are blanked,
+# so a float32 kernel whose comment says ``__half`` passes). ``half`` alone is also a common
+# variable name (``int half = n / 2``), so it counts only where it is used as a type.
+LOW_PRECISION_CUDA = re.compile(
+    r"\b(__half2?|half2|__nv_bfloat162?|nv_bfloat162?|__float2half\w*|__floats2half2\w*|"
+    r"__float2bfloat16\w*|__h(add|sub|mul|div|fma|max|min|neg)2?(_rn|_sat)?|__float_to_tf32|"
+    r"tf32|__nv_fp8\w*)\b|"
+    r"\bconst\s+half\b|\bhalf\s*\*\s*__restrict__|<\s*(const\s+)?half\s*[*>]|"
+    r"\bhalf\s+[A-Za-z_]\w*\s*[=;\[,)]")
+# Inside inline PTX (asm strings are code): reduced-precision types of cvt/mma/wgmma.
+LOW_PRECISION_PTX = re.compile(r"\.(tf32|f16|bf16|f16x2|bf16x2|e4m3|e5m2)\b")
 FILE_FUNCTIONS = frozenset(
     {"open", "io.open", "numpy.load", "numpy.fromfile", "numpy.loadtxt", "numpy.genfromtxt",
      "numpy.memmap", "numpy.save", "numpy.savez", "torch.load", "torch.save", "torch.from_file",
@@ -128,8 +170,6 @@ FILE_FUNCTIONS = frozenset(
      "pathlib.Path", "pathlib.PurePath", "os.open", "os.listdir", "os.scandir"}
 )
 FILE_METHODS = frozenset({"read_text", "read_bytes", "write_text", "write_bytes", "open"})
-DYNAMIC_CODE = frozenset({"eval", "exec", "compile", "__import__", "globals", "vars", "locals",
-                          "breakpoint"})
 CACHE_DECORATORS = frozenset({"functools.lru_cache", "functools.cache", "functools.cached_property"})
 KERNEL_BUILDERS = frozenset(
     {"multiminddev.cuda.compile_kernels", "multiminddev.cuda.kernels.compile_kernels",
@@ -222,7 +262,9 @@ class ModuleInfo:
     classes: dict[str, ast.ClassDef]
     model_new: ast.ClassDef | None
     kernel_holders: set[str] = field(default_factory=set)  # names bound to compiled kernels
+    kernel_factories: set[str] = field(default_factory=set)  # names of functions returning them
     self_holders: set[str] = field(default_factory=set)  # self.<attr> bound to compiled kernels
+    self_factories: set[str] = field(default_factory=set)  # methods of ModelNew returning them
     self_tensors: set[str] = field(default_factory=set)  # self.<attr> holding tensors
     self_modules: dict[str, str] = field(default_factory=dict)  # self.<attr> -> torch module/class
     self_callables: dict[str, str] = field(default_factory=dict)  # self.<attr> = torch.fn
@@ -278,41 +320,161 @@ def _assignments(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST]]:
                 yield target, value
 
 
-def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
-    """Does ``value`` evaluate to compiled kernels (or one kernel / extension function)?
+class KernelValue(str, enum.Enum):
+    """What an expression evaluates to, as far as kernel launches are concerned."""
 
-    Walks the chain ``a.b[0].c()`` inward: ``kernels.relu``, ``self.ext.fn``, ``_get()``
-    (a module function returning kernels) and ``compile_kernels(...)`` all qualify.
+    HANDLE = "handle"  # compiled kernels, one kernel, an extension module/function: launchable
+    FACTORY = "factory"  # a function/method returning a HANDLE (``def _kernels(): return ...``)
+
+
+def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
+    """HANDLE, FACTORY or None for ``node``, from the module's kernel bindings.
+
+    Calling a FACTORY gives a HANDLE (``_kernels().relu``); an attribute or item of a HANDLE is
+    a HANDLE (``kernels.relu``, ``KS["relu"]``); calling a HANDLE is a launch (its value is the
+    launch's result, not kernels). Containers are handles only when every non-constant element
+    is one, so a tuple cannot smuggle a torch function in next to a kernel.
     """
-    node = value
+    if _is_builder_call(node, info.aliases):
+        return KernelValue.HANDLE
+    if isinstance(node, ast.Name):
+        if node.id in info.kernel_holders:
+            return KernelValue.HANDLE
+        return KernelValue.FACTORY if node.id in info.kernel_factories else None
+    if isinstance(node, ast.Attribute):
+        if _self_attr(node) is not None or (isinstance(node.value, ast.Name)
+                                            and node.value.id in info.classes):
+            if node.attr in info.self_holders:
+                return KernelValue.HANDLE
+            return KernelValue.FACTORY if node.attr in info.self_factories else None
+        return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
+    if isinstance(node, ast.Subscript):
+        return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
+    if isinstance(node, ast.Call):
+        return KernelValue.HANDLE if kernel_value(node.func, info) is KernelValue.FACTORY else None
+    if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.IfExp)):
+        parts = (node.elts if isinstance(node, (ast.Tuple, ast.List)) else node.values
+                 if isinstance(node, ast.Dict) else [node.body, node.orelse])
+        values = [p for p in parts if not isinstance(p, ast.Constant)]
+        if values and all(kernel_value(p, info) is KernelValue.HANDLE for p in values):
+            return KernelValue.HANDLE
+        return None
+    if isinstance(node, ast.Lambda):
+        return KernelValue.FACTORY if kernel_value(node.body, info) is KernelValue.HANDLE else None
+    return None
+
+
+def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
+    """Does ``value`` evaluate to compiled kernels (or one kernel / extension function)?"""
+    return kernel_value(value, info) is KernelValue.HANDLE
+
+
+def _own_returns(fn: ast.AST) -> Iterator[ast.Return]:
+    """``return`` statements of ``fn`` itself (not of functions or classes nested in it)."""
+    stack = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+def _neutral(value: ast.AST) -> bool:
+    """``None`` and empty containers: placeholders before kernels are stored (``_K = None``,
+    ``self._k = {}``), which neither make nor unmake a kernel binding."""
+    if isinstance(value, ast.Constant):
+        return value.value is None
+    if isinstance(value, (ast.Dict, ast.List, ast.Tuple, ast.Set)):
+        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
+    return (isinstance(value, ast.Call) and _dotted(value.func) in {"dict", "list"}
+            and not value.args and not value.keywords)
+
+
+def _returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
+    """Every value ``fn`` returns is kernels (``None`` aside), and it returns some: a helper
+    that returns kernels on one path and a torch function on another is not a factory."""
+    values = [r.value for r in _own_returns(fn) if r.value is not None and not _neutral(r.value)]
+    return bool(values) and all(_holds_kernels(v, info) for v in values)
+
+
+def _is_property(fn: ast.AST) -> bool:
+    return any(_dotted(d) in {"property", "functools.cached_property", "cached_property"}
+               for d in getattr(fn, "decorator_list", ()))
+
+
+def _bind_kernels(info: ModuleInfo) -> None:
+    """Names, self/class attributes, functions and methods that hold or return kernels.
+
+    A fixed point over every way a module binds kernels (``k = _build(); self.k = k``, chains
+    of helpers, ``@functools.cache`` builders, properties, class attributes), then names and
+    attributes that are ever bound to anything else (``None``/empty placeholders aside) are
+    excluded and the fixed point recomputed: ``k = kernels`` in one place and
+    ``k = self._torch_helper`` in another must not turn the helper's call into a "launch".
+    """
+    banned_names: set[str] = set()
+    banned_attrs: set[str] = set()
     while True:
-        if _is_builder_call(node, info.aliases):
-            return True
-        attr = _self_attr(node)
-        if attr is not None:
-            return attr in info.self_holders
-        if isinstance(node, ast.Name):
-            if node.id in info.kernel_holders:
-                return True
-            fn = info.functions.get(node.id)
-            return fn is not None and _function_returns_kernels(fn, info)
-        if isinstance(node, ast.Call):
-            node = node.func
-        elif isinstance(node, (ast.Attribute, ast.Subscript)):
-            node = node.value
-        else:
-            return False
+        for bindings in (info.kernel_holders, info.kernel_factories, info.self_holders,
+                         info.self_factories):
+            bindings.clear()
+        _bind_kernels_once(info, banned_names, banned_attrs)
+        names, attrs = _rebound(info)
+        if names <= banned_names and attrs <= banned_attrs:
+            return
+        banned_names |= names
+        banned_attrs |= attrs
 
 
-def _function_returns_kernels(fn: ast.AST, info: ModuleInfo) -> bool:
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Return) and node.value is not None:
-            if _is_builder_call(node.value, info.aliases):
-                return True
-            root = _root(node.value)
-            if isinstance(root, ast.Name) and root.id in info.kernel_holders:
-                return True
-    return False
+def _rebound(info: ModuleInfo) -> tuple[set[str], set[str]]:
+    """Kernel names/self attributes that some assignment binds to something else."""
+    names, attrs = set(), set()
+    for target, value in _assignments(info.tree):
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        if _neutral(value) or kernel_value(value, info) is not None:
+            continue
+        if isinstance(target, ast.Name) and (target.id in info.kernel_holders
+                                             or target.id in info.kernel_factories):
+            names.add(target.id)
+        attr = _self_attr(target)
+        if attr is not None and (attr in info.self_holders or attr in info.self_factories):
+            attrs.add(attr)
+    return names, attrs
+
+
+def _bind_kernels_once(info: ModuleInfo, banned_names: set[str], banned_attrs: set[str]) -> None:
+    classes = [info.model_new] if info.model_new is not None else []
+    for _ in range(10):
+        size = (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
+                len(info.self_factories))
+        for name, fn in info.functions.items():
+            if name not in banned_names and _returns_kernels(fn, info):
+                info.kernel_factories.add(name)
+        for target, value in _assignments(info.tree):
+            while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
+                target = target.value
+            kind = kernel_value(value, info)
+            if kind is None:
+                continue
+            attr = _self_attr(target)
+            if isinstance(target, ast.Name) and target.id not in banned_names:
+                (info.kernel_holders if kind is KernelValue.HANDLE
+                 else info.kernel_factories).add(target.id)
+            elif attr is not None and attr not in banned_attrs:
+                (info.self_holders if kind is KernelValue.HANDLE
+                 else info.self_factories).add(attr)
+        for cls in classes:
+            for node in cls.body:  # class attributes are read back as ``self.X``
+                if isinstance(node, ast.Assign) and _holds_kernels(node.value, info):
+                    info.self_holders.update(t.id for t in node.targets
+                                             if isinstance(t, ast.Name) and t.id not in banned_attrs)
+            for name, method in info.methods(cls).items():
+                if name not in banned_attrs and _returns_kernels(method, info):
+                    (info.self_holders if _is_property(method) else info.self_factories).add(name)
+        if size == (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
+                    len(info.self_factories)):
+            return
 
 
 def _classify_self_attrs(info: ModuleInfo) -> None:
@@ -327,9 +489,9 @@ def _classify_self_attrs(info: ModuleInfo) -> None:
         if attr is None:
             continue
         callee = resolve(value.func, info.aliases) if isinstance(value, ast.Call) else None
-        if _holds_kernels(value, info):
-            info.self_holders.add(attr)
-        elif callee in {"torch.nn.Parameter", "torch.nn.parameter.Parameter"} or (
+        if attr in info.self_holders or attr in info.self_factories:
+            continue
+        if callee in {"torch.nn.Parameter", "torch.nn.parameter.Parameter"} or (
             callee is not None and callee.startswith("torch.") and callee.count(".") == 1
         ):
             info.self_tensors.add(attr)
@@ -359,12 +521,7 @@ def analyse(tree: ast.Module) -> ModuleInfo:
         tree=tree, aliases=aliases, functions=functions, classes=classes,
         model_new=classes.get("ModelNew"),
     )
-    for _ in range(3):  # fixed point over chains like ``k = _build(); self.k = k``
-        for target, value in _assignments(tree):
-            while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
-                target = target.value
-            if isinstance(target, ast.Name) and _holds_kernels(value, info):
-                info.kernel_holders.add(target.id)
+    _bind_kernels(info)
     _classify_self_attrs(info)
     return info
 
@@ -537,13 +694,45 @@ def _reachable_scopes(info: ModuleInfo) -> list[FunctionScope]:
         seen.add(key)
         tensors = _bind_tensors(fn, fn_seeds, info)
         scopes.append(FunctionScope(fn=fn, tensors=tensors))
+        called = {id(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
         for node in ast.walk(fn):
             if isinstance(node, ast.Call):
                 target, bound = _call_target(node, info)
                 if target is not None:
                     work.append((target, _tensor_params(node, target, bound, tensors, info)))
+            elif id(node) not in called:
+                target = _function_value(node, info)
+                if target is not None:  # passed or stored, called later: every parameter
+                    work.append((target, _all_params(target)))  # may be a tensor
+        for deco in getattr(fn, "decorator_list", ()):  # the wrapper it returns runs instead
+            target = _function_value(deco.func if isinstance(deco, ast.Call) else deco, info)
+            if target is not None:
+                work.append((target, _all_params(target)))
     scopes[0].aliases_of_inputs = _input_aliases(forward, set(params), info)
     return scopes
+
+
+def _function_value(node: ast.AST, info: ModuleInfo) -> ast.AST | None:
+    """A module-local function or ModelNew method used as a value (``f = self._helper``,
+    ``partial(_post, y)``, ``k = _scale``): it may run later with anything."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+        return info.functions.get(node.id)
+    if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+            and _self_attr(node) is not None and info.model_new is not None):
+        return info.methods(info.model_new).get(node.attr)
+    return None
+
+
+def _all_params(fn: ast.AST) -> set[str]:
+    """Parameters of ``fn`` and of the functions and lambdas nested in it (a function used as
+    a value or a decorator may return a wrapper that runs with the inputs)."""
+    names: set[str] = set()
+    for node in ast.walk(fn):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            names |= {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+            names |= {p.arg for p in (a.vararg, a.kwarg) if p}
+    return names - {"self", "cls"}
 
 
 def _tensor_params(call: ast.Call, target: ast.AST, bound: bool, tensors: set[str],
@@ -657,15 +846,8 @@ def check_kernel_defined_and_launched(tree: ast.Module, source: str) -> list[Fin
 
 
 def _is_launch(call: ast.Call, info: ModuleInfo) -> bool:
-    func = call.func
-    if not isinstance(func, (ast.Attribute, ast.Subscript, ast.Call, ast.Name)):
-        return False
-    if isinstance(func, ast.Name):
-        return func.id in info.kernel_holders  # ``relu = kernels.relu; relu(...)``
-    if _is_builder_call(func, info.aliases):
-        return False
-    return _holds_kernels(func.value if isinstance(func, (ast.Attribute, ast.Subscript)) else func,
-                          info)
+    """Calling a kernel handle (``kernels.relu(...)``, ``_kernels().relu(...)``, ``ext.f(x)``)."""
+    return not _is_builder_call(call, info.aliases) and _holds_kernels(call.func, info)
 
 
 def check_torch_compute(tree: ast.Module, source: str) -> list[Finding]:
@@ -912,6 +1094,13 @@ def _patch_target_message(target: ast.AST, info: ModuleInfo) -> str | None:
         return (f"modifies {ast.unparse(target)[:60]} (imported from "
                 f"{info.aliases.get(root.id, root.id)})")
     chain = ast.unparse(target)
+    if isinstance(target, ast.Attribute) and isinstance(root, ast.Name) and (
+            root.id in info.classes and target.value is root):
+        return (f"modifies class {root.id} after its definition ({chain[:60]}); define its "
+                "members in the class body")
+    if _self_attr(target) in CALL_ENTRY_POINTS:
+        return (f"rebinds {chain[:60]}: the harness calls the forward method you define, "
+                "never a replacement")
     if "__class__" in chain or (isinstance(root, ast.Name) and root.id == "type"):
         return f"modifies a class through {chain[:60]}"
     if (isinstance(target, ast.Attribute) and target.attr.startswith("__")
@@ -1024,60 +1213,544 @@ def _mentions_pointer(node: ast.AST) -> bool:
     return False
 
 
-def check_forbidden_import(tree: ast.Module, source: str) -> list[Finding]:
-    """Only torch, torch.nn(.functional), torch.utils.cpp_extension, math, numpy and
-    multiminddev.cuda (plus typing helpers) may be imported; no dynamic code or torch internals.
+# ---------------------------------------------------------------------------------------------
+# The allowlist: what candidate Python may name at all (anywhere in the module)
+# ---------------------------------------------------------------------------------------------
 
-    Rationale: os/sys/ctypes/subprocess/socket/importlib/inspect/gc give escape hatches: find
-    the reference through ``gc``/``inspect``/``sys.modules``, call cudaMemcpy via ctypes, read
-    the harness's files. ``eval``/``exec``/``__import__`` would hide all of that from this check.
+# Modules a candidate may import (``import m``, ``import m as a``, ``from p import m``). Each is
+# a namespace only: its attributes are reachable solely through the names in ALLOWED_NAMES, and
+# the module object itself never appears as a value. torch.nn.functional may be imported (model
+# code imports it by habit) but names nothing: its functions are torch compute.
+IMPORTABLE_MODULES = frozenset(
+    {"torch", "torch.nn", "torch.nn.functional", "torch.nn.init", "torch.utils.cpp_extension",
+     "math", "typing",
+     "__future__", "multiminddev.cuda", "functools", "itertools", "collections",
+     "collections.abc", "dataclasses", "enum"}
+)
+_DTYPES = (
+    "float32", "float", "float64", "double", "float16", "half", "bfloat16", "complex64",
+    "complex128", "cfloat", "cdouble", "int8", "int16", "short", "int32", "int", "int64", "long",
+    "uint8", "uint16", "uint32", "uint64", "bool", "float8_e4m3fn", "float8_e5m2",
+)
+# nn layer classes: constructing one in __init__ mirrors the reference's parameter creation
+# (same seed, same weights); calling one in forward is torch compute (check_torch_compute).
+_NN_CLASSES = (
+    "Module", "Parameter", "ParameterList", "ParameterDict", "ModuleList", "ModuleDict",
+    "Sequential", "Identity", "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d",
+    "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "LayerNorm", "GroupNorm", "RMSNorm",
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d", "InstanceNorm2d",
+    "InstanceNorm3d", "LocalResponseNorm", "Embedding", "EmbeddingBag", "Dropout", "Dropout1d",
+    "Dropout2d", "Dropout3d", "ReLU", "ReLU6", "GELU", "SiLU", "Mish", "Sigmoid", "Tanh",
+    "Softmax", "LogSoftmax", "Softmin", "LeakyReLU", "ELU", "SELU", "CELU", "PReLU", "GLU",
+    "Hardtanh", "Hardswish", "Hardsigmoid", "Hardshrink", "Softshrink", "Tanhshrink",
+    "Softplus", "Softsign", "LogSigmoid", "Threshold", "MaxPool1d", "MaxPool2d", "MaxPool3d",
+    "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+    "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+    "Flatten", "Unflatten", "Upsample", "PixelShuffle", "PixelUnshuffle", "MultiheadAttention",
+    "LSTM", "GRU", "RNN",
+)
+_NN_INIT = (
+    "uniform_", "normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_", "xavier_uniform_",
+    "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "trunc_normal_", "orthogonal_",
+    "calculate_gain",
+    # private, but nn.Linear's own reset_parameters uses it; candidates copy that code
+    "_calculate_fan_in_and_fan_out",
+)
+# Every torch name a candidate may reference, in any position: allocation and parameter
+# creation, views and shape helpers, dtype/device/shape objects, grad-mode context managers,
+# read-only device queries, nn layer classes and init, load_inline. Compute functions are not
+# here; neither is anything that reaches the dispatcher, the RNG state, streams and events,
+# autograd, compilation, files, or torch's private modules.
+TORCH_NAMES = frozenset(
+    {
+        *(f"torch.{n}" for n in _DTYPES),
+        *(f"torch.{n}" for n in (
+            "Tensor", "Size", "device", "dtype", "finfo", "iinfo", "layout", "memory_format",
+            "strided", "contiguous_format", "channels_last", "channels_last_3d",
+            "preserve_format", "tensor", "arange", "linspace", "eye", "randn", "rand", "randint",
+            "randn_like", "rand_like", "randint_like", "randperm", "enable_grad",
+            "set_grad_enabled", "promote_types", "result_type", "can_cast",
+        )),
+        *ALLOWED_TORCH_FUNCTIONS,
+        *(f"torch.nn.{n}" for n in _NN_CLASSES),
+        *(f"torch.nn.init.{n}" for n in _NN_INIT),
+        "torch.nn.Module.__init__",  # ``nn.Module.__init__(self)``, the pre-super() idiom
+    }
+)
+ALLOWED_NAMES = frozenset(
+    {
+        *TORCH_NAMES,
+        *(f"torch.Tensor.{m}" for m in VIEW_METHODS | QUERY_METHODS - {"data_ptr", "item",
+                                                                       "tolist"}),
+        *(f"math.{n}" for n in dir(math) if not n.startswith("_")),
+        *(f"typing.{n}" for n in (
+            "Any", "Optional", "Union", "List", "Tuple", "Dict", "Set", "FrozenSet", "Sequence",
+            "Mapping", "Iterable", "Iterator", "Callable", "Type", "TypeVar", "Generic",
+            "ClassVar", "Final", "Literal", "NamedTuple", "Protocol", "cast", "TYPE_CHECKING",
+            "overload", "Annotated", "TypeAlias", "Self", "NoReturn", "Never",
+        )),
+        *(f"__future__.{n}" for n in ("annotations", "division", "print_function",
+                                      "absolute_import", "unicode_literals", "generator_stop")),
+        *(f"multiminddev.cuda.{n}" for n in (
+            "compile_kernels", "KernelCompileError", "KernelArgumentError", "NoGPUError",
+            "CompiledKernels", "Kernel",
+        )),
+        "multiminddev.cuda.kernels.compile_kernels",
+        *(f"functools.{n}" for n in ("cache", "lru_cache", "partial", "reduce", "wraps",
+                                     "cached_property")),
+        *(f"itertools.{n}" for n in ("product", "chain", "accumulate", "repeat", "islice",
+                                     "zip_longest", "count", "pairwise", "starmap",
+                                     "combinations", "permutations", "groupby")),
+        *(f"collections.{n}" for n in ("namedtuple", "OrderedDict", "defaultdict", "deque",
+                                       "Counter")),
+        *(f"collections.abc.{n}" for n in ("Sequence", "Mapping", "Iterable", "Iterator",
+                                           "Callable", "MutableMapping")),
+        "dataclasses.dataclass", "dataclasses.field",
+        *(f"enum.{n}" for n in ("Enum", "IntEnum", "auto")),
+    }
+)
+# Modules and classes that are only prefixes of allowed names (``torch.cuda``, ``torch.nn.init``).
+_NAMESPACES = frozenset(
+    {name.rsplit(".", i)[0] for name in ALLOWED_NAMES for i in range(1, name.count(".") + 1)}
+    | IMPORTABLE_MODULES
+) - ALLOWED_NAMES
+# Why a name off the allowlist is refused, by prefix (most specific first); anything else is
+# refused as "not on the allowlist" (FORBIDDEN_IMPORT).
+_REFUSAL_FAMILIES: tuple[tuple[tuple[str, ...], str, RejectReason, str], ...] = (
+    (("torch.library", "torch.ops", "torch._ops", "torch._library", "torch._C._dispatch",
+      "torch.utils._python_dispatch", "torch.overrides", "torch._C._EnablePythonDispatcher"),
+     "dispatcher_registration", RejectReason.MONKEY_PATCH,
+     ("reaches torch's dispatcher (operator registration / overrides); launch your own kernels "
+      "directly and leave torch's operators alone")),
+    (("torch.manual_seed", "torch.seed", "torch.initial_seed", "torch.random",
+      "torch.set_rng_state", "torch.get_rng_state", "torch.Generator", "torch.default_generator",
+      "torch.cuda.manual_seed", "torch.cuda.seed", "torch.cuda.set_rng_state",
+      "torch.cuda.get_rng_state", "torch.cuda.random"),
+     "rng_state", RejectReason.MONKEY_PATCH,
+     "reads or sets torch's random state; candidates never touch the RNG"),
+)
+
+
+def _import_bindings(tree: ast.Module) -> dict[str, str]:
+    """Local name -> qualified name, for names bound by import statements only."""
+    bound: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                bound[a.asname or a.name] = f"{node.module}.{a.name}"
+    return bound
+
+
+def _allowed_name(qualified: str) -> bool:
+    return qualified in ALLOWED_NAMES
+
+
+def _refusal(qualified: str) -> tuple[str, RejectReason, str]:
+    """(rule, reason, why) for a qualified name off the allowlist."""
+    for prefixes, rule, reason, why in _REFUSAL_FAMILIES:
+        if any(qualified == p or qualified.startswith((p + ".", p + "_")) for p in prefixes):
+            return rule, reason, why
+    if qualified in _NAMESPACES:
+        return ("module_reference", RejectReason.FORBIDDEN_IMPORT,
+                ("is a module (or namespace): use it only as the prefix of an allowed name "
+                 "(torch.empty_like, torch.float32, nn.Module, torch.cuda.current_stream, "
+                 "math.ceil); a module is never a value"))
+    if any(part.startswith("_") for part in qualified.split(".")):
+        return ("private_internals", RejectReason.FORBIDDEN_IMPORT,
+                "is a private internal of torch or the harness")
+    return ("not_allowlisted", RejectReason.FORBIDDEN_IMPORT,
+            ("is not on the candidate allowlist (allocation: torch.empty/empty_like/zeros; views "
+             "and shapes; dtypes; nn.Module/nn.Parameter and nn layers for weights; "
+             "torch.cuda.current_stream; load_inline; math); compute belongs in your kernel"))
+
+
+def check_forbidden_import(tree: ast.Module, source: str) -> list[Finding]:
+    """Imports are an allowlist: IMPORTABLE_MODULES as namespaces, ALLOWED_NAMES as names.
+
+    ``import m`` needs ``m`` importable; ``from p import n`` needs ``p.n`` to be an importable
+    module (``from torch import nn``) or an allowed name (``from torch import Tensor``,
+    ``from multiminddev.cuda import compile_kernels``). ``from torch import cuda`` is refused:
+    torch.cuda is reachable only as ``torch.cuda.current_stream()``-style allowed names.
+
+    Rationale: os/sys/ctypes/cffi/numpy/subprocess/socket/importlib/inspect/gc are escape
+    hatches (find the reference through ``gc``/``sys.modules``, call cuBLAS or cudaMemcpy via
+    ctypes, compute on the CPU with numpy, read the harness's files), and modules reached as
+    attributes of allowed modules (``from torch import cuda`` then ``cuda.cudart()``) were the
+    same hatches one step removed. An allowlist closes the class, not the cases.
     """
     findings = []
     for node in ast.walk(tree):
-        for module in _imported_modules(node) if isinstance(node, ast.Import) else _from_modules(node):
-            if not _import_allowed(module):
-                findings.append(_finding("forbidden_import", RejectReason.FORBIDDEN_IMPORT,
-                                         f"import of {module!r} is not allowed (allowed: torch, "
-                                         "torch.nn, math, numpy, multiminddev.cuda, "
-                                         "torch.utils.cpp_extension)", node))
-        if isinstance(node, ast.ImportFrom) and node.level:
-            findings.append(_finding("relative_import", RejectReason.FORBIDDEN_IMPORT,
-                                     "relative imports are not allowed", node))
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and (
-                node.func.id in DYNAMIC_CODE):
-            findings.append(_finding("dynamic_code", RejectReason.FORBIDDEN_IMPORT,
-                                     f"{node.func.id}() hides code from the checks", node))
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not (
-                node.attr.startswith("__") and node.attr.endswith("__")):
-            root = _dotted(node)
-            if root and root.split(".")[0] in {"torch", "multiminddev"}:
-                findings.append(_finding("private_internals", RejectReason.FORBIDDEN_IMPORT,
-                                         f"{root}: private torch/harness internals", node))
-        if isinstance(node, ast.Name) and node.id == "__builtins__":
-            findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
-                                     "__builtins__ access is not allowed", node))
-        if isinstance(node, ast.Attribute) and node.attr in {"__globals__", "__subclasses__",
-                                                             "__builtins__", "__code__",
-                                                             "f_back", "f_globals"}:
-            findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
-                                     f".{node.attr}: introspection escapes are not allowed", node))
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name not in IMPORTABLE_MODULES:
+                    findings.append(_import_finding(a.name, node))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                findings.append(_finding("relative_import", RejectReason.FORBIDDEN_IMPORT,
+                                         "relative imports are not allowed", node))
+                continue
+            for a in node.names:
+                name = f"{node.module}.{a.name}"
+                if a.name == "*" or not (name in IMPORTABLE_MODULES or _allowed_name(name)):
+                    findings.append(_import_finding(name, node))
     return _dedup(findings)
 
 
-def _from_modules(node: ast.AST) -> list[str]:
-    if not isinstance(node, ast.ImportFrom) or node.level:
-        return []
-    module = node.module or ""
-    if module == "torch":  # ``from torch import nn, Tensor`` fine; ``_C``/``library`` not
-        return [f"torch.{a.name}" for a in node.names
-                if a.name.startswith("_") or a.name in {"multiprocessing", "distributed", "library",
-                                                        "ops", "hub", "package", "utils", "jit"}]
-    return [module]
+def _import_finding(name: str, node: ast.AST) -> Finding:
+    rule, _, why = _refusal(name)
+    if rule in {"not_allowlisted", "module_reference", "private_internals"}:
+        why = (
+            "is not importable: candidates import only torch, torch.nn, torch.nn.functional, "
+            "torch.utils.cpp_extension (load_inline), math, typing, functools, itertools, "
+            "collections, dataclasses, enum and multiminddev.cuda's public API "
+            "(compile_kernels and its errors)")
+    # An import is refused as an import whatever it reaches (the use site says what it is).
+    return _finding("forbidden_import", RejectReason.FORBIDDEN_IMPORT, f"import of {name!r} {why}",
+                    node)
 
 
-def _import_allowed(module: str) -> bool:
-    return module in ALLOWED_IMPORTS or module.startswith("multiminddev.cuda.") or (
-        module.startswith("numpy.") and module.split(".")[1] not in {"ctypeslib", "lib", "f2py"})
+def _parents(tree: ast.AST) -> dict[int, ast.AST]:
+    return {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
+def check_torch_attributes(tree: ast.Module, source: str) -> list[Finding]:
+    """Every name reached through an import is on ALLOWED_NAMES; modules are never values.
+
+    Each maximal ``a.b.c`` chain whose root is an imported name is resolved (``nn.Linear`` ->
+    ``torch.nn.Linear``) and must be an allowed name exactly. A module alone (``torch``,
+    ``F``, ``torch.cuda``, ``torch.backends``) is a module-valued reference and is refused:
+    passed to a function, stored, or aliased it reaches anything by name later. This applies
+    everywhere in the module, not only in forward.
+
+    Rationale: candidates reached the timer, the guards and the dispatcher through attributes
+    of allowed modules (``torch.cuda.cudart``, ``torch._C``, ``torch.library``, ``torch.ops``,
+    ``m = torch.cuda``; ``torch.manual_seed`` to make fresh inputs predictable); an allowlist
+    of what a kernel wrapper needs (allocation, views, dtypes, weights, stream queries,
+    load_inline) leaves nothing else reachable.
+    """
+    bindings = _import_bindings(tree)
+    parents = _parents(tree)
+    findings = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Name, ast.Attribute)):
+            continue
+        parent = parents.get(id(node))
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            continue  # not maximal: the enclosing chain is checked
+        dotted = _dotted(node)
+        if dotted is None or dotted.split(".")[0] not in bindings:
+            continue
+        qualified = _resolve_dotted(dotted, bindings)
+        if _allowed_name(qualified):
+            continue
+        rule, reason, why = _refusal(qualified)
+        findings.append(_finding(rule, reason, f"`{dotted}` ({qualified}) {why}", node))
+    return _dedup(findings)
+
+
+# Builtins a kernel wrapper needs: numbers, containers, iteration, shapes, classes, errors.
+ALLOWED_BUILTINS = frozenset(
+    {"abs", "all", "any", "bool", "callable", "chr", "complex", "dict", "divmod", "enumerate",
+     "filter", "float", "format", "frozenset", "int", "isinstance", "issubclass", "iter", "len",
+     "list", "map", "max", "min", "next", "ord", "pow", "print", "range", "repr", "reversed",
+     "round", "set", "slice", "sorted", "str", "sum", "super", "tuple", "zip", "staticmethod",
+     "classmethod", "property", "hex", "bin", "oct", "NotImplemented", "Ellipsis", "Exception",
+     "StopIteration", "__name__",
+     *(n for n in dir(builtins) if n.endswith(("Error", "Warning")))}
+)
+# Builtins allowed only in a restricted form (see _conditional_builtin_message).
+CONDITIONAL_BUILTINS = frozenset({"getattr", "hasattr", "setattr", "delattr", "type", "object"})
+# Refused even when the module binds the name somewhere: no candidate needs a variable called
+# ``eval``, and scope tricks must not turn the real builtin into "the candidate's own".
+DANGEROUS_BUILTINS = frozenset(
+    {"eval", "exec", "compile", "__import__", "globals", "locals", "vars", "dir", "breakpoint",
+     "open", "memoryview", "id", "hash", "__build_class__", "__builtins__", "__loader__",
+     "__spec__", "help", "exit", "quit"}
+)
+
+
+def check_builtins(tree: ast.Module, source: str) -> list[Finding]:
+    """Builtins are an allowlist (ALLOWED_BUILTINS); getattr & co. only with literal names.
+
+    ``getattr``/``hasattr`` take a literal, public attribute name and never an imported
+    module; ``setattr``/``delattr`` a literal public name on ``self``; ``type`` one argument;
+    ``object`` only as a base class. None of these may be passed around as values. ``eval``,
+    ``exec``, ``compile``, ``__import__``, ``globals``, ``vars``, ``open``, ``id``, ``hash`` and
+    the other DANGEROUS_BUILTINS are refused outright.
+
+    Rationale: string-named attribute access (``getattr(torch, "mat" + "mul")``,
+    ``getattr(frame, name)``) and dynamic code hide every other rule from a static reading;
+    ``type(name, bases, ns)`` builds classes the checks never saw; ``id``/``hash`` key caches by
+    object identity.
+    """
+    bound = _names_bound_anywhere(tree)
+    parents = _parents(tree)
+    bindings = _import_bindings(tree)
+    findings = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Name) or not isinstance(node.ctx, ast.Load):
+            continue
+        name = node.id
+        if name in DANGEROUS_BUILTINS or (name.startswith("__") and name.endswith("__")
+                                          and name not in ALLOWED_BUILTINS):
+            findings.append(_finding("builtin_not_allowed", RejectReason.FORBIDDEN_IMPORT,
+                                     f"`{name}` is not available to candidates (it hides code "
+                                     "or identity from the checks); rename a variable of this "
+                                     "name, and key caches by shapes, never by identity", node))
+        elif name in CONDITIONAL_BUILTINS:
+            message = _conditional_builtin_message(node, parents.get(id(node)), bindings, tree)
+            if message:
+                findings.append(_finding("dynamic_attribute", RejectReason.FORBIDDEN_IMPORT,
+                                         message, node))
+        elif (name in BUILTIN_NAMES and name not in ALLOWED_BUILTINS and name not in bound):
+            findings.append(_finding("builtin_not_allowed", RejectReason.FORBIDDEN_IMPORT,
+                                     f"builtin `{name}` is not on the candidate allowlist "
+                                     "(numbers, containers, iteration, isinstance, super, "
+                                     "exceptions); a kernel wrapper does not need it", node))
+    return _dedup(findings)
+
+
+def _literal_public_name(node: ast.AST | None) -> bool:
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and node.value.isidentifier() and not node.value.startswith("_"))
+
+
+def _conditional_builtin_message(node: ast.Name, parent: ast.AST | None,
+                                 bindings: dict[str, str], tree: ast.Module) -> str | None:
+    name = node.id
+    if name == "object":
+        if isinstance(parent, ast.ClassDef) and node in parent.bases:
+            return None
+        return "`object` may only be a base class (object.__setattr__ & co. bypass the checks)"
+    if not (isinstance(parent, ast.Call) and parent.func is node):
+        return f"`{name}` may only be called directly, never passed around as a value"
+    args = parent.args
+    if name == "type":
+        return None if len(args) == 1 and not parent.keywords else (
+            "type() with more than one argument builds classes: define classes with `class`")
+    if len(args) < 2 or not _literal_public_name(args[1]):
+        return (f"{name}() needs a literal, public attribute name; write `obj.attr`, and keep "
+                "numbered things in a list or nn.ModuleList (string-named attribute access "
+                "hides what is reached)")
+    root = _root(args[0])
+    if isinstance(root, ast.Name) and root.id in bindings:
+        return (f"{name}() on the imported {root.id!r}: write the attribute directly "
+                f"(e.g. torch.float32), so the allowlist can check it")
+    if name in {"setattr", "delattr"} and not (isinstance(args[0], ast.Name)
+                                               and args[0].id == "self"):
+        return f"{name}() only on self"
+    return None
+
+
+# Attribute names refused on any object (a denylist is unavoidable here: the candidate names
+# its own attributes), grouped by what they reach.
+INTROSPECTION_ATTRIBUTE = re.compile(
+    r"^(gi|cr|ag|tb|co)_\w+$|^f_(back|globals|locals|builtins|code|trace\w*|lineno|lasti)$")
+# Any hook, registered through the API or written into nn.Module's own tables
+# (``self._forward_hooks[0] = fn``), on self or not.
+HOOK_ATTRIBUTE = re.compile(r"hook|^register_module_\w+$", re.IGNORECASE)
+EVENT_ATTRIBUTES = frozenset({"record_event", "wait_event", "wait_stream", "elapsed_time",
+                              "record_stream"})
+STORAGE_ATTRIBUTES = frozenset({"untyped_storage", "storage", "set_", "share_memory_"})
+HOST_MEMORY_ATTRIBUTES = frozenset({"pin_memory", "is_pinned", "numpy"})
+# Public attributes of compiled-kernel handles that are the harness's, not the candidate's.
+KERNEL_HANDLE_INTERNALS = frozenset({"module", "signatures", "compile_result", "signature",
+                                     "convert_args"})
+
+
+def check_attribute_names(tree: ast.Module, source: str) -> list[Finding]:
+    """No dunder, frame/generator/code, private or hook attributes, on anything but self.
+
+    Allowed: ``super().__init__(...)``, ``nn.Module.__init__(self)``, ``Base.__init__(self)``
+    for the candidate's own classes; private attributes (``self._cache``) of ``self``/``cls``
+    and of the candidate's own classes; defining dunder methods. Refused: ``__class__``,
+    ``__dict__``, ``__globals__``, ``__subclasses__``, ``__code__``, ``__self__``... on
+    anything; ``gi_frame``/``cr_frame``/``f_back``/``tb_frame``/``co_code``...; private
+    attributes of torch objects, tensors and kernel handles; the harness-side attributes of
+    kernel handles (``kernels.module``, ``.signatures``, ``.compile_result``); forward/backward
+    hooks; stream events; tensor storage and host (pinned) memory.
+
+    Rationale: generator and frame objects reach the timing loop's frames and globals; dunder
+    attributes reach classes, globals and builtins; a kernel handle's compiled module is the
+    harness's compile cache; hooks run code the checks never see; events time the harness;
+    pinned host memory lets the CPU compute the answer behind a token kernel.
+    """
+    info = _analyse_cached(source)
+    bindings = _import_bindings(tree)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            found = _attribute_finding(node, info, bindings)
+            if found:
+                findings.append(_finding(*found, node))
+    return _dedup(findings)
+
+
+def _own_receiver(node: ast.AST, info: ModuleInfo) -> bool:
+    """``self``/``cls`` or one of the candidate's own classes."""
+    return isinstance(node, ast.Name) and (node.id in {"self", "cls"} or node.id in info.classes)
+
+
+def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str, str]
+                       ) -> tuple[str, RejectReason, str] | None:
+    attr, value = node.attr, node.value
+    root = _root(node)
+    imported = isinstance(root, ast.Name) and root.id in bindings  # check_torch_attributes' job
+    if attr.startswith("__") and attr.endswith("__"):
+        if attr == "__init__" and (_own_receiver(value, info) or (
+                isinstance(value, ast.Call) and _dotted(value.func) == "super") or imported):
+            return None
+        if imported:
+            return None
+        return ("introspection", RejectReason.FORBIDDEN_IMPORT,
+                (f"`.{attr}` reaches interpreter internals (classes, globals, code); only "
+                 "super().__init__(...) is allowed"))
+    if INTROSPECTION_ATTRIBUTE.match(attr) and not _own_receiver(value, info):
+        return ("introspection", RejectReason.FORBIDDEN_IMPORT,
+                f"`.{attr}` reaches frames, generators or code objects (the harness's stack)")
+    if attr.startswith("_") and not _own_receiver(value, info) and not imported:
+        return ("private_internals", RejectReason.FORBIDDEN_IMPORT,
+                (f"`.{attr}` is private to an object that is not yours (torch, a tensor, a "
+                 "kernel handle); use its public API"))
+    if HOOK_ATTRIBUTE.search(attr):
+        return ("hook", RejectReason.MONKEY_PATCH,
+                (f"`.{attr}` installs a hook that runs code outside forward; do the work in "
+                 "forward with your kernels"))
+    if attr in EVENT_ATTRIBUTES:
+        return ("streams_events_graphs", RejectReason.CONCURRENCY,
+                (f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
+                 "stream only"))
+    if attr in STORAGE_ATTRIBUTES:
+        return ("tensor_storage", RejectReason.POINTER_CACHE,
+                (f"`.{attr}` reaches tensor storage identity; allocate outputs with "
+                 "torch.empty_like and write them with your kernel"))
+    if attr in HOST_MEMORY_ATTRIBUTES:
+        return ("host_memory", RejectReason.TORCH_COMPUTE,
+                f"`.{attr}` moves work to host memory; all compute runs in your CUDA kernels")
+    if attr in KERNEL_HANDLE_INTERNALS and _holds_kernels(value, info):
+        return ("harness_internals", RejectReason.FORBIDDEN_IMPORT,
+                (f"`.{attr}` of a kernel handle belongs to the harness; a handle's only "
+                 "attributes are your kernels (kernels.<name>(grid=..., block=..., args=...))"))
+    return None
+
+
+HOST_READ_METHODS = frozenset({"item", "tolist", "cpu", "numpy"})
+# Container methods that store into ``self.<attr>`` (in-place tensor methods end with ``_``).
+MUTATING_METHODS = frozenset({"append", "extend", "insert", "update", "setdefault", "add",
+                              "__setitem__", "put"})
+# Builtins that read a tensor's values on the host when given one.
+HOST_READ_BUILTINS = frozenset({"int", "float", "bool", "complex", "str", "repr", "format",
+                                "print", "round", "list", "tuple", "sum", "max", "min",
+                                "sorted", "abs", "divmod", "hash"})
+
+
+def check_host_reads(tree: ast.Module, source: str) -> list[Finding]:
+    """forward (and what it calls) never reads tensor values on the host.
+
+    Refused in forward's reach: ``.item()``, ``.tolist()``, ``.cpu()``, ``.numpy()``,
+    ``.to("cpu")``; ``int(t)``, ``float(t)``, ``bool(t)``, ``print(t)``, f-strings of a
+    tensor; a tensor as an ``if``/``while``/``assert``/``and``/``or``/``not`` condition (an
+    implicit ``bool(t)``); ``.data_ptr()`` except for an alignment test (``p % 16``). Allowed:
+    these on attributes of ``self`` set only in ``__init__`` (weights and constants, e.g. a
+    scalar parameter passed to a kernel as ``self.scale.item()``).
+
+    Rationale: a few values read on the host key a cache of results (class "result caching
+    across calls"): the kernel then runs only on a miss. Outputs must depend on the inputs
+    through the kernel alone.
+    """
+    info = _analyse_cached(source)
+    reassigned = _self_attrs_set_outside_init(info)
+    parents = _parents(info.tree)  # the scopes' nodes come from info.tree's parse
+    findings = []
+    for scope, node in _walk_scopes(info):
+        message = _host_read_message(node, scope.tensors, info, reassigned, parents)
+        if message:
+            findings.append(_finding("host_read", RejectReason.POINTER_CACHE,
+                                     f"{message} in forward reads tensor values on the host "
+                                     "(that enables caching results by value); pass tensors to "
+                                     "your kernel, read scalars from parameters in __init__",
+                                     node))
+    return _dedup(findings)
+
+
+def _self_attrs_set_outside_init(info: ModuleInfo) -> set[str]:
+    if info.model_new is None:
+        return set()
+    out = set()
+    for name, method in info.methods(info.model_new).items():
+        if name == "__init__":
+            continue
+        for target, _ in _assignments(method):
+            while isinstance(target, (ast.Subscript, ast.Attribute)) and _self_attr(target) is None:
+                target = target.value
+            attr = _self_attr(target)
+            if attr is not None:
+                out.add(attr)
+        for n in ast.walk(method):  # ``self.x += t``, ``self.cache.append(t)``, ``self.w.copy_(t)``
+            if isinstance(n, ast.AugAssign) and _self_attr(n.target):
+                out.add(_self_attr(n.target))
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and (n.func.attr in MUTATING_METHODS or n.func.attr.endswith("_"))):
+                owner = _self_attr(n.func.value)
+                if owner is not None:
+                    out.add(owner)
+    return out
+
+
+def _init_only(node: ast.AST, reassigned: set[str]) -> bool:
+    """``self.w`` / ``self.lin.weight`` where the first attribute is set only in __init__."""
+    while isinstance(node, ast.Attribute) and _self_attr(node) is None:
+        node = node.value
+    attr = _self_attr(node)
+    return attr is not None and attr not in reassigned
+
+
+def _host_read_message(node: ast.AST, tensors: set[str], info: ModuleInfo, reassigned: set[str],
+                       parents: dict[int, ast.AST]) -> str | None:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        receiver, method = node.func.value, node.func.attr
+        if method in HOST_READ_METHODS and not _init_only(receiver, reassigned):
+            return f"`.{method}()`"
+        if method == "to" and any(_names_cpu(a) for a in (*node.args,
+                                                           *(k.value for k in node.keywords))):
+            return "`.to('cpu')`"
+        if method == "data_ptr":
+            parent = parents.get(id(node))
+            if not _alignment_test(node, parent):
+                return "`.data_ptr()` (other than an alignment test `p % 16`)"
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in HOST_READ_BUILTINS
+            and any(is_tensor_expr(a, tensors, info) and not _init_only(a, reassigned)
+                    for a in node.args)):
+        return f"`{node.func.id}()` of a tensor"
+    if isinstance(node, ast.FormattedValue) and is_tensor_expr(node.value, tensors, info):
+        return "formatting a tensor"
+    tests: list[ast.AST] = []
+    if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)):
+        tests = [node.test]
+    elif isinstance(node, ast.BoolOp):
+        tests = list(node.values)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        tests = [node.operand]
+    if any(is_tensor_expr(t, tensors, info) and not _init_only(t, reassigned) for t in tests):
+        return "a tensor used as a condition (an implicit bool(tensor))"
+    return None
+
+
+def _alignment_test(node: ast.AST, parent: ast.AST | None) -> bool:
+    """``p % 16`` / ``p & 15`` with a small constant: a few low bits say nothing about
+    which tensor it is, the whole pointer would."""
+    return (isinstance(parent, ast.BinOp) and isinstance(parent.op, (ast.Mod, ast.BitAnd))
+            and parent.left is node and isinstance(parent.right, ast.Constant)
+            and type(parent.right.value) is int and 0 < parent.right.value <= 1024)
+
+
+def _names_cpu(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Constant) and isinstance(n.value, str)
+               and n.value.split(":")[0] == "cpu" for n in ast.walk(node))
 
 
 def check_precision_downgrade(tree: ast.Module, source: str, *,
@@ -1100,12 +1773,14 @@ def check_precision_downgrade(tree: ast.Module, source: str, *,
               and node.func.attr in LOW_PRECISION_METHODS):
             findings.append(_finding("low_precision_cast", RejectReason.PRECISION_DOWNGRADE,
                                      f".{node.func.attr}() on a float32 problem", node))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__global__" in node.value:
-            token = next((t for t in LOW_PRECISION_CUDA_TOKENS if t in node.value), None)
-            if token:
-                findings.append(_finding("low_precision_kernel", RejectReason.PRECISION_DOWNGRADE,
-                                         f"kernel uses {token} on a float32 problem", node))
+    for node, code in _native_sources(tree):
+        match = LOW_PRECISION_CUDA.search(code) or next(
+            (m for a, b in _asm_spans(code) if (m := LOW_PRECISION_PTX.search(code, a, b))), None)
+        if match:
+            findings.append(Finding(rule="low_precision_kernel", reason=RejectReason.PRECISION_DOWNGRADE,
+                                    line=_native_line(node, code, match.start()),
+                                    message=f"kernel code uses `{match.group(0).strip()}` on a float32 "
+                                            "problem: compute in float32"))
     return _dedup(findings)
 
 
@@ -1133,7 +1808,41 @@ def check_returns_input(tree: ast.Module, source: str) -> list[Finding]:
 
 
 # Native (C++/CUDA) source: load_inline wrappers run natively, outside every Python-level check.
-_CXX_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+# One lexer pass over C/C++/CUDA: comments, string and character literals. Comments and
+# literals are prose or data, not code, so rules never match inside them; the string literals
+# of inline ``asm(...)`` statements are PTX code and are kept.
+_CXX_LEXEMES = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.DOTALL)
+_ASM_START = re.compile(r"\b(?:asm|__asm__|__asm)\b(?:\s*(?:volatile|__volatile__))?\s*\(")
+
+
+def _asm_spans(text: str) -> list[tuple[int, int]]:
+    """[start, end) of every ``asm(...)`` statement (balanced parentheses, literals skipped)."""
+    spans = []
+    for start in _ASM_START.finditer(text):
+        depth, i = 1, start.end()
+        while i < len(text) and depth:
+            lexeme = _CXX_LEXEMES.match(text, i)
+            if lexeme:
+                i = lexeme.end()
+                continue
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        spans.append((start.start(), i))
+    return spans
+
+
+def cuda_code(text: str) -> str:
+    """``text`` with comments and (non-asm) string/char literals blanked; newlines and length
+    kept, so offsets still give line numbers."""
+    spans = _asm_spans(text)
+
+    def blank(m: re.Match[str]) -> str:
+        lexeme = m.group(0)
+        if lexeme[0] == '"' and any(a <= m.start() < b for a, b in spans):
+            return lexeme  # PTX inside asm(...)
+        return "".join("\n" if c == "\n" else " " for c in lexeme)
+
+    return _CXX_LEXEMES.sub(blank, text)
 NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
     ("native_streams_threads", RejectReason.CONCURRENCY, re.compile(
         r"\b(cudaStreamCreate\w*|getStreamFromPool|getStreamFromExternal|cudaStreamBeginCapture|"
@@ -1147,6 +1856,17 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"(py|pybind11)::module_?::import)\b|"
         r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
         r"spawn\.h|sys/mman\.h|Python\.h)>")),
+    # Registering kernels with torch's dispatcher from C++ overrides torch ops for everyone
+    # (the harness included): the native form of torch.library.
+    ("native_dispatcher_registration", RejectReason.MONKEY_PATCH, re.compile(
+        r"\b(TORCH_LIBRARY\w*|c10::Dispatcher|RegisterOperators|registerFallback|"
+        r"c10::impl::\w+)\b")),
+    # Vendor libraries compute with kernels that are not the candidate's.
+    ("native_vendor_library", RejectReason.TORCH_COMPUTE, re.compile(
+        r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|"
+        r"getCurrentCUDABlasHandle\w*)\s*\(|"
+        r"#\s*include\s*<(cublas\w*\.h|cublasLt\.h|cudnn\w*\.h|cufft\w*\.h|cusparse\.h|"
+        r"cusolver\w*\.h|ATen/cuda/CUDABlas\.h)>")),
 )
 # ATen calls a C++ wrapper may make: allocation and metadata. Everything else is torch compute.
 NATIVE_ALLOWED_ATEN = frozenset(
@@ -1172,14 +1892,14 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def _native_sources(tree: ast.Module) -> Iterator[tuple[ast.Constant, str]]:
-    """String constants that are C/C++/CUDA source, comments blanked (newlines kept so match
-    offsets still give line numbers); docstrings are prose, not code."""
+    """String constants that are C/C++/CUDA source, read by ``cuda_code`` (comments and
+    literals blanked, offsets kept); docstrings are prose, not code."""
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
                 and id(node) not in docstrings and any(
                     marker in node.value for marker in ("__global__", "#include", "torch::", "at::"))):
-            yield node, _CXX_COMMENTS.sub(lambda m: "\n" * m.group(0).count("\n") + " ", node.value)
+            yield node, cuda_code(node.value)
 
 
 def _native_line(node: ast.Constant, code: str, offset: int) -> int:
@@ -1255,6 +1975,10 @@ CHECKS: tuple[CheckFn, ...] = (
     check_file_access,
     check_pointer_cache,
     check_forbidden_import,
+    check_torch_attributes,
+    check_builtins,
+    check_attribute_names,
+    check_host_reads,
     check_returns_input,
     check_native_code,
 )
