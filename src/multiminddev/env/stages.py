@@ -32,6 +32,8 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         with timed(clock, "run.model_init"):
             model_new = module.ModelNew(*ref.init_inputs).cuda().eval()
         forget_seeds()
+        if (found := registry_findings(state)):
+            return _reject(conn, stage, found)
         outputs, layouts, findings = _correctness_trials(state, cfg, ref, model_new)
         with timed(clock, "run.send_outputs"):
             send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer)
@@ -55,11 +57,23 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
             send_tensor_lists(conn, "timed_outputs", checked, transfer=cfg.tensor_transfer)
             if findings:
                 return _reject(conn, stage, findings)
+        if (found := registry_findings(state)):
+            return _reject(conn, stage, found)
         conn.send(("timings", dict(clock)))
         conn.send(("done", {"notes": state.notes}))
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=False, cap=state.memory_cap)
+
+
+def registry_findings(state: Any) -> list[Finding]:
+    """Operators registered or replaced in the dispatcher since candidate code loaded
+    (``torch.library``, a ``load_inline`` library's ``TORCH_LIBRARY``, modes left on)."""
+    if state.registry is None:
+        return []
+    from multiminddev.env import registry_guard
+
+    return registry_guard.changes(state.registry, registry_guard.snapshot())
 
 
 def _reject(conn: Any, stage: Stage, findings: list[Finding]) -> bool:

@@ -78,6 +78,7 @@ class WorkerState:
     startup: dict[str, float] = field(default_factory=dict)  # worker start-up steps, seconds
     pinned_copies: bool = False  # copy big outputs to the host through pinned memory
     memory_cap: MemoryCap | None = None  # this job's GPU memory cap on candidate code
+    registry: Any = None  # the dispatcher's registrations before candidate code loaded
 
 
 GIB = 1 << 30
@@ -330,6 +331,10 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                 send(("baseline", baseline))
             _seal_reference(state, reference)
             state.memory_cap = _cap_candidate_memory(cfg)
+        if state.guards is not None:
+            from multiminddev.env import registry_guard
+
+            state.registry = registry_guard.snapshot()
         stage = Stage.COMPILE
         send(("begin", stage.value))
         with timed(clock, "compile.import"):
@@ -481,7 +486,10 @@ def forget_seeds() -> None:
     then say nothing about the evaluation's inputs or parameters."""
     import torch
 
-    torch.manual_seed(random.SystemRandom().randrange(SEED_RANGE))
+    rng = random.SystemRandom()
+    torch.manual_seed(rng.randrange(SEED_RANGE))
+    if torch.cuda.is_available():  # its own value: the CPU generator's draws reveal nothing here
+        torch.cuda.manual_seed_all(rng.randrange(SEED_RANGE))
 
 
 def make_inputs(module: Any, seed: int) -> list[Any]:
