@@ -1,12 +1,12 @@
 """Adversarial suite by hack class: candidates a policy under RL could find, one file each.
 
-Hacks are ``tests/fixtures/hacks/adv_c<class>_<name>.py`` (class 8 under ``hacks/isolated/``); the class numbers are those of the
-evaluator-integrity plan (1 result caching across calls, 2 predictable inputs, 3 telling timing
-from checking, 4 reaching the harness from candidate Python, 5 dispatcher overrides, 6 foreign
-compute, 7 precision, 8 shared-state poisoning) plus 10 (approximations that only a bare
-tolerance accepts). Class 9 of the plan, false positives, is the honest controls
-``tests/fixtures/honest/ctl_<name>.py``: things a legitimate kernel does that a careless rule
-refuses.
+Hacks are ``tests/fixtures/hacks/adv_c<class>_<name>.py`` (class 8 under ``hacks/isolated/``);
+the class numbers are those of the evaluator-integrity plan: 1 result caching across calls,
+2 predictable inputs, 3 telling timing from checking, 4 reaching the harness from candidate
+Python, 5 dispatcher overrides, 6 foreign compute, 7 precision, 8 shared-state poisoning, and
+10, approximations that only a bare tolerance accepts. Class 9 of the plan, false positives, is
+the honest controls ``tests/fixtures/honest/ctl_<name>.py``: things a legitimate kernel does
+that a careless rule refuses.
 
 Every hack is a working kernel apart from its cheat (its CUDA compiles), so when the cheat is
 not detected it comes back ``ok`` with a forged result. Header: line 1 ``problem: <stem>``,
@@ -213,7 +213,8 @@ def test_control_is_ok(evaluator, path):
     from multiminddev.env import EvalStatus
 
     result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
-    assert result.status is EvalStatus.OK, f"{result.status} {result.reject_reason}: {result.message}"
+    assert result.status is EvalStatus.OK, (
+        f"{result.status} {result.reject_reason}: {result.message}")
     coverage = result.benchmark.custom_kernel_time_fraction
     assert coverage is None or coverage >= 0.5
 
