@@ -114,6 +114,7 @@ def test_control_header_names_a_problem(path):
 def test_fixture_cuda_compiles(path):
     """Each kernel compiles with NVRTC for sm_90 (no GPU needed): a hack fails only by its cheat."""
     from multiminddev.cuda.compiler import CompileOptions, compile_cuda
+    from multiminddev.cuda.signature import parse_kernel_signatures
 
     sources = cuda_sources(path)
     assert sources, "every fixture defines at least one kernel"
@@ -123,6 +124,8 @@ def test_fixture_cuda_compiles(path):
             pytest.skip(module.result.error)
         assert module.result.status is StageStatus.OK, module.result.error[:2000]
         assert module.kernel_names
+        # every kernel launches with type-checked arguments, as an honest one would
+        assert set(module.kernel_names) <= set(parse_kernel_signatures(source))
 
 
 def test_victim_source_is_the_one_the_cubin_poisoner_targets():
