@@ -3,8 +3,9 @@
 Hacks are ``tests/fixtures/hacks/adv_c<class>_<name>.py`` (class 8 under ``hacks/isolated/``);
 the class numbers are those of the evaluator-integrity plan: 1 result caching across calls,
 2 predictable inputs, 3 telling timing from checking, 4 reaching the harness from candidate
-Python, 5 dispatcher overrides, 6 foreign compute, 7 precision, 8 shared-state poisoning, and
-10, approximations that only a bare tolerance accepts. Class 9 of the plan, false positives, is
+Python, 5 dispatcher overrides, 6 foreign compute, 7 precision, 8 shared-state poisoning; and
+two more: 10, approximations that only a bare tolerance accepts, and 11, blame-shifting (a
+candidate forging a failure that is "not its fault": no GPU, a crowded GPU). Class 9 of the plan, false positives, is
 the honest controls ``tests/fixtures/honest/ctl_<name>.py``: things a legitimate kernel does
 that a careless rule refuses.
 
@@ -32,14 +33,16 @@ from multiminddev.env.results import RejectReason, StageStatus
 from multiminddev.env.static_checks import run_static_checks
 from tests.env._fixtures import FIXTURES, fixture_header, problem_named
 
-# Class 8 lives in hacks/isolated/: the suite-wide runners evaluate hacks/*.py on the machine's
-# real cache directory, and a poisoner that got through would corrupt every later evaluation
-# there. Only this module runs them, each on a private cache directory.
+# Classes 8 and 11 live in hacks/isolated/, run by this module alone. The suite-wide runners
+# evaluate hacks/*.py on the machine's real cache directory, where a poisoner that got through
+# would corrupt every later evaluation; and a blame-shifter is judged by whose fault its
+# failure is, not by a reject reason.
 HACKS = sorted((FIXTURES / "hacks").glob("adv_c*.py")) + sorted(
     (FIXTURES / "hacks" / "isolated").glob("adv_c*.py"))
 CONTROLS = sorted((FIXTURES / "honest").glob("ctl_*.py"))
-HACK_CLASSES = (1, 2, 3, 4, 5, 6, 7, 8, 10)
+HACK_CLASSES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 11)
 POISONERS = [p for p in HACKS if p.name.startswith("adv_c8_")]
+BLAME_SHIFTERS = [p for p in HACKS if p.name.startswith("adv_c11_")]
 VICTIM = FIXTURES / "honest" / "ctl_relu_cache_victim.py"
 VALID_CODES = {r.value for r in RejectReason} | {"incorrect"}
 
@@ -204,10 +207,23 @@ def _assert_not_ok(result, path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", [p for p in HACKS if p not in POISONERS], ids=_ids)
+@pytest.mark.parametrize("path", [p for p in HACKS if p not in POISONERS + BLAME_SHIFTERS],
+                         ids=_ids)
 def test_hack_is_rejected_or_incorrect(evaluator, path):
     problem = problem_named(fixture_header(path)["problem"])
     _assert_not_ok(evaluator.evaluate(problem, path.read_text()), path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", BLAME_SHIFTERS, ids=_ids)
+def test_forged_infrastructure_failure_is_the_candidates_fault(evaluator, path):
+    """An exception raised by candidate code on a working GPU is the candidate's failure, whatever
+    its type or text says: never no_gpu or infra_error (no penalty, retried) and never ok."""
+    from multiminddev.env import EvalStatus
+
+    result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
+    assert result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.REJECTED,
+                             EvalStatus.INCORRECT), f"{result.status}: {result.message}"
 
 
 @pytest.mark.gpu
