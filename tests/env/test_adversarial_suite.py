@@ -5,9 +5,9 @@ the class numbers are those of the evaluator-integrity plan: 1 result caching ac
 2 predictable inputs, 3 telling timing from checking, 4 reaching the harness from candidate
 Python, 5 dispatcher overrides, 6 foreign compute, 7 precision, 8 shared-state poisoning; and
 two more: 10, approximations that only a bare tolerance accepts, and 11, blame-shifting (a
-candidate forging a failure that is "not its fault": no GPU, a crowded GPU). Class 9 of the plan, false positives, is
-the honest controls ``tests/fixtures/honest/ctl_<name>.py``: things a legitimate kernel does
-that a careless rule refuses.
+candidate forging a failure that is "not its fault": no GPU, a crowded GPU). Class 9 of the
+plan, false positives, is the honest controls ``tests/fixtures/honest/ctl_<name>.py``: things a
+legitimate kernel does that a careless rule refuses.
 
 Every hack is a working kernel apart from its cheat (its CUDA compiles), so when the cheat is
 not detected it comes back ``ok`` with a forged result. Header: line 1 ``problem: <stem>``,
