@@ -189,9 +189,10 @@ def worker_writable_paths(cfg: EvalConfig) -> list[Path]:
 
 
 def make_private_dir() -> Path:
-    """A fresh 0700 directory under the system temp dir for this worker, removed at its exit;
-    the worker's ``tempfile`` and ``TMPDIR`` point into it. Leftovers of killed workers (their
-    pid is in the name) are removed here."""
+    """A fresh 0700 directory under the system temp dir for this worker, emptied at its exit;
+    the worker's ``tempfile`` and ``TMPDIR`` point into it. What killed workers left (their pid
+    is in the name), and the empty directory itself (a mount point inside the worker's
+    namespace, so it cannot remove it), are removed by the next worker's call."""
     base = Path(tempfile.gettempdir())
     _remove_stale_private_dirs(base)
     private = Path(tempfile.mkdtemp(prefix=f"{PRIVATE_DIR_PREFIX}{os.getpid()}-", dir=base))
@@ -208,6 +209,10 @@ def make_private_dir() -> Path:
                 private.rmdir()  # refused inside the namespace (a mount point); swept later
 
     atexit.register(cleanup)
+    # multiprocessing's children leave through os._exit, past atexit, after its finalizers
+    from multiprocessing import util
+
+    util.Finalize(None, cleanup, exitpriority=0)
     return private
 
 
@@ -552,9 +557,22 @@ def attempt(name, path):
     except OSError as exc:
         checks[name] = errno.errorcode.get(exc.errno, str(exc.errno))
 attempt("write_private_dir", os.path.join(private, "probe"))
-attempt("write_outside", os.path.join(sys.argv[2], "mmd-isolation-probe"))
-import socket
+if report.read_only_filesystem:  # never write into the real package dir otherwise
+    attempt("write_outside", os.path.join(sys.argv[2], "mmd-isolation-probe"))
+import ctypes, socket
 checks["interfaces"] = sorted(name for _, name in socket.if_nameindex())
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                       ctypes.c_char_p]
+if "mount" in report.namespaces:  # a remount outside a namespace would change the host's
+    rc = libc.mount(None, b"/", None, isolation.MS_REMOUNT | isolation.MS_BIND, None)
+    checks["remount_root_writable"] = ("allowed" if rc == 0
+                                       else errno.errorcode[ctypes.get_errno()])
+try:
+    open(f"/proc/{os.getppid()}/mem", "rb").close()
+    checks["parent_memory"] = "readable"
+except OSError as exc:
+    checks["parent_memory"] = errno.errorcode.get(exc.errno, str(exc.errno))
 print("ISOLATION " + json.dumps({"report": report.to_dict(), "checks": checks}))
 '''
 
