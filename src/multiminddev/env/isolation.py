@@ -376,8 +376,17 @@ def _enter_namespaces(libc: _Libc, policy: IsolationPolicy, warnings: list[str])
         return ["mount"] + (["net"] if net else [])
     why = ("the worker process is not single-threaded" if user_error.errno == errno.EINVAL
            else f"unprivileged user namespaces are disabled ({user_error.strerror})")
-    warnings.append(f"no OS-level isolation: {why}; {HOW_TO_ENABLE}")
+    if _in_container():
+        warnings.append(f"no per-worker namespaces: {why}, as usual inside a container, whose "
+                        "own boundary (see the Dockerfile's run line: --network none "
+                        "--read-only) and the in-process sandbox apply")
+    else:
+        warnings.append(f"no OS-level isolation: {why}; {HOW_TO_ENABLE}")
     return []
+
+
+def _in_container() -> bool:
+    return os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv")
 
 
 def _write_id_maps(uid: int, gid: int) -> None:
