@@ -56,6 +56,29 @@ def test_parent_memory_is_out_of_reach(isolated):
     assert isolated["checks"]["parent_memory"] in {"EACCES", "EPERM"}
 
 
+WRITABLE_UNDER_TMP = textwrap.dedent(
+    r'''
+    import pathlib, sys
+    from multiminddev.env import isolation
+    cache = pathlib.Path(sys.argv[1])
+    report = isolation.isolate_worker(isolation.make_private_dir(), [cache], "namespaces")
+    (cache / "entry").write_text("written inside")
+    print("WRITABLE", str(cache) in report.writable)
+    '''
+)
+
+
+def test_writable_dir_under_tmp_reaches_the_real_directory(isolated, tmp_path):
+    """/tmp is a private tmpfs in the worker; a cache dir that lies under the real /tmp is
+    bound back, so what the worker writes there is what the parent reads."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    out = subprocess.run([sys.executable, "-c", WRITABLE_UNDER_TMP, str(cache)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert "WRITABLE True" in out.stdout, out.stderr[-2000:]
+    assert (cache / "entry").read_text() == "written inside"
+
+
 def test_isolation_off_reports_none_with_the_reason():
     report = probe_worker_isolation(Isolation.NONE)
     assert report["status"] == "none" and not report["ok"]

@@ -425,37 +425,46 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
         warnings.append(f"filesystem stays writable: private mount propagation refused ({exc})")
         return False
     keep: set[int] = set()
+    # Every writable directory is opened before /tmp is covered (it may lie under /tmp) and
+    # bound back at its real path from that descriptor.
+    opened: list[tuple[str, int]] = []
     try:
-        # The private dir is opened before /tmp is covered, then bound back at its real path.
-        fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+        for path in dict.fromkeys([workdir, *writable]):
+            try:
+                opened.append((str(path), os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
+            except OSError as exc:
+                if path == workdir:
+                    raise
+                warnings.append(f"{path} is read-only for the worker ({exc})")
         mps = _open_mps_pipe_dir() if policy.private_tmp else None
-        try:
-            if policy.private_tmp:
-                for target in ("/tmp", "/dev/shm"):
-                    if os.path.isdir(target):
-                        _tmpfs(libc, target, policy.tmpfs_mib, keep)
-                if mps is not None:
-                    _bind_fd(libc, mps[1], mps[0], 0)
-            _bind_fd(libc, fd, str(workdir), MS_REC)
-        finally:
-            os.close(fd)
-            if mps is not None:
-                os.close(mps[1])
-        keep.add(_mount_id(str(workdir)) or -1)
-        writable_now.append(str(workdir))
+        if mps is not None:
+            opened.append(mps)
+        if policy.private_tmp:
+            for target in ("/tmp", "/dev/shm"):
+                if os.path.isdir(target):
+                    _tmpfs(libc, target, policy.tmpfs_mib, keep)
+        if mps is not None:  # read-only like the rest: not added to keep
+            with contextlib.suppress(OSError):
+                _bind_fd(libc, mps[1], mps[0], 0)
+        for path, fd in opened:
+            if mps is not None and fd == mps[1]:
+                continue
+            try:
+                _bind_fd(libc, fd, path, MS_REC)
+            except OSError as exc:
+                if path == str(workdir):
+                    raise
+                warnings.append(f"{path} is read-only for the worker ({exc})")
+                continue
+            keep.add(_mount_id(path) or -1)
+            writable_now.append(path)
     except OSError as exc:
         warnings.append(f"filesystem stays writable: could not set up the private directory "
                         f"({exc})")
         return False
-    for path in writable:
-        if path == workdir or not path.is_dir():
-            continue
-        try:
-            libc.mount(str(path), str(path), None, MS_BIND | MS_REC)
-            keep.add(_mount_id(str(path)) or -1)
-            writable_now.append(str(path))
-        except OSError as exc:
-            warnings.append(f"{path} is read-only for the worker ({exc})")
+    finally:
+        for _, fd in opened:
+            os.close(fd)
     failed = []
     # A remount acts on the topmost mount at a path; the writable mounts made above are the
     # topmost at theirs, so their paths are skipped, whatever lies under them.
