@@ -79,6 +79,15 @@ def test_writable_dir_under_tmp_reaches_the_real_directory(isolated, tmp_path):
     assert (cache / "entry").read_text() == "written inside"
 
 
+def test_other_processes_proc_entries_are_read_only(isolated):
+    assert isolated["checks"]["write_parent_proc"] == "EROFS"
+
+
+def test_own_proc_entries_stay_writable_for_the_cuda_driver(isolated):
+    # a read-only /proc/self makes CUDA's device count fail (error 304, "OS call failed")
+    assert isolated["checks"]["write_own_proc"] == "writable"
+
+
 def test_isolation_off_reports_none_with_the_reason():
     report = probe_worker_isolation(Isolation.NONE)
     assert report["status"] == "none" and not report["ok"]
@@ -201,8 +210,10 @@ GPU_PROBE = textwrap.dedent(
     kernels.twice(grid=(4,), block=(256,), args=(x, y, 1024))
     torch.cuda.synchronize()
     eager = torch.relu(x - 10).sum().item()  # a torch kernel too
+    # torch.compile, as the trusted baseline runs it: Triton's cache must find a writable home
+    compiled = torch.compile(lambda z: torch.relu(z) * 2)(x).sum().item()
     print("GPU " + json.dumps({"status": report.status.value, "ok": bool(torch.equal(y, 2 * x)),
-                               "eager": eager}))
+                               "eager": eager, "compiled": compiled}))
     '''
 )
 
@@ -215,6 +226,7 @@ def test_cuda_runs_inside_an_isolated_process(isolated):
     assert line, out.stderr[-3000:]
     data = json.loads(line.removeprefix("GPU "))
     assert data["status"] == "active" and data["ok"] and data["eager"] > 0
+    assert data["compiled"] == 2 * sum(range(1024))
 
 
 @pytest.mark.gpu

@@ -465,6 +465,18 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
     finally:
         for _, fd in opened:
             os.close(fd)
+    _scratch_environment(workdir, policy)
+    # The CUDA driver writes to the process's own /proc entries (a read-only /proc makes
+    # cudaGetDeviceCount fail with error 304, "OS call failed"): /proc/<pid> stays writable,
+    # the rest of /proc (sysrq-trigger, sys, other processes' entries) does not.
+    own = f"/proc/{os.getpid()}"
+    try:
+        libc.mount(own, own, None, MS_BIND | MS_REC)
+        keep.add(_mount_id(own) or -1)
+    except OSError as exc:
+        keep.update(mount_id for mount_id, point in _mountinfo() if point == "/proc")
+        warnings.append(f"/proc stays writable: its own entries could not be kept writable "
+                        f"apart ({exc}) and CUDA needs them")
     failed = []
     # A remount acts on the topmost mount at a path; the writable mounts made above are the
     # topmost at theirs, so their paths are skipped, whatever lies under them.
@@ -486,6 +498,19 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
     if failed:
         warnings.append("these mounts stay writable: " + ", ".join(failed))
     return not failed
+
+
+def _scratch_environment(workdir: Path, policy: IsolationPolicy) -> None:
+    """Caches that default to HOME (read-only now) go to the private scratch space: Triton's
+    (torch.compile in the trusted baseline; it fails on a read-only ~/.triton) and the CUDA
+    driver's PTX JIT cache. Settings the user made are kept."""
+    scratch = Path("/tmp/mmd-scratch") if policy.private_tmp else workdir / "scratch"
+    for name, sub in (("TRITON_HOME", "triton-home"), ("TRITON_CACHE_DIR", "triton-cache"),
+                      ("CUDA_CACHE_PATH", "cuda-jit-cache")):
+        if name not in os.environ:
+            with contextlib.suppress(OSError):
+                (scratch / sub).mkdir(parents=True, exist_ok=True)
+                os.environ[name] = str(scratch / sub)
 
 
 def _tmpfs(libc: _Libc, target: str, size_mib: int, keep: set[int]) -> None:
@@ -575,6 +600,16 @@ def attempt(name, path):
     except OSError as exc:
         checks[name] = errno.errorcode.get(exc.errno, str(exc.errno))
 attempt("write_private_dir", os.path.join(private, "probe"))
+def attempt_proc(name, path, text):
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+        checks[name] = "writable"
+    except OSError as exc:
+        checks[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+if report.read_only_filesystem:
+    attempt_proc("write_parent_proc", f"/proc/{os.getppid()}/oom_score_adj", "0")
+attempt_proc("write_own_proc", "/proc/thread-self/comm", "mmd-probe")
 if report.read_only_filesystem:  # never write into the real package dir otherwise
     attempt("write_outside", os.path.join(sys.argv[2], "mmd-isolation-probe"))
 import ctypes, socket
