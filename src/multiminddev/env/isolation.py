@@ -49,7 +49,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -317,10 +317,10 @@ def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy) -> Is
     threads = _thread_count()
     if threads > 1:
         return _none(f"the worker already runs {threads} threads",
-                     [f"namespaces need a single-threaded process and this worker runs {threads} "
-                      "threads when isolation starts (with start_method='spawn', the parent's "
-                      "main module or an import started them); use start_method='forkserver' "
-                      "(the default)"])
+                     [(f"namespaces need a single-threaded process and this worker runs {threads} "
+                       "threads when isolation starts (with start_method='spawn', the parent's "
+                       "main module or an import started them); use start_method='forkserver' "
+                       "(the default)")])
     try:
         libc = _Libc()
     except OSError as exc:
