@@ -12,8 +12,11 @@ worker process, before anything of the job runs:
    **read-only**, except: the worker's private directory (bound at its real path, so the parent
    still reads the stack dump written there), the compile caches the worker must write
    (``EvalConfig.cache_dir``, the torch extensions dir), and fresh, size-capped tmpfs on
-   ``/tmp`` and ``/dev/shm`` that no other process sees (torch.compile's and CUDA's scratch
-   files land there and die with the worker);
+   ``/tmp`` and ``/dev/shm`` that no other process sees (torch.compile's, Triton's and CUDA's
+   scratch files land there and die with the worker). The worker's own ``/proc/<pid>`` stays
+   writable: the CUDA driver writes there, and a read-only one makes CUDA initialisation fail
+   (error 304, "OS call failed"); other processes' entries, ``/proc/sys`` and the rest of
+   ``/proc`` are read-only;
 3. a new **network namespace** with no interface but a loopback that is left down;
 4. every **capability dropped** (bounding set, ambient, effective, permitted) with
    ``no_new_privs``: without CAP_SYS_ADMIN the candidate cannot remount anything writable
@@ -45,6 +48,7 @@ import enum
 import errno
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -402,7 +406,7 @@ def _mountinfo() -> list[tuple[int, str]]:
     entries = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
-        point = fields[4].encode().decode("unicode_escape")  # \040 for spaces and the like
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])  # \040
         entries.append((int(fields[0]), point))
     return entries
 
