@@ -235,3 +235,26 @@ def test_capabilities_report_what_is_enforceable():
     assert caps["network_namespace"] == "available" or str(caps["network_namespace"]).startswith(
         "unavailable")
     assert "not a security boundary" in str(caps["boundary"])
+
+
+ISOLATED_DESCRIBE_PROBE = textwrap.dedent(
+    r'''
+    import json, pathlib, sys
+    from multiminddev.env import isolation, sandbox
+    report = isolation.isolate_worker(isolation.make_private_dir(), [], "auto")
+    sandbox.prepare_sandbox()  # its own unshare fails now: every capability is gone
+    sandbox.install_sandbox(pathlib.Path(sys.argv[1]))
+    print("DESCRIBE " + json.dumps(sandbox.describe()))
+    '''
+)
+
+
+def test_describe_reports_the_workers_os_isolation(tmp_path):
+    out = subprocess.run([sys.executable, "-c", ISOLATED_DESCRIBE_PROBE, str(tmp_path / "work")],
+                         capture_output=True, text=True, timeout=120, check=False)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("DESCRIBE ")), "")
+    assert line, out.stderr[-2000:]
+    described = json.loads(line.removeprefix("DESCRIBE "))
+    if described["isolation"]["status"] != "active":
+        pytest.skip(f"this kernel refuses worker isolation: {described['isolation']['boundary']}")
+    assert described["network_namespace"] == "isolated (the worker's own network namespace)"

@@ -49,6 +49,7 @@ def collect_report() -> dict[str, Any]:
         "nvcc": check_nvcc,
         "tools": check_tools,
         "sandbox": check_sandbox,
+        "isolation": check_isolation,
         "model": check_model,
     }
     report: dict[str, Any] = {}
@@ -145,6 +146,16 @@ def check_sandbox() -> dict[str, Any]:
     if not isinstance(caps, dict):
         caps = {"capabilities": caps}
     return {"ok": True, **caps}
+
+
+def check_isolation() -> dict[str, Any]:
+    """The OS boundary evaluation workers get (EvalConfig's default isolation), probed in a
+    throwaway child process isolated the way a worker is: which namespaces, whether a write
+    outside its private directory fails (EROFS) and which network interfaces it sees."""
+    from multiminddev.env.config import EvalConfig
+    from multiminddev.env.isolation import probe_worker_isolation
+
+    return probe_worker_isolation(EvalConfig().isolation)
 
 
 def check_model() -> dict[str, Any]:

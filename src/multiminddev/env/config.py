@@ -23,6 +23,18 @@ class StartMethod(str, enum.Enum):
     SPAWN = "spawn"
 
 
+class Isolation(str, enum.Enum):
+    """OS-level isolation of each worker process (see env/isolation.py). AUTO: user, mount and
+    network namespaces with a read-only view of the filesystem where the kernel allows them,
+    else a logged warning and the in-process sandbox alone; NAMESPACES: the same, but a worker
+    that cannot get them fails to start (an infrastructure error) instead of running without;
+    NONE: off (the in-process sandbox alone)."""
+
+    AUTO = "auto"
+    NAMESPACES = "namespaces"
+    NONE = "none"
+
+
 class Stage(str, enum.Enum):
     """Worker stages; each has its own time limit enforced by the parent."""
 
@@ -119,10 +131,22 @@ class EvalConfig:
     # for the max bound): exact ops (relu, copies) have zero eager error, and honest fast-math
     # (__expf, rsqrtf) is a few ulps off.
     precision_floor_ulps: float = 1.0
+    # OS-level isolation of workers: namespaces and a read-only filesystem view (AUTO falls back
+    # with a warning where the kernel refuses them; `multiminddev doctor` says which is active).
+    isolation: Isolation = Isolation.AUTO
+    # Size cap of each worker's private /tmp and /dev/shm (memory-backed tmpfs) under isolation.
+    isolation_tmpfs_mib: int = 2048
 
     def __post_init__(self) -> None:
         if isinstance(self.start_method, str) and not isinstance(self.start_method, StartMethod):
             self.start_method = StartMethod(self.start_method)
+        if not isinstance(self.isolation, Isolation):
+            try:
+                self.isolation = Isolation(self.isolation)
+            except ValueError:
+                raise ValueError(f"isolation={self.isolation!r}: use one of "
+                                 f"{[i.value for i in Isolation]}") from None
+        _positive_int(self, "isolation_tmpfs_mib")
         _positive_int(self, "num_trials", "max_jobs_per_worker", "min_timed_runs", "max_timed_runs")
         _positive_int(self, "inline_build_workers")
         if self.num_workers is not None and self.num_workers < 1:
@@ -183,6 +207,7 @@ class EvalConfig:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["start_method"] = self.start_method.value
+        data["isolation"] = self.isolation.value
         return data
 
     @classmethod

@@ -482,8 +482,9 @@ def sandbox_capabilities() -> dict[str, bool | str]:
     }
     if _STATE.installed:
         caps["network_namespace_in_worker"] = _STATE.network_namespace
-    caps["boundary"] = ("defence in depth, not a security boundary: same-process audit hooks; "
-                        "run workers in a container/VM for hostile code")
+    caps["boundary"] = ("in-process layer: defence in depth, not a security boundary "
+                        "(same-process audit hooks); the OS boundary around workers "
+                        "(namespaces, read-only filesystem) is doctor's 'isolation' check")
     return caps
 
 
@@ -516,6 +517,24 @@ def describe() -> dict[str, Any]:
         "workdir": str(_STATE.workdir) if _STATE.workdir else None,
         "writable_roots": list(_STATE.writable_roots),
         "rlimits": dict(_STATE.rlimits),
-        "network_namespace": _STATE.network_namespace,
+        "network_namespace": _network_namespace_description(),
         "policy": dataclasses.asdict(_STATE.policy) if _STATE.policy else None,
+        "isolation": _isolation_report(),
     }
+
+
+def _isolation_report() -> dict[str, Any] | None:
+    """The OS-level isolation this process runs behind (env/isolation.py), if it ran here."""
+    from multiminddev.env.isolation import active_report
+
+    report = active_report()
+    return report.to_dict() if report else None
+
+
+def _network_namespace_description() -> str:
+    """The sandbox's own unshare fails once isolation dropped every capability; the worker is
+    then already in a fresh network namespace, which is what this reports."""
+    report = _isolation_report()
+    if report and "net" in report["namespaces"]:
+        return "isolated (the worker's own network namespace)"
+    return _STATE.network_namespace

@@ -170,6 +170,8 @@ def timed(timings: dict[str, float], name: str) -> Any:
 
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
     """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
+    from multiminddev.env.isolation import isolate_worker_process
+    isolate_worker_process(conn, config)  # first: namespaces need a single-threaded process
     try:
         state = _init_worker(device_index, EvalConfig.from_dict(config))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which marks infra_error
