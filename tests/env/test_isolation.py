@@ -56,6 +56,41 @@ def test_parent_memory_is_out_of_reach(isolated):
     assert isolated["checks"]["parent_memory"] in {"EACCES", "EPERM"}
 
 
+HIDDEN_KEY = textwrap.dedent(
+    r'''
+    import pathlib, sys
+    from multiminddev.env import isolation
+    key = pathlib.Path(sys.argv[1])
+    report = isolation.isolate_worker(isolation.make_private_dir(), [], "namespaces",
+                                      hidden=[key])
+    print("READ", len(key.read_bytes()))
+    '''
+)
+
+
+def test_the_cache_key_reads_as_empty_inside_the_worker(isolated):
+    """The key that signs the shared caches must not be readable by a worker: native candidate
+    code could sign a planted cubin or baseline with it."""
+    import uuid
+
+    key = Path.home() / f".mmd-test-key-{uuid.uuid4().hex}"  # not under the private /tmp
+    key.write_bytes(b"k" * 32)
+    try:
+        out = subprocess.run([sys.executable, "-c", HIDDEN_KEY, str(key)],
+                             capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        key.unlink()
+    assert "READ 0" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_worker_hides_the_key_of_its_cache():
+    from multiminddev.cuda.cache_auth import key_path
+    from multiminddev.env.isolation import worker_hidden_paths
+
+    cfg = EvalConfig(cache_dir="/some/cache")
+    assert worker_hidden_paths(cfg) == [key_path(Path("/some/cache"))]
+
+
 WRITABLE_UNDER_TMP = textwrap.dedent(
     r'''
     import pathlib, sys
@@ -200,7 +235,7 @@ GPU_PROBE = textwrap.dedent(
     from multiminddev.env import isolation
     cfg = EvalConfig()
     private = isolation.make_private_dir()
-    report = isolation.isolate_worker(private, isolation.worker_writable_paths(cfg),
+    report = isolation.isolate_worker(private, [],
                                       isolation.IsolationPolicy(mode="namespaces"))
     import torch  # after isolation, as in a worker
     from multiminddev.cuda import compile_kernels

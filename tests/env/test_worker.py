@@ -76,3 +76,33 @@ def test_out_of_memory_with_a_cap_but_no_device_to_ask_stays_a_runtime_error():
                              trusted=False, cap=cap)
     (tag, payload), = pipe.sent
     assert tag == "fail" and payload["kind"] == worker.FailureKind.RUNTIME
+
+
+def test_a_no_gpu_error_raised_by_candidate_code_on_a_gpu_worker_is_its_own_runtime_error():
+    # Candidate code can raise any class with any message; blaming the machine would have the
+    # failure retried and left out of training.
+    from multiminddev.cuda import NoGPUError
+
+    pipe = _Pipe()
+    worker._report_exception(pipe, worker.Stage.RUN, NoGPUError("no NVIDIA driver"),
+                             trusted=False, gpu=True)
+    (tag, payload), = pipe.sent
+    assert payload["kind"] == worker.FailureKind.RUNTIME
+
+
+def test_a_no_gpu_error_on_a_compile_only_worker_is_no_gpu():
+    from multiminddev.cuda import NoGPUError
+
+    pipe = _Pipe()
+    worker._report_exception(pipe, worker.Stage.RUN, NoGPUError("no GPU"), trusted=False,
+                             gpu=False)
+    assert pipe.sent[0][1]["kind"] == worker.FailureKind.NO_GPU
+
+
+def test_an_out_of_memory_look_alike_is_not_taken_for_torchs():
+    class OutOfMemoryError(RuntimeError):  # what a candidate can define
+        pass
+
+    pipe = _Pipe()
+    worker._report_exception(pipe, worker.Stage.RUN, OutOfMemoryError(TORCH_OOM), trusted=False)
+    assert pipe.sent[0][1]["kind"] == worker.FailureKind.RUNTIME

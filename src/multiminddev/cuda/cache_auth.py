@@ -30,14 +30,11 @@ import secrets
 import stat
 from pathlib import Path
 
+from multiminddev.cache_layout import key_path  # noqa: F401 - part of this module's API
+
 KEY_BYTES = 32
 _log = logging.getLogger(__name__)
 
-
-def key_path(cache_root: Path) -> Path:
-    """The key file of a cache directory: its sibling ``<name>.key``, not inside it."""
-    root = Path(cache_root).absolute()
-    return root.with_name(root.name + ".key")
 
 
 def load_or_create_key(cache_root: Path) -> bytes | None:

@@ -164,32 +164,21 @@ def isolate_worker_process(conn: Any, config: dict[str, Any]) -> IsolationReport
         return _finish(_none("switched off (EvalConfig.isolation='none')"))
     private = make_private_dir()
     try:
-        return isolate_worker(private, worker_writable_paths(cfg), policy)
+        return isolate_worker(private, [], policy, hidden=worker_hidden_paths(cfg))
     except IsolationError as exc:
         with contextlib.suppress(Exception):
             conn.send(("startup_failed", {"message": f"IsolationError: {exc}"}))
         raise SystemExit(1) from None
 
 
-def worker_writable_paths(cfg: EvalConfig) -> list[Path]:
-    """What a worker writes besides its private dir and tmpfs: the compile caches (the same
-    roots the in-process sandbox allows). Created now: a bind mount needs an existing path."""
-    paths = [cfg.cache_path]
-    torch_ext = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if torch_ext:
-        paths.append(Path(torch_ext))
-    else:  # torch's default (get_default_build_root), without importing torch here
-        paths.append(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                     / "torch_extensions")
-    env_cache = os.environ.get("MULTIMINDDEV_CACHE")
-    if env_cache:
-        paths.append(Path(env_cache))
-    made = []
-    for path in paths:
-        with contextlib.suppress(OSError):
-            path.mkdir(parents=True, exist_ok=True)
-            made.append(path)
-    return made
+def worker_hidden_paths(cfg: EvalConfig) -> list[Path]:
+    """Files the worker must not read at all: the key that authenticates the shared caches
+    (``cuda.cache_auth``). With it, native candidate code could sign a planted cubin or
+    baseline for the evaluations after it. Workers write nothing shared: their compile caches
+    live in their private directory (``worker.use_private_compile_caches``)."""
+    from multiminddev.cache_layout import key_path
+
+    return [key_path(cfg.cache_path)]
 
 
 def make_private_dir() -> Path:
@@ -239,9 +228,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def isolate_worker(workdir: Path, writable: Sequence[Path],
-                   policy: IsolationPolicy | Isolation | str = Isolation.AUTO) -> IsolationReport:
+                   policy: IsolationPolicy | Isolation | str = Isolation.AUTO, *,
+                   hidden: Sequence[Path] = ()) -> IsolationReport:
     """Put this process behind namespaces with a read-only filesystem view; ``workdir`` and
-    ``writable`` stay writable. Call once, in a single-threaded process. Returns (and keeps, for
+    ``writable`` stay writable, existing files in ``hidden`` read as empty. Call once, in a single-threaded process. Returns (and keeps, for
     ``active_report``) what was achieved; raises IsolationError only when ``policy.mode`` is
     NAMESPACES and the boundary is not complete."""
     global _REPORT
@@ -252,7 +242,8 @@ def isolate_worker(workdir: Path, writable: Sequence[Path],
     if policy.mode is Isolation.NONE:
         return _finish(_none("switched off (EvalConfig.isolation='none')"))
     workdir = Path(workdir).resolve()
-    report = _isolate(workdir, [Path(p).resolve() for p in writable], policy)
+    report = _isolate(workdir, [Path(p).resolve() for p in writable], policy,
+                      [Path(p) for p in hidden])
     if policy.mode is Isolation.NAMESPACES and not report.active:
         _REPORT = report
         raise IsolationError(f"isolation required (EvalConfig.isolation='namespaces') but "
@@ -314,7 +305,8 @@ def _thread_count() -> int:
         return 1
 
 
-def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy) -> IsolationReport:
+def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy,
+             hidden: list[Path]) -> IsolationReport:
     if not sys.platform.startswith("linux"):
         return _none(f"namespaces are Linux-only (this is {sys.platform})",
                      [f"no OS-level isolation on {sys.platform}; {HOW_TO_ENABLE}"])
@@ -337,6 +329,7 @@ def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy) -> Is
     read_only = False
     if "mount" in namespaces:
         read_only = _read_only_view(libc, workdir, writable, policy, writable_now, warnings)
+        read_only = _hide_files(libc, hidden, warnings) and read_only
     with contextlib.suppress(OSError):
         os.chdir(workdir)  # the old cwd may sit on a mount now hidden under the private /tmp
     dropped = _drop_capabilities(libc, warnings)
@@ -504,6 +497,21 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
     return not failed
 
 
+def _hide_files(libc: _Libc, paths: list[Path], warnings: list[str]) -> bool:
+    """Bind /dev/null over each existing file of ``paths`` (in this mount namespace only), so
+    the worker reads it as empty. Returns False when one could not be hidden."""
+    ok = True
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            libc.mount("/dev/null", str(path), None, MS_BIND)
+        except OSError as exc:
+            ok = False
+            warnings.append(f"{path} stays readable for the worker ({exc})")
+    return ok
+
+
 def _scratch_environment(workdir: Path, policy: IsolationPolicy) -> None:
     """Caches that default to HOME (read-only now) go to the private scratch space: Triton's
     (torch.compile in the trusted baseline; it fails on a read-only ~/.triton) and the CUDA
@@ -592,9 +600,12 @@ from multiminddev.env.config import EvalConfig
 from multiminddev.env import isolation
 cfg = EvalConfig(isolation=sys.argv[1])
 private = isolation.make_private_dir()
-report = isolation.isolate_worker(private, isolation.worker_writable_paths(cfg),
-                                  isolation.IsolationPolicy(mode=cfg.isolation))
+report = isolation.isolate_worker(private, [], isolation.IsolationPolicy(mode=cfg.isolation),
+                                  hidden=isolation.worker_hidden_paths(cfg))
+key = isolation.worker_hidden_paths(cfg)[0]
 checks = {}
+checks["cache_key"] = ("hidden" if not key.is_file() or key.stat().st_size == 0
+                       or not os.access(key, os.R_OK) else "readable")
 def attempt(name, path):
     try:
         with open(path, "w") as f:

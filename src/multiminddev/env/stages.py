@@ -63,7 +63,8 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         conn.send(("done", {"notes": state.notes}))
         return False
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
-        return _report_exception(conn, stage, exc, trusted=False, cap=state.memory_cap)
+        return _report_exception(conn, stage, exc, trusted=False, cap=state.memory_cap,
+                                 gpu=state.gpu)
 
 
 def registry_findings(state: Any) -> list[Finding]:

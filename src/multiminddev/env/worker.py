@@ -353,7 +353,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
         return stages.run_candidate_stages(conn, state, cfg, problem, reference, module)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
-                                 cap=state.memory_cap)
+                                 cap=state.memory_cap, gpu=state.gpu)
 
 
 def _send_ground_truth(conn: Any, cfg: EvalConfig, reference: Reference) -> None:
@@ -643,8 +643,22 @@ def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException,
         payload["result"] = _to_jsonable(CompileResult(
             status=StageStatus.SKIPPED, backend="load_inline", error=str(exc)))
     conn.send(("compile", payload))
-    kind = FailureKind.NO_GPU if not state.gpu else FailureKind.INFRA
-    conn.send(("fail", {"kind": kind, "stage": Stage.COMPILE.value, "message": str(exc)}))
+    conn.send(("fail", {"kind": _unavailable_kind(state, exc), "stage": Stage.COMPILE.value,
+                        "message": str(exc)}))
+
+
+def _unavailable_kind(state: WorkerState, exc: BaseException) -> str:
+    """A "cannot run here" error during the candidate's import: no GPU on a compile-only
+    worker; an infrastructure error when the trusted load_inline routing found no toolchain on
+    a GPU worker; otherwise the candidate's own error. The candidate's code can raise these
+    classes too, and a failure blamed on the machine is retried and left out of training."""
+    from multiminddev.env import inline_build
+
+    if not state.gpu:
+        return FailureKind.NO_GPU
+    if type(exc) is inline_build.InlineBuildUnavailable:
+        return FailureKind.INFRA
+    return FailureKind.RUNTIME
 
 
 def _install_sandbox(state: WorkerState, cfg: EvalConfig, *, allow_build: bool) -> None:
@@ -722,9 +736,11 @@ def _compile_message(result: CompileResult) -> str:
 
 
 def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: bool,
-                      cap: MemoryCap | None = None) -> bool:
+                      cap: MemoryCap | None = None, gpu: bool = True) -> bool:
     """Send a ("fail", ...) for ``exc``; returns True when the CUDA context is unusable.
-    ``cap``: the job's GPU memory cap on candidate code, if any."""
+    ``cap``: the job's GPU memory cap on candidate code, if any. An exception from candidate
+    code is blamed on the machine (no GPU, a crowded GPU) only when the machine confirms it:
+    candidate code can raise any exception class with any message."""
     text = f"{type(exc).__name__}: {exc}".strip()
     lowered = text.lower()
     fatal = "cuda error" in lowered or "illegal" in lowered or "cudaerror" in lowered
@@ -732,7 +748,7 @@ def _report_exception(conn: Any, stage: Stage, exc: BaseException, *, trusted: b
         kind, message = FailureKind.INFRA, f"the reference problem failed in {stage.value}: {text[:400]}"
     elif _is_sandbox_violation(exc):
         kind, message = FailureKind.REJECTED, f"sandbox refused an operation: {text[:400]}"
-    elif _is_no_gpu(exc):
+    elif not gpu and _is_no_gpu(exc):
         kind, message = FailureKind.NO_GPU, f"needs a GPU: {text[:300]}"
     elif (verdict := _out_of_memory_verdict(exc, stage, cap)) is not None:
         kind, message = verdict
@@ -784,11 +800,11 @@ def _out_of_memory_verdict(exc: BaseException, stage: Stage,
     past the cap, an infrastructure error when other processes had taken the GPU; None for any
     other exception, or when the candidate asked for the memory (a plain runtime error)."""
     text = f"{type(exc).__name__}: {exc}"
-    if "OutOfMemoryError" not in text and "out of memory" not in text.lower():
-        return None
     try:
         import torch
 
+        if type(exc) is not torch.cuda.OutOfMemoryError:  # exactly torch's, not a look-alike
+            return None
         free, total = torch.cuda.mem_get_info()
         held = torch.cuda.memory_reserved()
     except Exception:  # noqa: BLE001 - no usable device to ask: leave the error to the candidate
@@ -799,8 +815,8 @@ def _out_of_memory_verdict(exc: BaseException, stage: Stage,
             f"{stage.value}: out of GPU memory: the candidate asked for {asked / GIB:.2f} GiB more "
             f"while its evaluation held {held / GIB:.2f} GiB, past its cap of {cap.describe()}. "
             "Allocate outputs and scratch buffers the size Model's are.")
-    if not device_was_crowded(asked, held, total):
-        return None
+    if not device_was_crowded(asked, held, total) or free >= asked + CAP_ROUNDING_BYTES:
+        return None  # the GPU has the memory now: its absence is not what stopped the candidate
     return FailureKind.INFRA, (
         f"the GPU ran out of memory while this evaluation held {held / GIB:.2f} GiB and asked "
         f"for {asked / GIB:.2f} GiB more, of {total / GIB:.1f} GiB ({free / GIB:.2f} GiB free): "
