@@ -790,3 +790,47 @@ def test_replacing_forward_is_patching(extra, init):
 def test_a_decorator_wrapping_forward_is_analysed(extra):
     forward = HONEST_FORWARD.replace("    def forward", "    @deco\n    def forward")
     assert "torch_compute" in rules(candidate(forward, extra=extra))
+
+
+WRAPPER_CLASS = '''
+import torch
+import torch.nn as nn
+from multiminddev.cuda import compile_kernels
+
+kernels = compile_kernels(r"""
+extern "C" __global__ void relu(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x; if (i < n) y[i] = fmaxf(x[i], 0.f);
+}""")
+
+
+class Launcher:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __call__(self, x, y):
+        n = x.numel()
+        self.kernel(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.relu = Launcher(kernels.relu)
+{extra_init}
+    def forward(self, x):
+        y = torch.empty_like(x)
+        self.relu(x, y)
+        return y
+'''
+
+
+def test_a_wrapper_class_built_with_a_kernel_launches_it():
+    result = sc.run_static_checks(WRAPPER_CLASS.replace("{extra_init}", ""))
+    assert result.findings == []
+
+
+def test_a_wrapper_class_also_built_with_a_torch_function_is_not_a_launcher():
+    # One construction with torch.relu unmakes the parameter as a kernel holder.
+    source = WRAPPER_CLASS.replace("{extra_init}", "        self.other = Launcher(torch.relu)")
+    result = sc.run_static_checks(source)
+    assert result.status is StageStatus.FAILED

@@ -451,6 +451,7 @@ def _bind_kernels_once(info: ModuleInfo, banned_names: set[str], banned_attrs: s
         for name, fn in info.functions.items():
             if name not in banned_names and _returns_kernels(fn, info):
                 info.kernel_factories.add(name)
+        _bind_constructor_parameters(info, banned_names)
         for target, value in _assignments(info.tree):
             while isinstance(target, ast.Subscript):  # ``_KERNELS[shape] = compile_kernels(...)``
                 target = target.value
@@ -475,6 +476,29 @@ def _bind_kernels_once(info: ModuleInfo, banned_names: set[str], banned_attrs: s
         if size == (len(info.kernel_holders), len(info.kernel_factories), len(info.self_holders),
                     len(info.self_factories)):
             return
+
+
+def _bind_constructor_parameters(info: ModuleInfo, banned_names: set[str]) -> None:
+    """A candidate class built with kernels (``Launcher(kernels.relu)``): the ``__init__``
+    parameter that receives them holds kernels, so ``self.kernel = kernel`` and a later
+    ``self.kernel(grid=...)`` are a kernel binding and a launch (a small wrapper class is a
+    common, honest way to keep a kernel with its launch geometry). Only when every
+    construction passes kernels there: ``Launcher(torch.relu)`` elsewhere unmakes it."""
+    verdicts: dict[str, bool] = {}
+    for call in ast.walk(info.tree):
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                and call.func.id in info.classes):
+            continue
+        init = info.methods(info.classes[call.func.id]).get("__init__")
+        if init is None:
+            continue
+        params = _params(init)[1:]  # after self
+        passed = [(params[i], arg) for i, arg in enumerate(call.args) if i < len(params)]
+        passed += [(kw.arg, kw.value) for kw in call.keywords if kw.arg in params]
+        for name, value in passed:
+            verdicts[name] = verdicts.get(name, True) and _holds_kernels(value, info)
+    info.kernel_holders.update(name for name, all_kernels in verdicts.items()
+                               if all_kernels and name not in banned_names)
 
 
 def _classify_self_attrs(info: ModuleInfo) -> None:
