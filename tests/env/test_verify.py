@@ -436,3 +436,19 @@ def test_layout_survives_a_round_trip_as_plain_data():
 
     again = OutputLayout.from_dict(json.loads(json.dumps(layout.to_dict())))
     assert again == layout
+
+
+def test_a_few_percent_off_is_caught_on_float16_outputs_near_the_smallest_normal():
+    # Every output of a 16384-wide softmax is ~6e-5, float16's smallest normal: an error floor
+    # at that size would excuse any error.
+    from multiminddev.env.config import EvalConfig
+    from multiminddev.env.verify import PrecisionBudget, verify_precision
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 16384, dtype=torch.float16)
+    truth = torch.softmax(x.double(), -1)
+    eager = torch.softmax(x.float(), -1).half()
+    off = (truth * (1 + 0.04 * torch.rand(64, 1, dtype=torch.float64))).half()
+    budget = PrecisionBudget.from_config(EvalConfig())
+    assert verify_precision([truth], [eager], [off], budget=budget, rtol=1e-2)
+    assert verify_precision([truth], [eager], [eager.clone()], budget=budget, rtol=1e-2) == []

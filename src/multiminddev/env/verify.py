@@ -491,7 +491,7 @@ def verify_precision(
 
 def _budget_mismatch(stats: ErrorStats, dtype: torch.dtype, budget: PrecisionBudget, *,
                      trial: int, output_index: int) -> TrialMismatch | None:
-    eps, tiny = torch.finfo(dtype).eps, torch.finfo(dtype).tiny
+    eps, tiny = torch.finfo(dtype).eps, _error_floor(dtype)
     multiple = budget.multiple(dtype)
     allowed_rms = multiple * max(stats.eager_rms, budget.floor_ulps * eps * stats.truth_rms, tiny)
     allowed_max = (multiple * budget.max_error_factor
@@ -530,6 +530,14 @@ def _times(ratio: float) -> str:
     return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
 
 
+def _error_floor(dtype: torch.dtype) -> float:
+    """The smallest error worth telling apart from none: the spacing of the dtype's subnormals
+    (``tiny * eps``). Not ``tiny`` itself: float16's smallest normal, 6.1e-5, is the size of
+    every output of a 16384-wide softmax, so a floor there would excuse any error at all."""
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps
+
+
 # RMS error above this fraction of the RMS magnitude: the values are wrong, not imprecise (the
 # message says so). 5% is ~400,000 float32 ulps, 50 float16 ulps, 6 bfloat16 ulps.
 WRONG_VALUES_FRACTION = 0.05
@@ -543,7 +551,7 @@ def _normwise_mismatch(reference: torch.Tensor, candidate: torch.Tensor, budget:
     dtype = reference.dtype
     limit = max(rtol, budget.multiple(dtype) * budget.floor_ulps * torch.finfo(dtype).eps)
     allowed = limit * stats.truth_rms
-    if stats.candidate_rms <= max(allowed, torch.finfo(dtype).tiny):
+    if stats.candidate_rms <= max(allowed, _error_floor(dtype)):
         return None
     relative = stats.candidate_rms / stats.truth_rms if stats.truth_rms else math.inf
     where = f"trial {trial}, output {output_index}"
