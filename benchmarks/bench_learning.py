@@ -648,6 +648,14 @@ def stage_infra_failure(stage: str, rows: list[dict[str, Any]], max_share: float
     return infra_failure(messages, what=f"stage {stage}", max_share=max_share)
 
 
+def is_mid_grpo_stage(stage: str, rl_steps: int) -> bool:
+    """Whether ``stage`` measured the agents of a GRPO step before the last (select@K with
+    0 < K < ``rl_steps``, or grpo@K): agents a resumed GRPO no longer holds."""
+    step = stage.removeprefix(SELECT) if stage.startswith(SELECT) else (
+        stage.removeprefix("grpo@") if stage.startswith("grpo@") else None)
+    return step is not None and step.isdigit() and 0 < int(step) < rl_steps
+
+
 def infra_failed_stages(per_seed: list[dict[str, Any]], max_share: float) -> list[str]:
     """``stage_infra_failure``'s errors of every seed's recorded stages (finished seeds read
     back for aggregation): such a stage must not enter a table."""
@@ -888,6 +896,10 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     rows: dict[str, Any] = dict(partial.get("rows", {}))
     for stage in [s for s in rows if stage_infra_failure(s, rows[s], args.max_infra_share)]:
         # recorded before such stages stopped the run: their figures are the evaluator's
+        if is_mid_grpo_stage(stage, args.rl_steps) and (out / "rl_checkpoints").is_dir():
+            raise SystemExit(f"{out}: the recorded {stage} evaluation mostly failed on the "
+                             "evaluator's side, and the agents of its GRPO step are gone (GRPO "
+                             "went on); use another --output-dir")
         print(f"seed {seed}: the recorded {stage} evaluation mostly failed on the evaluator's "
               "side; it is measured again", flush=True)
         del rows[stage]
@@ -937,7 +949,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     out.mkdir(parents=True, exist_ok=True)
     if "base" not in rows and args.eval_temperature == 0:
-        shared = base_rows_from_other_seeds(args.output_dir, seed)
+        shared = base_rows_from_other_seeds(args.output_dir, seed, args.max_infra_share)
         if shared is not None:
             # Greedy decoding of the untouched base model does not depend on the seed: the
             # base stage is the same measurement for every seed, so it is run once.
@@ -1380,14 +1392,18 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, float] | None:
+def base_rows_from_other_seeds(output_dir: Path, seed: int, max_infra_share: float = 0.5
+                               ) -> tuple[int, Any, float] | None:
     """(seed, base rows, seconds) from another seed's or a --base-only run's results in
-    ``output_dir``, if any."""
+    ``output_dir``, if any; a base stage that failed on the evaluator's side
+    (``stage_infra_failure``) is none."""
     for path in sorted(output_dir.glob("*/partial.json")):
         data = _read_json(path) or {}
         other = data.get("seed")
         if (other is not None and path.parent.name != f"seed{seed}"
-                and "base" in data.get("rows", {})):
+                and "base" in data.get("rows", {})
+                # a base stage of a failing evaluator is no measurement to share
+                and stage_infra_failure("base", data["rows"]["base"], max_infra_share) is None):
             return other, data["rows"]["base"], float(data.get("seconds", {}).get("eval_base", 0.0))
     return None
 

@@ -1390,3 +1390,17 @@ def test_workers_started_after_the_script_is_gone(tmp_path, mode):
         assert second == "infra_error" and "worker exited during startup" in line
     else:
         assert second == first
+
+
+def test_a_base_stage_of_a_failing_evaluator_is_not_shared(bench, tmp_path):
+    infra = {**_row(False, False, 0.0, -0.1), "infra_error": True, "infra_message": "closed"}
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "partial.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"base": [infra, infra]}, "seconds": {"eval_base": 1.0}}))
+    assert bench.base_rows_from_other_seeds(tmp_path, 1) is None
+
+
+def test_mid_grpo_stages_are_those_of_steps_before_the_last(bench):
+    assert [bench.is_mid_grpo_stage(s, 12) for s in
+            ("select@4", "grpo@8", "select@0", "select@12", "grpo", "sft")] == [
+        True, True, False, False, False, False]
