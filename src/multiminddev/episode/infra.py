@@ -48,19 +48,19 @@ def episode_infra_message(episode: Any) -> str | None:
 # Causes the evaluator's message names, and what to do about each.
 _HINTS = (
     (("worker exited during startup", "worker failed to start", "did not start within"),
-     "the evaluation workers could not start. Each new worker (one per candidate) is forked "
-     "from multiprocessing's forkserver and re-reads the main script and the package's modules "
-     "from disk: a run whose files were replaced or changed while it ran (a detached run in a "
-     "working tree that a later command rewrote) fails so from then on; run from a copy of the "
-     "tree. Otherwise the worker's stderr says why it exited"),
+     ("the evaluation workers could not start. Each new worker (one per candidate) is forked "
+      "from multiprocessing's forkserver and re-reads the main script and the package's "
+      "modules from disk: a run whose files were replaced or changed while it ran (a detached "
+      "run in a working tree that a later command rewrote) fails so from then on; run from a "
+      "copy of the tree. Otherwise the worker's stderr says why it exited")),
     (("the evaluator is closed",),
      "the evaluator was closed before the stage ran; keep it open until the last evaluation"),
     (("out of memory", "outofmemory"),
-     "the GPU was out of memory: other processes (a trainer's cache, other runs) held it; free "
-     "GPU memory or run fewer processes on the card"),
+     ("the GPU was out of memory: other processes (a trainer's cache, other runs) held it; "
+      "free GPU memory or run fewer processes on the card")),
     (("the reference problem",),
-     "the trusted reference code failed in the worker (setup or baseline), so no candidate "
-     "could be judged"),
+     ("the trusted reference code failed in the worker (setup or baseline), so no candidate "
+      "could be judged")),
 )
 
 
