@@ -53,6 +53,8 @@ TRAIN_STAGES = ("train_sft", "train_grpo")
 TRAIN_GAIN_METRICS = ("reward_mean", "correct_rate", "fast_1")
 BASE_DIR = "base"  # where --base-only keeps its partial.json
 METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
+INFRA_EXIT_CODE = 3  # a stage mostly failed on the evaluator's side (--max-infra-share)
+SCRIPT = Path(__file__).resolve()
 
 
 @dataclass(kw_only=True)
@@ -166,6 +168,10 @@ class BenchArgs:
     # it (0: no limit): GRPO stops early, at the last step whose select@ and final held-out
     # evaluations still fit, rather than a driver's time limit cutting the seed mid-evaluation
     time_budget: float = 0.0
+    # a stage (an evaluation, or a GRPO step's rollout) in which more than this share of the
+    # episodes ended in an infrastructure error stops the run with an error naming the causes
+    # instead of reporting figures of a broken evaluator (GRPOConfig.max_infra_share; 1: never)
+    max_infra_share: float = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> BenchArgs:
@@ -396,6 +402,12 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                         "a seed cut by a driver's limit still measures its grpo stage. Set it "
                         "somewhat below that limit (process start and model load come first). "
                         "Default 0: none")
+    p.add_argument("--max-infra-share", type=float, default=0.5, metavar="SHARE",
+                   help="a stage (held-out, select@ or train_* evaluation, GRPO rollout) in which "
+                        "more than this share of the episodes ended in an infrastructure error "
+                        "(the evaluation failed on our side) stops the run with exit code "
+                        f"{INFRA_EXIT_CODE} and the evaluator's messages, its figures unrecorded "
+                        "(default 0.5; 1: never)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="a minutes-long CPU smoke test of the script itself (meaningless numbers)")
     a = p.parse_args(argv)
@@ -446,6 +458,9 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                          "each needs to be at least 1")
     if a.sft_anchor_problems and not a.sft_anchor:
         raise SystemExit("--sft-anchor-problems needs --sft-anchor COEF > 0 (the anchor is off)")
+    if not 0 <= a.max_infra_share <= 1:
+        raise SystemExit(f"--max-infra-share {a.max_infra_share}: a share of episodes, from 0 "
+                         "to 1 (1: never stop)")
     if a.select_min_gain < 0 or a.time_budget < 0:
         raise SystemExit(f"--select-min-gain {a.select_min_gain} / --time-budget "
                          f"{a.time_budget}: each needs to be 0 or more")
@@ -475,7 +490,8 @@ _GRPO_FIELDS_WITH_FLAGS = {
     "learning_rate": "--rl-learning-rate", "kl_reference": "--kl-reference",
     "temperature": "--rl-temperature", "mini_batch_size": "--mini-batch-size",
     "grad_accum": "--grad-accum", "sft_coef": "--sft-anchor", "eval_every": "--grpo-eval-every",
-    "seed": "--seeds", "reward": "--repeat-penalty", "credit": None, "train_roles": "--grpo-roles"}
+    "seed": "--seeds", "reward": "--repeat-penalty", "credit": None, "train_roles": "--grpo-roles",
+    "max_infra_share": "--max-infra-share"}
 
 
 def grpo_overrides(options: list[str]) -> dict[str, Any]:
@@ -568,7 +584,10 @@ def episode_row(episode: Any, reward: float) -> dict[str, Any]:
             "repeats": sum(getattr(t, "repeat_of", None) is not None for t in episode.turns),
             # the evaluation failed on our side (after its retries): counted as a failure here,
             # and reported, so a crowded GPU cannot pass for a worse policy unnoticed
-            "infra_error": any(r.status is EvalStatus.INFRA_ERROR for r in results)}
+            "infra_error": any(r.status is EvalStatus.INFRA_ERROR for r in results),
+            # what the evaluator said, so a stage that mostly failed on our side names the cause
+            "infra_message": next((r.message for r in results
+                                   if r.status is EvalStatus.INFRA_ERROR), "")}
 
 
 def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
@@ -616,6 +635,68 @@ def heldout_eval_config(workers: int | None) -> Any:
 
     return EvalConfig(num_workers=workers, num_trials=3, compile_baseline=False,
                       bench_budget_s=0.5)
+
+
+def stage_infra_failure(stage: str, rows: list[dict[str, Any]], max_share: float) -> str | None:
+    """The error of a stage whose episodes (``episode_row`` rows) mostly ended in an
+    infrastructure error, more than ``max_share`` of them, naming the evaluator's messages;
+    None when the stage's figures stand. Rows from before messages were kept say only that."""
+    from multiminddev.episode.infra import infra_failure
+
+    messages = [(r.get("infra_message") or "infrastructure error (message not recorded)")
+                if r.get("infra_error") else None for r in rows]
+    return infra_failure(messages, what=f"stage {stage}", max_share=max_share)
+
+
+def is_mid_grpo_stage(stage: str, rl_steps: int) -> bool:
+    """Whether ``stage`` measured the agents of a GRPO step before the last (select@K with
+    0 < K < ``rl_steps``, or grpo@K): agents a resumed GRPO no longer holds."""
+    step = stage.removeprefix(SELECT) if stage.startswith(SELECT) else (
+        stage.removeprefix("grpo@") if stage.startswith("grpo@") else None)
+    return step is not None and step.isdigit() and 0 < int(step) < rl_steps
+
+
+def infra_failed_stages(per_seed: list[dict[str, Any]], max_share: float) -> list[str]:
+    """``stage_infra_failure``'s errors of every seed's recorded stages (finished seeds read
+    back for aggregation): such a stage must not enter a table."""
+    return [f"seed {result.get('seed')}: {failure}" for result in per_seed
+            for stage, rows in result.get("rows", {}).items()
+            if (failure := stage_infra_failure(stage, rows, max_share)) is not None]
+
+
+def code_files() -> list[Path]:
+    """The files every new evaluation worker reads from disk: this script (multiprocessing's
+    forkserver runs the main script again in each process it starts) and the package's
+    modules (those the worker imports after the fork)."""
+    import multiminddev
+
+    return [SCRIPT, *sorted(Path(multiminddev.__file__).parent.rglob("*.py"))]
+
+
+def code_fingerprint(paths: list[Path]) -> dict[str, tuple[int, int]]:
+    """Path -> (modification time in ns, size); (-1, -1) for a file that is not there."""
+    out = {}
+    for path in paths:
+        try:
+            st = path.stat()
+            out[str(path)] = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            out[str(path)] = (-1, -1)
+    return out
+
+
+def code_change_note(before: dict[str, tuple[int, int]]) -> str:
+    """A sentence naming the files of ``before`` (a ``code_fingerprint``) that changed or went
+    away since; '' when none did."""
+    now = code_fingerprint([Path(p) for p in before])
+    changed = sorted(p for p in before if now[p] != before[p])
+    if not changed:
+        return ""
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return (f" {len(changed)} of the run's code files changed or went away on disk after it "
+            f"started ({shown}); each new evaluation worker reads them again, so a run whose "
+            "tree is rewritten under it loses its evaluator: run from a copy of the tree "
+            "(benchmarks/gpu_session.sh learning-start runs from /root/run_tree).")
 
 
 def stage_metrics(rows: list[dict[str, Any]], compile_only: bool) -> dict[str, float]:
@@ -734,6 +815,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
 
     from multiminddev.agents.roles import AgentRole
     from multiminddev.episode import EpisodeConfig
+    from multiminddev.episode.infra import InfraFailure
     from multiminddev.policy import HFGenerationBackend, PolicyConfig, SamplingParams, load_policy
     from multiminddev.report.plots import plot_training_curves
     from multiminddev.rewards import RewardConfig
@@ -752,6 +834,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                      mini_batch_size=args.mini_batch_size, grad_accum=args.grad_accum,
                      sft_coef=args.sft_anchor,
                      eval_every=0, seed=seed, train_roles=tuple(args.grpo_roles),
+                     max_infra_share=args.max_infra_share,
                      **grpo_overrides(args.grpo_options))
     sft_dir = out / "sft_checkpoints"
     # A finished SFT is found by what save_role wrote: an adapter, or a full model's config.
@@ -811,6 +894,15 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
                          "steps' agents are gone; use another --output-dir")
     partial = kept
     rows: dict[str, Any] = dict(partial.get("rows", {}))
+    for stage in [s for s in rows if stage_infra_failure(s, rows[s], args.max_infra_share)]:
+        # recorded before such stages stopped the run: their figures are the evaluator's
+        if is_mid_grpo_stage(stage, args.rl_steps) and (out / "rl_checkpoints").is_dir():
+            raise SystemExit(f"{out}: the recorded {stage} evaluation mostly failed on the "
+                             "evaluator's side, and the agents of its GRPO step are gone (GRPO "
+                             "went on); use another --output-dir")
+        print(f"seed {seed}: the recorded {stage} evaluation mostly failed on the evaluator's "
+              "side; it is measured again", flush=True)
+        del rows[stage]
     check_gone_stages_problems(rows, heldout, train_eval or [], select or [], out,
                                args.eval_samples)
     seconds: dict[str, float] = dict(partial.get("seconds", {}))
@@ -843,16 +935,21 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
             print(f"seed {seed}: {stage} evaluation already measured, reusing it", flush=True)
             return
         t0 = time.perf_counter()
-        rows[stage] = evaluate_stage(trainer, heldout if problems is None else problems,
-                                     out / f"episodes_{stage}.jsonl",
-                                     args.max_batch_size, args.eval_compiled_decoding,
-                                     args.eval_dtype, args.eval_samples)
+        measured = evaluate_stage(trainer, heldout if problems is None else problems,
+                                  out / f"episodes_{stage}.jsonl",
+                                  args.max_batch_size, args.eval_compiled_decoding,
+                                  args.eval_dtype, args.eval_samples)
+        failure = stage_infra_failure(stage, measured, args.max_infra_share)
+        if failure is not None:  # not recorded: a rerun measures the stage again
+            raise InfraFailure(f"seed {seed}: {failure} Its episodes: "
+                               f"{out / f'episodes_{stage}.jsonl'}")
+        rows[stage] = measured
         seconds[f"eval_{stage}"] = time.perf_counter() - t0
         save_partial()
 
     out.mkdir(parents=True, exist_ok=True)
     if "base" not in rows and args.eval_temperature == 0:
-        shared = base_rows_from_other_seeds(args.output_dir, seed)
+        shared = base_rows_from_other_seeds(args.output_dir, seed, args.max_infra_share)
         if shared is not None:
             # Greedy decoding of the untouched base model does not depend on the seed: the
             # base stage is the same measurement for every seed, so it is run once.
@@ -1295,14 +1392,18 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def base_rows_from_other_seeds(output_dir: Path, seed: int) -> tuple[int, Any, float] | None:
+def base_rows_from_other_seeds(output_dir: Path, seed: int, max_infra_share: float = 0.5
+                               ) -> tuple[int, Any, float] | None:
     """(seed, base rows, seconds) from another seed's or a --base-only run's results in
-    ``output_dir``, if any."""
+    ``output_dir``, if any; a base stage that failed on the evaluator's side
+    (``stage_infra_failure``) is none."""
     for path in sorted(output_dir.glob("*/partial.json")):
         data = _read_json(path) or {}
         other = data.get("seed")
         if (other is not None and path.parent.name != f"seed{seed}"
-                and "base" in data.get("rows", {})):
+                and "base" in data.get("rows", {})
+                # a base stage of a failing evaluator is no measurement to share
+                and stage_infra_failure("base", data["rows"]["base"], max_infra_share) is None):
             return other, data["rows"]["base"], float(data.get("seconds", {}).get("eval_base", 0.0))
     return None
 
@@ -1737,6 +1838,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from multiminddev.env import Evaluator
+    from multiminddev.episode.infra import InfraFailure
     from multiminddev.tasks.loaders import load_problems
 
     args = parse_args(argv)
@@ -1782,22 +1884,37 @@ def main(argv: list[str] | None = None) -> int:
                   + ", ".join(p.name for p in train_eval), flush=True)
             done = {s: r for s, r in done.items()
                     if not lacks_train_stages(args.output_dir, s, r, args.sft_only)}
+        # a seed recorded with a stage the evaluator failed runs again; run_seed measures it again
+        done = {s: r for s, r in done.items()
+                if not infra_failed_stages([r], args.max_infra_share)}
         select = select_problems(args.select_problems, args.select_count, heldout,
                                  args.select_also, args.select_also_count, [*train, *sft])
         start = time.perf_counter()
-        with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
-            per_seed = []
-            for s in args.seeds:
-                if s in done:
-                    print(f"seed {s}: finished earlier, reusing {args.output_dir}/seed{s}", flush=True)
-                    per_seed.append(done[s])
-                else:
-                    per_seed.append(run_seed(args, s, train, heldout, evaluator, compile_only,
-                                             sft=sft, train_eval=train_eval, select=select))
-                if args.base_only:
-                    return 0
+        code_at_start = code_fingerprint(code_files())
+        try:
+            with Evaluator(heldout_eval_config(args.eval_workers)) as evaluator:
+                per_seed = []
+                for s in args.seeds:
+                    if s in done:
+                        print(f"seed {s}: finished earlier, reusing {args.output_dir}/seed{s}",
+                              flush=True)
+                        per_seed.append(done[s])
+                    else:
+                        per_seed.append(run_seed(args, s, train, heldout, evaluator,
+                                                 compile_only, sft=sft, train_eval=train_eval,
+                                                 select=select))
+                    if args.base_only:
+                        return 0
+        except InfraFailure as exc:  # a stage of the evaluator's failures is no result
+            print(f"error: {exc}{code_change_note(code_at_start)}", file=sys.stderr, flush=True)
+            return INFRA_EXIT_CODE
         if args.sft_only:
             return write_partial_results(args)
+    failed = infra_failed_stages(per_seed, args.max_infra_share)
+    if failed:
+        print("error: " + "\n".join(failed) + "\nRun those seeds again without --aggregate-only: "
+              "their failed stages are measured again.", file=sys.stderr, flush=True)
+        return INFRA_EXIT_CODE
     base_run = _read_json(args.output_dir / BASE_DIR / "partial.json")
     if not any("base" in s["rows"] for s in per_seed) and not (base_run or {}).get("rows"):
         print(f"seeds {args.seeds} finished without a base stage (--skip-base); aggregate with "
@@ -1821,5 +1938,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def detach_workers_from_script() -> None:
+    """Keeps the processes multiprocessing starts from reading the main script again.
+
+    A process started by the forkserver or spawn runs the parent's main script again (as
+    ``__mp_main__``) before its target, from disk: the evaluator starts one worker per candidate
+    all through a run, so a run whose script was replaced or removed under it (a detached run in
+    a working tree that a later command rewrote) starts no worker from then on, and every later
+    evaluation is an infrastructure error. The workers need nothing of the script (their target
+    is ``multiminddev.env.worker.worker_main``), and without ``__file__`` on ``__main__``
+    multiprocessing runs nothing of it. Call it from the script's entry point only."""
+    main_module = sys.modules.get("__main__")
+    if main_module is not None and getattr(main_module, "__spec__", None) is None:
+        main_module.__dict__.pop("__file__", None)
+
+
 if __name__ == "__main__":
+    detach_workers_from_script()
     sys.exit(main())

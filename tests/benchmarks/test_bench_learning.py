@@ -1269,3 +1269,138 @@ def test_a_sampled_evaluation_runs_k_episodes_of_each_problem(bench, tmp_path):
     # the episode config's prompts reached the agent: here with the element-type line
     assert all(e["turns"][0]["messages"][-1]["content"].endswith(
         "Floating-point tensors are `float*` in kernels (no `__half`).\n") for e in saved)
+
+
+# --------------------------------------------------------------------------- infra errors
+
+def _closed_evaluator_rows(bench, n):
+    """Rows of ``n`` real episodes whose relu kernel reached a closed evaluator."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig, run_episodes
+    from multiminddev.rl.grpo import GRPOConfig
+    from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced, relu_problem
+    from tests.policy.helpers import gguf_tokenizer
+
+    evaluator = Evaluator(EvalConfig(num_workers=1))
+    evaluator.close()
+    backend = ReplayBackend(gguf_tokenizer(), lambda role, call, i: fenced(RELU_KERNEL))
+    episodes = run_episodes([relu_problem(f"relu_{i}") for i in range(n)], backend, evaluator,
+                            EpisodeConfig(max_turns=1), group_size=1)
+    return bench.stage_rows(episodes, GRPOConfig())
+
+
+def test_rows_keep_the_evaluators_message_of_an_infra_error(bench):
+    rows = _closed_evaluator_rows(bench, 1)
+    assert rows[0]["infra_error"] and rows[0]["infra_message"] == "the evaluator is closed"
+
+
+def test_a_stage_mostly_of_infra_errors_is_an_error_naming_the_cause(bench):
+    rows = _closed_evaluator_rows(bench, 3)
+    failure = bench.stage_infra_failure("grpo", rows, 0.5)
+    assert failure.startswith("stage grpo: 3 of 3 episodes ended in an infrastructure error")
+    assert "3 x 'the evaluator is closed'" in failure
+
+
+def test_a_stage_with_few_infra_errors_stands(bench):
+    rows = [_row(True, True, 1.0, 0.5) for _ in range(3)]
+    rows[0]["infra_error"], rows[0]["infra_message"] = True, "the GPU ran out of memory"
+    assert bench.stage_infra_failure("grpo", rows, 0.5) is None
+
+
+def test_rows_recorded_without_messages_still_fail_the_stage(bench):
+    rows = [{**_row(False, False, 0.0, 0.0), "infra_error": True} for _ in range(2)]
+    assert "message not recorded" in bench.stage_infra_failure("sft", rows, 0.5)
+
+
+def test_aggregating_a_seed_with_a_failed_stage_exits_with_the_infra_code(bench, tmp_path,
+                                                                            capsys):
+    """A seed recorded before failed stages stopped the run (every grpo episode an
+    infrastructure error) is never aggregated into a table."""
+    infra = {**_row(False, False, 0.0, 0.0), "infra_error": True,
+             "infra_message": "worker exited during startup (exit code 1)"}
+    good = _row(True, True, 1.0, 0.5)
+    (tmp_path / "seed0").mkdir()
+    (tmp_path / "seed0" / "seed_result.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"sft": [good] * 2, "grpo": [infra] * 2}}))
+    code = bench.main(["--output-dir", str(tmp_path), "--seeds", "0", "--aggregate-only"])
+    assert code == bench.INFRA_EXIT_CODE
+    error = capsys.readouterr().err
+    assert "seed 0: stage grpo: 2 of 2 episodes" in error and "stage sft" not in error
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_the_infra_share_is_checked_and_has_one_flag(bench):
+    with pytest.raises(SystemExit, match="--max-infra-share 1.5"):
+        bench.parse_args(["--max-infra-share", "1.5"])
+    with pytest.raises(SystemExit, match="use --max-infra-share"):
+        bench.parse_args(["--grpo-option", "max_infra_share=1"])
+
+
+def test_a_changed_code_file_is_named(bench, tmp_path):
+    path = tmp_path / "worker.py"
+    path.write_text("x = 1\n")
+    before = bench.code_fingerprint([path])
+    assert bench.code_change_note(before) == ""
+    path.write_text("x = 22\n")
+    assert str(path) in bench.code_change_note(before)
+
+
+DRIVER = '''import os, sys
+sys.path.insert(0, {benchmarks!r})
+import bench_learning
+from multiminddev.env import EvalConfig, Evaluator
+from tests.episode.helpers import RELU_KERNEL, relu_problem
+
+ME = __file__
+if __name__ == "__main__":
+    if sys.argv[1] == "detached":
+        bench_learning.detach_workers_from_script()
+    with Evaluator(EvalConfig(num_workers=1, spare_workers=0, num_trials=1,
+                              infra_retry_delay_s=0.01)) as evaluator:
+        first = evaluator.evaluate(relu_problem(), RELU_KERNEL)
+        os.rename(ME, ME + ".gone")  # the tree rewritten under the running script
+        # the worker started ahead of the rename serves the next job; the one after starts later
+        second = [evaluator.evaluate(relu_problem(), RELU_KERNEL) for _ in range(3)][-1]
+    print("RESULT", first.status.value, second.status.value, second.message)
+'''
+
+
+@pytest.mark.parametrize("mode", ["attached", "detached"])
+def test_workers_started_after_the_script_is_gone(tmp_path, mode):
+    """multiprocessing's forkserver runs the main script again in every worker it starts: with
+    the script gone (a detached run whose tree a later command rewrote), no worker starts and
+    every evaluation is an infrastructure error; detached from the script, workers start."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.benchmarks.helpers import BENCHMARKS
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(benchmarks=str(BENCHMARKS)))
+    root = str(BENCHMARKS.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.join(root, "src"), root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(driver), mode], capture_output=True, text=True,
+                          env=env, timeout=300, cwd=tmp_path, check=False)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
+    first, second = line.split()[1:3]
+    assert first != "infra_error"
+    if mode == "attached":
+        assert second == "infra_error" and "worker exited during startup" in line
+    else:
+        assert second == first
+
+
+def test_a_base_stage_of_a_failing_evaluator_is_not_shared(bench, tmp_path):
+    infra = {**_row(False, False, 0.0, -0.1), "infra_error": True, "infra_message": "closed"}
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "partial.json").write_text(json.dumps(
+        {"seed": 0, "rows": {"base": [infra, infra]}, "seconds": {"eval_base": 1.0}}))
+    assert bench.base_rows_from_other_seeds(tmp_path, 1) is None
+
+
+def test_mid_grpo_stages_are_those_of_steps_before_the_last(bench):
+    assert [bench.is_mid_grpo_stage(s, 12) for s in
+            ("select@4", "grpo@8", "select@0", "select@12", "grpo", "sft")] == [
+        True, True, False, False, False, False]

@@ -556,3 +556,56 @@ def test_without_the_anchor_no_sft_examples_are_drawn(tmp_path):
     state = trainer.rng.getstate()
     assert trainer.anchor_examples(AgentRole.GENERATOR) == []
     assert trainer.rng.getstate() == state  # sft_coef 0: the random stream is untouched
+
+
+def test_config_rejects_an_infra_share_outside_zero_to_one():
+    with pytest.raises(ValueError, match="GRPOConfig.max_infra_share must be in \\[0, 1\\]"):
+        GRPOConfig(max_infra_share=1.5)
+
+
+def _replay_trainer(tmp_path, evaluator, **cfg):
+    """A trainer whose rollouts write a valid relu kernel every turn (a replay backend), so each
+    turn reaches ``evaluator``."""
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+    from multiminddev.tasks.curriculum import Curriculum
+    from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced
+
+    policy = tiny_policy()
+    backend = ReplayBackend(policy.tokenizer, lambda role, call, i: fenced(RELU_KERNEL))
+    config = GRPOConfig(**{"num_steps": 1, "problems_per_step": 1, "group_size": 2,
+                           "max_turns": 1, "max_new_tokens": 8, "mini_batch_size": 2,
+                           "eval_every": 0, **cfg})
+    return GRPOTrainer(config, policy=policy, backend=backend, evaluator=evaluator,
+                       curriculum=Curriculum.from_problems(problems(1)),
+                       episode_config=EpisodeConfig(max_turns=1, sampling=SamplingParams(
+                           temperature=1.0, max_new_tokens=8)),
+                       output_dir=tmp_path, compile_only=True)
+
+
+def test_a_rollout_whose_workers_cannot_start_stops_training_with_the_cause(tmp_path):
+    """Real worker processes given no time to start: every evaluation of the rollout is an
+    infrastructure error. Left out one by one, they would make a step that trained on nothing;
+    the step stops instead, with the evaluator's message, its episodes logged, no step taken."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import InfraFailure, read_episodes_jsonl
+
+    config = EvalConfig(num_workers=1, spare_workers=0, startup_timeout_s=1e-6,
+                        infra_retry_delay_s=0.01)
+    with Evaluator(config) as evaluator:
+        trainer = _replay_trainer(tmp_path, evaluator)
+        with pytest.raises(InfraFailure, match="GRPO step 1's rollout: 2 of 2 episodes .*"
+                                               "did not start within"):
+            trainer.train()
+    assert trainer.step == 0 and not (tmp_path / "rl_checkpoints" / "latest").exists()
+    assert len(read_episodes_jsonl(tmp_path / "episodes.jsonl")) == 2
+
+
+def test_a_rollout_with_infra_errors_trains_when_told_to_accept_them(tmp_path):
+    from multiminddev.env import EvalConfig, Evaluator
+
+    evaluator = Evaluator(EvalConfig(num_workers=1))
+    evaluator.close()  # every evaluation: "the evaluator is closed"
+    trainer = _replay_trainer(tmp_path, evaluator, max_infra_share=1.0)
+    trainer.train()
+    assert trainer.step == 1 and trainer.history[0]["infra_error_episodes"] == 2.0

@@ -1,5 +1,11 @@
 """Multi-turn episodes: state (turns, best kernel, JSONL) and the concurrent runner."""
 
+from multiminddev.episode.infra import (
+    InfraFailure,
+    check_episodes,
+    episode_infra_message,
+    infra_failure,
+)
 from multiminddev.episode.runner import (
     EpisodeConfig,
     arun_episodes,
@@ -26,12 +32,16 @@ __all__ = [
     "EpisodeConfig",
     "EpisodeStatus",
     "FailedAttempt",
+    "InfraFailure",
     "Turn",
     "arun_episodes",
     "build_prompt",
+    "check_episodes",
     "episode_from_dict",
+    "episode_infra_message",
     "episode_to_dict",
     "improves",
+    "infra_failure",
     "read_episodes_jsonl",
     "record_turn",
     "result_score",

@@ -33,6 +33,7 @@ from typing import Any
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.env.results import EvalStatus
+from multiminddev.episode.infra import INFRA_SHARE_LIMIT, check_episodes, check_share_limit
 from multiminddev.policy.model import release_cached_gpu_memory
 from multiminddev.rewards import CreditConfig, RewardConfig, assign_turn_rewards, compute_reward
 from multiminddev.rl.losses import LossAgg
@@ -113,6 +114,11 @@ class GRPOConfig:
     eval_every: int = 5  # steps between held-out evaluations (and at the end); 0: none
     eval_problems: int = 8  # held-out problems per evaluation
     checkpoint_every: int = 1
+    # A rollout (or held-out evaluation) in which more than this share of the episodes ended in
+    # an infrastructure error stops training with InfraFailure: left out of the update one by
+    # one, they would otherwise leave a step that trained on nothing and logged the reward of
+    # the few that worked, and a stage that quietly turned into an evaluator failure. 1: never.
+    max_infra_share: float = INFRA_SHARE_LIMIT
     train_roles: tuple[AgentRole, ...] = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
     seed: int = 0
 
@@ -169,6 +175,7 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.improvement_baseline={self.improvement_baseline.value!r} "
                              "changes only turns credited with credit.improvement: set "
                              "credit.improvement=True too")
+        check_share_limit(self.max_infra_share, "GRPOConfig.max_infra_share")
         if any(not r.trainable for r in self.train_roles) or not self.train_roles:
             raise ValueError("train_roles: list generator and/or optimizer (the Tester has no weights)")
 
@@ -466,6 +473,7 @@ class GRPOTrainer:
             with timer("rollout"):
                 episodes, rollout_stats = self.rollout()
                 self.compile_only |= any(getattr(e, "compile_only", False) for e in episodes)
+                self.check_infra_errors(episodes, f"GRPO step {self.step + 1}'s rollout")
             with timer("reward"):
                 samples, reward_stats = score_episodes(episodes, self.cfg)
                 self.record_curriculum(episodes)
@@ -530,6 +538,17 @@ class GRPOTrainer:
                     f"rollout turns sample at {temperature:g}: set the episode config's "
                     f"temperature for {role.value} to GRPOConfig.temperature, or leave "
                     f"{role.value} out of train_roles")
+
+    def check_infra_errors(self, episodes: list[Any], what: str) -> None:
+        """Raises ``InfraFailure`` when more than ``cfg.max_infra_share`` of ``episodes`` ended
+        in an infrastructure error; their episodes are logged first, for the causes."""
+        from multiminddev.episode.infra import InfraFailure
+
+        try:
+            check_episodes(episodes, what=what, max_share=self.cfg.max_infra_share)
+        except InfraFailure:
+            self.write_episodes(episodes)
+            raise
 
     def run_episodes(self, problems: list[Any], group_size: int) -> list[Any]:
         from multiminddev.episode import run_episodes
@@ -675,6 +694,8 @@ class GRPOTrainer:
 
         problems = self.heldout[: self.cfg.eval_problems]
         episodes = self.run_episodes(problems, 1)
+        check_episodes(episodes, what=f"the held-out evaluation after GRPO step {self.step}",
+                       max_share=self.cfg.max_infra_share)
         _, reward_stats = score_episodes(episodes, self.cfg)
         out = {"reward_mean": reward_stats["reward_mean"], "num_problems": float(len(problems))}
         out.update(rollout_metrics(episodes, compile_only=self.compile_only))

@@ -358,7 +358,10 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
 
 
 def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, Any]:
-    """Held-out problems, one episode each, with the final adapters."""
+    """Held-out problems, one episode each, with the final adapters. Raises ``InfraFailure``
+    (its episodes written first) when most of them failed on the evaluator's side."""
+    from multiminddev.episode import write_episodes_jsonl
+    from multiminddev.episode.infra import InfraFailure, check_episodes
     from multiminddev.policy import HFGenerationBackend
     from multiminddev.rl.grpo import GRPOTrainer, score_episodes
     from multiminddev.train.metrics import rollout_metrics
@@ -370,14 +373,17 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
                                     episode_config=episode_config(ctx, cfg),
                                     output_dir=ctx.settings.output_dir, metrics=_NullMetrics())
     episodes = runner.run_episodes(problems, 1)
+    try:  # an evaluation that mostly failed on our side is an error, never a figure
+        check_episodes(episodes, what="the held-out evaluation", max_share=cfg.max_infra_share)
+    except InfraFailure:
+        write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
+        raise
     _, rewards = score_episodes(episodes, cfg)
     out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
            "compile_only": ctx.compile_only, "measured_on": _device_name(),
            **rollout_metrics(episodes, compile_only=ctx.compile_only)}
     path = ctx.settings.output_dir / "eval_results.json"
     path.write_text(json.dumps(out, indent=2))
-    from multiminddev.episode import write_episodes_jsonl
-
     write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
     return out
 
