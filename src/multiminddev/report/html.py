@@ -21,6 +21,7 @@ from typing import Any
 
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.report import plots
+from multiminddev.report.files import write_atomic
 from multiminddev.report.metrics import (
     NoCandidate,
     bootstrap_ci,
@@ -139,13 +140,11 @@ def write_report(
     if evals:
         images["Held-out evaluation during training"] = plots.plot_eval_curves(
             evals, out_dir / "training_eval.png")
-    (out_dir / "summary.json").write_text(json.dumps(
+    write_atomic(out_dir / "summary.json", json.dumps(
         {"labels": summaries, "training_run": str(training_run) if training_run else None,
          "training_steps": len(records), "training_evals": evals}, indent=2))
     page = _page(title, summaries, records, images, training_run)
-    path = out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(out_dir / "report.html", page)
 
 
 def _make_plots(out_dir: Path, labels: Mapping[str, LabelData], summaries: Mapping[str, Any],
