@@ -320,13 +320,33 @@ def read_bench_files(files: Sequence[tuple[str | None, Path]]) -> dict[str, list
         if (problem := file_problem(path, "JSONL file")) is not None:
             raise InputError(problem)
         read = read_jsonl_rows(path)
-        if read.bad_lines and not read.rows:
-            raise InputError(f"{path} holds no JSON lines: give an episodes JSONL (bench) or an "
-                             "EvalResult JSONL (eval-dir --out)")
+        rows, foreign = [], 0
+        for row in read.rows:
+            if _is_report_sample(row):
+                rows.append(row)
+            else:
+                foreign += 1
+        if not rows:
+            raise InputError(f"{path} holds no episodes or EvalResults: give an episodes JSONL "
+                             "(bench --out DIR/<label>/episodes.jsonl) or an EvalResult JSONL "
+                             "(eval-dir --out)")
         if read.bad_lines:
             warn(describe_bad_lines(path, read.bad_lines))
-        runs[_unique(runs, label or _file_label(path))] = read.rows
+        if foreign:
+            warn(f"{path}: skipped {foreign} JSON object(s) that are neither an episode nor an "
+                 "EvalResult")
+        runs[_unique(runs, label or _file_label(path))] = rows
     return runs
+
+
+def _is_report_sample(row: dict[str, Any]) -> bool:
+    from multiminddev.report.html import normalise_samples
+
+    try:
+        normalise_samples([row])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def _has_training_metrics(run_dir: Path) -> bool:

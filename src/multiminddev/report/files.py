@@ -58,6 +58,7 @@ def read_jsonl_rows(path: str | Path) -> JsonlRows:
 def describe_bad_lines(path: str | Path, bad_lines: list[int]) -> str:
     """One line: which lines of ``path`` were skipped (the first few numbers)."""
     shown = ", ".join(str(n) for n in bad_lines[:5]) + (", ..." if len(bad_lines) > 5 else "")
-    noun = "line" if len(bad_lines) == 1 else "lines"
-    return (f"{path}: skipped {len(bad_lines)} {noun} that are not JSON objects "
-            f"(not UTF-8, cut short or malformed; line {shown})")
+    what = "line that is not a JSON object" if len(bad_lines) == 1 else \
+        "lines that are not JSON objects"
+    return (f"{path}: skipped {len(bad_lines)} {what} (not UTF-8, cut short or malformed; "
+            f"line {shown})")
