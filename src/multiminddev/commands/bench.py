@@ -152,7 +152,7 @@ def bench_policies(
     """
     from multiminddev.env import Evaluator
     from multiminddev.episode.runner import run_episodes
-    from multiminddev.episode.state import episode_to_dict, write_episodes_jsonl
+    from multiminddev.episode.state import episode_to_dict
     from multiminddev.policy import HFGenerationBackend, load_policy
 
     out: dict[str, list[dict[str, Any]]] = {}
@@ -169,8 +169,9 @@ def bench_policies(
             episodes = run_episodes(problems, backend, judge, episode_config, group_size=group_size)
             print(f"[{label}] {len(episodes)} episodes in {time.perf_counter() - start:.0f} s",
                   file=sys.stderr)
-            write_episodes_jsonl(episodes, Path(out_dir) / _slug(label) / "episodes.jsonl")
             out[label] = [episode_to_dict(e) for e in episodes]
+            write_atomic(Path(out_dir) / _slug(label) / "episodes.jsonl",
+                         "".join(json.dumps(d) + "\n" for d in out[label]))
             del policy, backend, episodes
             _free_memory()
     for label, eps in out.items():

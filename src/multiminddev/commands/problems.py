@@ -66,10 +66,17 @@ def _selection_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _select(args: argparse.Namespace) -> list[Any]:
-    from multiminddev.tasks.builtin import builtin_problems
+    """The selected problems; a selection that matches none is a ValueError saying so (an
+    empty table or export would look like success)."""
+    from multiminddev.tasks.builtin import FAMILIES, builtin_problems
 
-    return builtin_problems(tiers=args.tier, families=args.family, split=args.split,
-                            seed=args.seed, shapes_per_family=args.shapes_per_family)
+    problems = builtin_problems(tiers=args.tier, families=args.family, split=args.split,
+                                seed=args.seed, shapes_per_family=args.shapes_per_family)
+    if not problems:
+        tiers = sorted({f.tier for f in FAMILIES})
+        raise ValueError(f"no built-in problem matches this selection (tiers "
+                         f"{tiers[0]}-{tiers[-1]}; `multiminddev problems list` shows them all)")
+    return problems
 
 
 def _summary(problem: Any) -> dict[str, Any]:

@@ -128,8 +128,7 @@ def write_report(
     title: str = "MultiMindDev report",
 ) -> Path:
     """Write report.html, PNG plots and summary.json into ``out_dir``; return the HTML path."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)  # created by the first file written: a bad input leaves no folder
     labels = {k: normalise_samples(v) for k, v in (bench_runs or {}).items()}
     # Tiers known from any label's episodes apply to every label (eval-dir results carry none).
     known = {name: t for d in labels.values() for name, t in d.tiers.items()}
