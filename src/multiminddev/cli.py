@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         code = int(handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below
         return code
+    except SystemExit as exc:  # a handler that stopped after printing its error: main returns
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(f"error: {exc.code}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
