@@ -240,8 +240,7 @@ def run_eval_dir(args: argparse.Namespace) -> int:
         # glue onto the next one appended.
         write_atomic(args.out, "".join(_jsonl_line(name, r) for name, r in done.items()))
     if done:
-        print(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} candidates already in {args.out}",
-              file=sys.stderr)
+        print(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} candidates already in {args.out}")
     fresh = _evaluate_with_progress(todo, problems, config, args.out)
     results = [done.get(c.name) or fresh[c.name] for _, c in pairs]
     _print_summary(pairs, results, summarize(results, unmatched))

@@ -133,9 +133,6 @@ def _settings(args, **overrides):
         resume = str(output_dir)
     if resume is not None and output_dir is None:
         output_dir = Path(resume)
-    if (problem := _folder_inputs_problem(output_dir, resume)) is not None:
-        fail(problem)
-        raise SystemExit(USAGE_ERROR)
     preset = "quick-test" if getattr(args, "quick_test", False) else args.preset
     kwargs = {
         "output_dir": output_dir or default_output_dir(), "model": args.model, "preset": preset,
@@ -173,17 +170,16 @@ def check_model_inputs(settings) -> None:
             check_checkpoint(checkpoint, role)
 
 
-def _folder_inputs_problem(output_dir: Path | None, resume: str | None) -> str | None:
+def folder_inputs_problem(output_dir: Path | None, resume: Path | None) -> str | None:
     """Why --output-dir or --resume cannot be used, or None. A --resume folder that does not
     exist is a typo, not a fresh start: the run would otherwise begin again from scratch."""
     if output_dir is not None and output_dir.exists() and not output_dir.is_dir():
         return f"--output-dir {output_dir} is a file; give a folder for the run"
     if resume is not None:
-        path = Path(resume)
-        if not path.exists():
+        if not resume.exists():
             return (f"--resume {resume}: no such run folder; give the --output-dir of the run "
                     "to resume (it holds run_config.json)")
-        if not path.is_dir():
+        if not resume.is_dir():
             return f"--resume {resume} is a file; give the run folder"
     return None
 
@@ -193,6 +189,8 @@ def _run(settings) -> int:
     from multiminddev.train.checkpoints import CheckpointError
     from multiminddev.train.pipeline import run_pipeline
 
+    if (problem := folder_inputs_problem(settings.output_dir, settings.resume)) is not None:
+        return fail(problem)
     try:
         check_model_inputs(settings)
         run_pipeline(settings)
