@@ -81,7 +81,7 @@ def test_problem_files_reads_a_kernelbench_checkout(tmp_path):
 
 def test_eval_dir_evaluates_the_rest_when_one_candidate_is_not_utf8(exported, tmp_path, capsys):
     level = _level(exported)
-    good = sorted((exported / "solutions" / "naive" / level.name).glob("*.py"))[0]
+    good = min((exported / "solutions" / "naive" / level.name).glob("*.py"))
     cands = tmp_path / "cands"
     cands.mkdir()
     number = good.name.split("_", 1)[0]

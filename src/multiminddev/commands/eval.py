@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -216,6 +215,10 @@ def run_eval_dir(args: argparse.Namespace) -> int:
             return fail(problem)
     if args.out is not None and args.out.is_dir():
         return fail(f"--out {args.out} is a directory; give a JSONL file")
+    try:
+        config = _config(args, workers=args.workers)
+    except ValueError as exc:
+        return fail(" ".join(str(exc).split()))
     match = pair_candidates(problem_files(args.problems_dir), sorted(args.candidates_dir.glob("*.py")))
     unmatched = [c.name for c in match.unmatched]
     if unmatched:
@@ -230,7 +233,6 @@ def run_eval_dir(args: argparse.Namespace) -> int:
         for p in sorted({p for p, _ in pairs}):
             read_text(p, "problem file")
             problems[p] = load_problem(p)
-        config = _config(args, workers=args.workers)
     except (ProblemError, ValueError) as exc:  # InputError is a ValueError
         return fail(" ".join(str(exc).split()))
     done = read_results(args.out) if args.resume else {}
