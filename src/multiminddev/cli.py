@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
 import multiminddev.commands as commands_pkg
+from multiminddev import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +17,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="multiminddev",
         description="Train and evaluate language models that write CUDA kernels.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the package version and exit")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands_pkg.__name__}.{info.name}")
@@ -32,10 +36,51 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+        return code
+    except SystemExit as exc:  # a handler that stopped after printing its error: main returns
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(f"error: {exc.code}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
+    except _user_errors() as exc:
+        # The errors whose messages say what to do (a model, a problem, a file given on the
+        # command line): one line, not a traceback.
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from multiminddev.commands._io import InputError
+    from multiminddev.policy.model import PolicyError
+    from multiminddev.tasks.problem import ProblemError
+
+    return (InputError, PolicyError, ProblemError, FileNotFoundError, IsADirectoryError,
+            NotADirectoryError, PermissionError)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return " ".join(str(exc).split())
+
+
+def _stdout_closed() -> int:
+    """The reader of a pipe (``| head``) exited early. As the Python docs advise (signal module,
+    "Note on SIGPIPE"): point stdout at devnull so the interpreter's last flush does not raise
+    again, and exit 1."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (tests)
+        pass
+    return 1
 
 
 if __name__ == "__main__":

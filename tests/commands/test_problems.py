@@ -59,3 +59,35 @@ def test_export_writes_a_kernelbench_layout_with_solutions(tmp_path, capsys):
     assert json.loads((tmp_path / "splits.json").read_text()) == split_manifest(3)
     index = json.loads((tmp_path / "index.json").read_text())
     assert {e["file"] for e in index} == {str(p.relative_to(tmp_path)) for p in problems}
+
+
+def test_export_refuses_a_non_empty_folder_without_force(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep me")
+    code = main(["problems", "export", str(tmp_path), "--family", "relu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "is not empty" in err and "--force" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def test_export_force_replaces_an_earlier_export_without_leftovers(tmp_path, capsys):
+    out = tmp_path / "kb"
+    assert main(["problems", "export", str(out), "--tier", "1", "--with-solutions"]) == 0
+    assert main(["problems", "export", str(out), "--family", "relu", "--force"]) == 0
+    files = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    index = json.loads((out / "index.json").read_text())
+    assert files == {e["file"] for e in index} | {"index.json", "splits.json"}
+    assert [p.name for p in tmp_path.iterdir()] == ["kb"]  # no staging folder left beside it
+
+
+def test_export_force_never_clears_a_folder_that_is_not_an_export(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep me")
+    code = main(["problems", "export", str(tmp_path), "--family", "relu", "--force"])
+    assert code == 2 and "not an earlier export" in capsys.readouterr().err
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_an_empty_selection_is_an_error(tmp_path, capsys):
+    assert main(["problems", "list", "--tier", "9"]) == 2
+    assert "no built-in problem matches" in capsys.readouterr().err
+    assert main(["problems", "export", str(tmp_path / "out"), "--tier", "9"]) == 2
+    assert not (tmp_path / "out").exists()

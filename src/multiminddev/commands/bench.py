@@ -26,6 +26,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from multiminddev.commands._io import InputError, dir_problem, fail, file_problem, warn
+from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
+from multiminddev.policy.model import PolicyError
+from multiminddev.report.files import describe_bad_lines, read_jsonl_rows, write_atomic
+
 
 def register(subparsers: Any) -> None:
     bench = subparsers.add_parser(
@@ -41,14 +46,18 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--samples", type=int, default=1, help="episodes per problem (pass@k)")
     bench.add_argument("--turns", type=int, default=3, help="agent turns per episode")
     bench.add_argument("--limit", type=int, default=None, help="use only the first N problems")
-    bench.add_argument("--out", type=Path, default=Path("bench_out"))
-    bench.add_argument("--max-new-tokens", type=int, default=1024)
-    bench.add_argument("--temperature", type=float, default=0.7)
-    bench.add_argument("--top-p", type=float, default=0.95)
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--out", type=Path, default=Path("bench_out"),
+                       help="output folder: episodes, summaries, report.html (default bench_out)")
+    bench.add_argument("--max-new-tokens", type=int, default=1024,
+                       help="tokens per agent reply (default 1024)")
+    bench.add_argument("--temperature", type=float, default=0.7,
+                       help="sampling temperature (default 0.7)")
+    bench.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling p (default 0.95)")
+    bench.add_argument("--seed", type=int, default=0, help="sampling and evaluation seed (default 0)")
     bench.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
     bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
     bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     bench.set_defaults(handler=run_bench)
 
     report = subparsers.add_parser(
@@ -61,8 +70,10 @@ def register(subparsers: Any) -> None:
                         help="label per --bench file, in order (default: derived from the path)")
     report.add_argument("--problems", default=None, metavar="SPEC",
                         help="problem spec to read tiers from (for eval-dir results, which lack them)")
-    report.add_argument("--out", type=Path, required=True)
-    report.add_argument("--title", default="MultiMindDev report")
+    report.add_argument("--out", type=Path, default=None,
+                        help="output folder for report.html, summary.json and plots (default: "
+                             "RUN_DIR, else ./report)")
+    report.add_argument("--title", default="MultiMindDev report", help="the report's title")
     report.set_defaults(handler=run_report)
 
 
@@ -70,22 +81,33 @@ def register(subparsers: Any) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from multiminddev.policy.model import resolve_model_source
     from multiminddev.tasks.problem import ProblemError
 
     try:
-        runs = policy_runs(args.model, args.adapters)
-        problems = _load_problems(args.problems, args.limit)
         if args.samples < 1 or args.turns < 1:
             raise ValueError("--samples and --turns must be >= 1")
-    except (ProblemError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    episode_cfg = _episode_config(args)
-    eval_cfg = _eval_config(args)
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a file; give a folder")
+        for folder in args.adapters:
+            if (problem := dir_problem(folder, "checkpoint folder")) is not None:
+                raise ValueError(f"--adapters {problem}")
+        runs = policy_runs(args.model, args.adapters)
+        for cfg in runs.values():  # every model is checked before the first one loads
+            resolve_model_source(cfg.model)
+        problems = _load_problems(args.problems, args.limit)
+        episode_cfg = _episode_config(args)
+        eval_cfg = _eval_config(args)
+    except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:
+        return fail(" ".join(str(exc).split()))
     print(f"bench: {len(problems)} problems x {args.samples} samples x {len(runs)} runs "
-          f"({', '.join(runs)}), up to {args.turns} turns each")
-    episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
-                              group_size=args.samples, out_dir=args.out)
+          f"({', '.join(runs)}), up to {args.turns} turns each", file=sys.stderr)
+    try:
+        episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
+                                  group_size=args.samples, out_dir=args.out,
+                                  progress=not args.quiet)
+    except PolicyError as exc:
+        return fail(" ".join(str(exc).split()))
     from multiminddev.report.html import write_report
 
     path = write_report(args.out, bench_runs=episodes, title=f"bench: {args.problems}")
@@ -121,34 +143,42 @@ def bench_policies(
     eval_config: Any,
     group_size: int,
     out_dir: Path,
+    progress: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run episodes for each policy config, one model in memory at a time; write episodes JSONL.
 
     Returns {label: episode dicts}. One evaluator serves every run (its baselines are cached).
+    ``progress``: a line on stderr per generation batch and per evaluated candidate.
     """
     from multiminddev.env import Evaluator
     from multiminddev.episode.runner import run_episodes
-    from multiminddev.episode.state import episode_to_dict, write_episodes_jsonl
+    from multiminddev.episode.state import episode_to_dict
     from multiminddev.policy import HFGenerationBackend, load_policy
 
     out: dict[str, list[dict[str, Any]]] = {}
     with Evaluator(eval_config) as evaluator:
         for label, policy_cfg in runs.items():
-            print(f"[{label}] loading {policy_cfg.model}")
+            print(f"[{label}] loading {policy_cfg.model}", file=sys.stderr)
             policy = load_policy(policy_cfg)
-            backend = HFGenerationBackend(policy)
+            backend: Any = HFGenerationBackend(policy)
+            judge: Any = evaluator
+            if progress:
+                backend = ProgressBackend(backend, label=label)
+                judge = ProgressEvaluator(evaluator, label=label)
             start = time.perf_counter()
-            episodes = run_episodes(problems, backend, evaluator, episode_config, group_size=group_size)
-            print(f"[{label}] {len(episodes)} episodes in {time.perf_counter() - start:.0f} s")
-            write_episodes_jsonl(episodes, Path(out_dir) / _slug(label) / "episodes.jsonl")
+            episodes = run_episodes(problems, backend, judge, episode_config, group_size=group_size)
+            print(f"[{label}] {len(episodes)} episodes in {time.perf_counter() - start:.0f} s",
+                  file=sys.stderr)
             out[label] = [episode_to_dict(e) for e in episodes]
+            write_atomic(Path(out_dir) / _slug(label) / "episodes.jsonl",
+                         "".join(json.dumps(d) + "\n" for d in out[label]))
             del policy, backend, episodes
             _free_memory()
     for label, eps in out.items():
         from multiminddev.report.html import normalise_samples, summarize_label
 
         summary = summarize_label(normalise_samples(eps))
-        (Path(out_dir) / _slug(label) / "summary.json").write_text(json.dumps(summary, indent=2))
+        write_atomic(Path(out_dir) / _slug(label) / "summary.json", json.dumps(summary, indent=2))
     return out
 
 
@@ -248,46 +278,76 @@ def run_report(args: argparse.Namespace) -> int:
     from multiminddev.report.html import write_report
 
     if args.label and len(args.label) != len(args.bench):
-        print("error: give one --label per --bench file (or none)", file=sys.stderr)
-        return 2
+        return fail("give one --label per --bench file (or none)")
     bench_files = list(zip(args.label or [None] * len(args.bench), args.bench))
     training_run = None
     if args.run_dir is not None:
-        if not args.run_dir.is_dir():
-            print(f"error: {args.run_dir} is not a directory", file=sys.stderr)
-            return 2
+        if (problem := dir_problem(args.run_dir, "training run or bench --out folder")) is not None:
+            return fail(problem)
         bench_files += [(None, p) for p in sorted(args.run_dir.glob("*/episodes.jsonl"))]
         final_eval = args.run_dir / "eval_episodes.jsonl"  # the train pipeline's held-out eval
         if final_eval.is_file():
             bench_files.append((f"{args.run_dir.resolve().name} (held-out eval)", final_eval))
         if _has_training_metrics(args.run_dir):
             training_run = args.run_dir
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for label, path in bench_files:
-        if not path.is_file():
-            print(f"error: {path} does not exist", file=sys.stderr)
-            return 2
-        runs[_unique(runs, label or _file_label(path))] = read_jsonl(path)
+    out = args.out or args.run_dir or Path("report")
+    if out.exists() and not out.is_dir():
+        return fail(f"--out {out} is a file; give a folder for report.html and its plots")
+    try:
+        runs = read_bench_files(bench_files)
+    except InputError as exc:
+        return fail(str(exc))
     if not runs and training_run is None:
-        print("error: nothing to report: give a training run folder (metrics.jsonl or TensorBoard "
-              "events), a bench --out folder, or --bench JSONL files", file=sys.stderr)
-        return 2
+        return fail("nothing to report: give a training run folder (metrics.jsonl or TensorBoard "
+                    "events), a bench --out folder, or --bench JSONL files")
     try:
         tiers = {p.name: p.tier for p in _load_problems(args.problems, None)} if args.problems else None
     except ValueError as exc:  # ProblemError is a ValueError
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    path = write_report(args.out, bench_runs=runs, training_run=training_run, tiers=tiers,
+        return fail(" ".join(str(exc).split()))
+    path = write_report(out, bench_runs=runs, training_run=training_run, tiers=tiers,
                         title=args.title)
     if runs:
-        print_summary(json.loads((args.out / "summary.json").read_text())["labels"])
+        print_summary(json.loads((out / "summary.json").read_text())["labels"])
     print(f"report: {path}")
     return 0
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+def read_bench_files(files: Sequence[tuple[str | None, Path]]) -> dict[str, list[dict[str, Any]]]:
+    """{label: rows} from (label or None, JSONL path) pairs. Lines that are not JSON objects are
+    skipped with a warning on stderr that counts them; a file with none at all is an InputError
+    (it is not a bench or eval-dir output)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for label, path in files:
+        if (problem := file_problem(path, "JSONL file")) is not None:
+            raise InputError(problem)
+        read = read_jsonl_rows(path)
+        rows, foreign = [], 0
+        for row in read.rows:
+            if _is_report_sample(row):
+                rows.append(row)
+            else:
+                foreign += 1
+        if not rows:
+            raise InputError(f"{path} holds no episodes or EvalResults: give an episodes JSONL "
+                             "(bench --out DIR/<label>/episodes.jsonl) or an EvalResult JSONL "
+                             "(eval-dir --out)")
+        if read.bad_lines:
+            warn(describe_bad_lines(path, read.bad_lines))
+        if foreign:
+            warn(f"{path}: skipped {foreign} JSON object(s) that are neither an episode nor an "
+                 "EvalResult")
+        runs[_unique(runs, label or _file_label(path))] = rows
+    return runs
+
+
+def _is_report_sample(row: dict[str, Any]) -> bool:
+    from multiminddev.report.html import normalise_samples
+
+    try:
+        normalise_samples([row])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def _has_training_metrics(run_dir: Path) -> bool:

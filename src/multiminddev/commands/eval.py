@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.commands._io import InputError, dir_problem, fail, read_text, warn
+from multiminddev.report.files import read_jsonl_rows, write_atomic
 from multiminddev.report.metrics import geometric_mean
 
 
@@ -25,9 +28,16 @@ def register(subparsers: Any) -> None:
     one.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
     one.set_defaults(handler=run_eval)
 
-    many = subparsers.add_parser("eval-dir", help="evaluate a folder of candidates (KernelBench layout)")
-    many.add_argument("problems_dir", type=Path)
-    many.add_argument("candidates_dir", type=Path)
+    many = subparsers.add_parser(
+        "eval-dir", help="evaluate a folder of candidates (KernelBench layout)",
+        description="Pair each candidate with a problem by file name: the problem's own name "
+                    "(17_Name.py), its leading number (17_anything.py), or KernelBench's "
+                    "generation layout level_L_problem_N_sample_S_kernel.py. Candidates that "
+                    "match no problem are listed on stderr and in the summary.")
+    many.add_argument("problems_dir", type=Path,
+                      help="folder of problem files N_Name.py (e.g. KernelBench/level1), or a "
+                           "KernelBench checkout with level1/.. level4/ folders")
+    many.add_argument("candidates_dir", type=Path, help="folder of candidate .py files")
     many.add_argument("--out", type=Path, default=None,
                       help="write EvalResults as JSONL here, each as soon as it is known")
     many.add_argument("--resume", action="store_true",
@@ -56,18 +66,15 @@ def run_eval(args: argparse.Namespace) -> int:
     from multiminddev.env import Evaluator
     from multiminddev.tasks.problem import ProblemError, load_problem
 
-    for path in (args.problem, args.candidate):
-        if not path.is_file():
-            print(f"error: {path} does not exist", file=sys.stderr)
-            return 2
     try:
+        read_text(args.problem, "problem file")
+        candidate = read_text(args.candidate, "candidate file")
         problem = load_problem(args.problem)
         config = _config(args)
-    except (ProblemError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except (ProblemError, ValueError) as exc:  # InputError is a ValueError
+        return fail(" ".join(str(exc).split()))
     with Evaluator(config) as evaluator:
-        result = evaluator.evaluate(problem, args.candidate.read_text())
+        result = evaluator.evaluate(problem, candidate)
     if args.json:
         print(result.to_json(indent=2))
     else:
@@ -112,27 +119,76 @@ def print_result(result: Any, label: str) -> None:
 # ---------------------------------------------------------------- eval-dir
 
 _LEADING_NUMBER = re.compile(r"^(\d+)_")
+# KernelBench's generation scripts name a sample level_{level}_problem_{id}_sample_{n}_kernel.py.
+_KB_GENERATION = re.compile(r"^level_?(\d+)_problem_(\d+)_sample_(\d+)(?:_kernel)?\.py$")
+_LEVEL_DIR = re.compile(r"^level_?(\d+)$")
+NAMING_HINT = ("name candidates after their problem (17_Name.py), by its number (17_try.py), or "
+               "as KernelBench does (level_1_problem_17_sample_0_kernel.py)")
 
 
-def match_candidates(problem_files: list[Path], candidate_files: list[Path]) -> list[tuple[Path, Path]]:
-    """Pair each candidate with a problem: same stem, else the same leading number (``17_...``)."""
+@dataclass(kw_only=True)
+class CandidateMatch:
+    """Candidates paired with problems, and those that match none (reported, never dropped)."""
+
+    pairs: list[tuple[Path, Path]] = field(default_factory=list)
+    unmatched: list[Path] = field(default_factory=list)
+
+
+def problem_files(problems_dir: Path) -> list[Path]:
+    """The problem files under ``problems_dir``: its own ``*.py``, else those of its level
+    folders (a KernelBench checkout: ``levelN/`` or ``KernelBench/levelN/``)."""
+    own = sorted(problems_dir.glob("*.py"))
+    if own:
+        return own
+    for base in (problems_dir / "KernelBench", problems_dir):
+        levels = sorted(d for d in base.glob("level*") if d.is_dir() and _LEVEL_DIR.match(d.name))
+        if levels:
+            return [f for d in levels for f in sorted(d.glob("*.py"))]
+    return []
+
+
+def _level_of(problem: Path) -> int | None:
+    m = _LEVEL_DIR.match(problem.parent.name)
+    return int(m.group(1)) if m else None
+
+
+def pair_candidates(problem_files: list[Path], candidate_files: list[Path]) -> CandidateMatch:
+    """Pair each candidate with a problem: same stem; else KernelBench's generation name
+    ``level_L_problem_N_sample_S_kernel.py`` (problem number N, and level L where the problem's
+    folder names one); else the same leading number (``17_...``)."""
     by_stem = {p.stem: p for p in problem_files}
     by_number: dict[str, Path] = {}
+    by_level_number: dict[tuple[int, int], Path] = {}
     for p in problem_files:
         if m := _LEADING_NUMBER.match(p.name):
             by_number.setdefault(m.group(1), p)
-    pairs = []
+            if (level := _level_of(p)) is not None:
+                by_level_number.setdefault((level, int(m.group(1))), p)
+    match = CandidateMatch()
     for cand in candidate_files:
         problem = by_stem.get(cand.stem)
-        if problem is None and (m := _LEADING_NUMBER.match(cand.name)):
+        if problem is None and (kb := _KB_GENERATION.match(cand.name)):
+            level, number = int(kb.group(1)), int(kb.group(2))
+            problem = by_level_number.get((level, number))
+            if problem is None and not by_level_number:  # problems without a level folder
+                problem = by_number.get(str(number))
+        elif problem is None and (m := _LEADING_NUMBER.match(cand.name)):
             problem = by_number.get(m.group(1))
         if problem is not None:
-            pairs.append((problem, cand))
-    return pairs
+            match.pairs.append((problem, cand))
+        else:
+            match.unmatched.append(cand)
+    return match
 
 
-def summarize(results: list[Any]) -> dict[str, Any]:
-    """Counts per status, compile rate, correctness rate, geometric-mean speedup of correct ones."""
+def match_candidates(problem_files: list[Path], candidate_files: list[Path]) -> list[tuple[Path, Path]]:
+    """The (problem, candidate) pairs of :func:`pair_candidates`."""
+    return pair_candidates(problem_files, candidate_files).pairs
+
+
+def summarize(results: list[Any], unmatched: Sequence[str] = ()) -> dict[str, Any]:
+    """Counts per status, compile rate, correctness rate, geometric-mean speedup of correct ones,
+    and the candidate files that matched no problem (not evaluated)."""
     n = len(results)
     counts = Counter(r.status.value for r in results)
     speedups = [r.benchmark.speedup_vs_eager for r in results
@@ -145,6 +201,7 @@ def summarize(results: list[Any]) -> dict[str, Any]:
         "correct_rate": sum(r.correct for r in results) / n if n else 0.0,
         "geomean_speedup_vs_eager": geo,
         "timed": len(speedups),
+        "unmatched_candidates": list(unmatched),
     }
 
 
@@ -152,37 +209,70 @@ def run_eval_dir(args: argparse.Namespace) -> int:
     from multiminddev.tasks.problem import ProblemError, load_problem
 
     if args.resume and not args.out:
-        print("error: --resume needs --out (the JSONL to resume)", file=sys.stderr)
-        return 2
+        return fail("--resume needs --out (the JSONL to resume)")
     for path in (args.problems_dir, args.candidates_dir):
-        if not path.is_dir():
-            print(f"error: {path} is not a directory", file=sys.stderr)
-            return 2
-    pairs = match_candidates(sorted(args.problems_dir.glob("*.py")),
-                             sorted(args.candidates_dir.glob("*.py")))
-    if not pairs:
-        print("error: no candidate file matches a problem file by name or leading number",
-              file=sys.stderr)
-        return 2
+        if (problem := dir_problem(path)) is not None:
+            return fail(problem)
+    if args.out is not None and args.out.is_dir():
+        return fail(f"--out {args.out} is a directory; give a JSONL file")
     try:
-        problems = {p: load_problem(p) for p in {p for p, _ in pairs}}
-    except ProblemError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        config = _config(args, workers=args.workers)
+    except ValueError as exc:
+        return fail(" ".join(str(exc).split()))
+    match = pair_candidates(problem_files(args.problems_dir), sorted(args.candidates_dir.glob("*.py")))
+    unmatched = [c.name for c in match.unmatched]
+    if unmatched:
+        warn(f"{len(unmatched)} candidate file(s) match no problem in {args.problems_dir} and are "
+             f"not evaluated: {_names(unmatched)} ({NAMING_HINT})")
+    pairs = match.pairs
+    if not pairs:
+        return fail(f"no candidate file in {args.candidates_dir} matches a problem file in "
+                    f"{args.problems_dir}; {NAMING_HINT}")
+    try:
+        problems = {}
+        for p in sorted({p for p, _ in pairs}):
+            read_text(p, "problem file")
+            problems[p] = load_problem(p)
+    except (ProblemError, ValueError) as exc:  # InputError is a ValueError
+        return fail(" ".join(str(exc).split()))
     done = read_results(args.out) if args.resume else {}
     todo = [(p, c) for p, c in pairs if c.name not in done]
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        # Rewritten with the kept results only, so a line torn by a crash cannot glue onto
-        # the next one appended.
-        args.out.write_text("".join(json.dumps({"candidate_file": name, **r.to_dict()}) + "\n"
-                                    for name, r in done.items()))
+        # Rewritten with the kept results only (atomically), so a line torn by a crash cannot
+        # glue onto the next one appended.
+        write_atomic(args.out, "".join(_jsonl_line(name, r) for name, r in done.items()))
     if done:
         print(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} candidates already in {args.out}")
-    fresh = _evaluate_with_progress(todo, problems, _config(args, workers=args.workers), args.out)
+    fresh = _evaluate_with_progress(todo, problems, config, args.out)
     results = [done.get(c.name) or fresh[c.name] for _, c in pairs]
-    _print_summary(pairs, results, summarize(results))
+    _print_summary(pairs, results, summarize(results, unmatched))
     return 0
+
+
+def _names(names: Sequence[str], limit: int = 10) -> str:
+    return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _jsonl_line(candidate_file: str, result: Any) -> str:
+    return json.dumps({"candidate_file": candidate_file, **result.to_dict()}) + "\n"
+
+
+def unreadable_result(problem: Any, candidate: Path, message: str) -> Any:
+    """The result of a candidate file that is not UTF-8 text: rejected as a format error
+    (reason ``syntax``, rule ``encoding``) without reaching the evaluator."""
+    from multiminddev.env.results import (
+        EvalResult,
+        EvalStatus,
+        Finding,
+        RejectReason,
+        StageStatus,
+        StaticCheckResult,
+    )
+
+    finding = Finding(rule="encoding", reason=RejectReason.SYNTAX, message=message)
+    return EvalResult(status=EvalStatus.REJECTED, problem=problem.name,
+                      reject_reason=RejectReason.SYNTAX, message=message,
+                      static=StaticCheckResult(status=StageStatus.FAILED, findings=[finding]))
 
 
 def read_results(path: Path | None) -> dict[str, Any]:
@@ -192,12 +282,11 @@ def read_results(path: Path | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if path is None or not path.is_file():
         return out
-    for line in path.read_text().splitlines():
+    for row in read_jsonl_rows(path).rows:  # a line cut by a crash is skipped there
         try:
-            row = json.loads(line)
             out[row["candidate_file"]] = EvalResult.from_dict(row)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue  # a line cut by a crash: that candidate is evaluated again
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # not an eval-dir result: that candidate is evaluated again
     return out
 
 
@@ -207,6 +296,7 @@ def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, 
     time limit loses only the candidates still running)."""
     import concurrent.futures as cf
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from multiminddev.env import Evaluator
@@ -214,17 +304,29 @@ def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, 
     results: dict[str, Any] = {}
     if not todo:
         return results
+
+    def record(cand: Path, result: Any) -> None:
+        results[cand.name] = result
+        if out is not None:
+            with out.open("a", encoding="utf-8") as fh:
+                fh.write(_jsonl_line(cand.name, result))
+
+    sources: dict[Path, str] = {}
+    for p, c in todo:
+        try:
+            sources[c] = read_text(c, "candidate file")
+        except InputError as exc:  # one unreadable file is that candidate's result, not a crash
+            record(c, unreadable_result(problems[p], c, str(exc)))
+    todo = [(p, c) for p, c in todo if c in sources]
+    if not todo:
+        return results
     with Evaluator(config) as evaluator, Progress(
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), transient=True) as progress:
+            TimeElapsedColumn(), transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task("evaluating", total=len(todo))
-        futures = {evaluator.submit(problems[p], c.read_text()): c for p, c in todo}
+        futures = {evaluator.submit(problems[p], sources[c]): c for p, c in todo}
         for future in cf.as_completed(futures):
-            cand, result = futures[future], future.result()
-            results[cand.name] = result
-            if out is not None:
-                with out.open("a") as fh:
-                    fh.write(json.dumps({"candidate_file": cand.name, **result.to_dict()}) + "\n")
+            record(futures[future], future.result())
             progress.advance(task)
     return results
 
@@ -247,3 +349,7 @@ def _print_summary(pairs: list[tuple[Path, Path]], results: list[Any], summary: 
         ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items()) +
         f" | compiled {summary['compile_rate']:.0%}, correct {summary['correct_rate']:.0%}" +
         (f", geometric-mean speedup {geo:.2f}x over {summary['timed']} timed" if geo else ""))
+    if summary["unmatched_candidates"]:
+        names = summary["unmatched_candidates"]
+        console.print(f"not evaluated: {len(names)} candidate file(s) matched no problem: "
+                      f"{_names(names)}")

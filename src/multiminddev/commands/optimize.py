@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from multiminddev.commands._io import InputError, dir_problem, fail, read_text
+from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
+
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -26,13 +29,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--adapters", type=Path, default=None,
                    help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint)")
     p.add_argument("--turns", type=int, default=5, help="Generator/Optimizer turns (default 5)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--max-new-tokens", type=int, default=1024)
-    p.add_argument("--target-speedup", type=float, default=2.0)
-    p.add_argument("--patience", type=int, default=2)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature (default 0.7)")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling p (default 0.95)")
+    p.add_argument("--max-new-tokens", type=int, default=1024,
+                   help="tokens per agent reply (default 1024)")
+    p.add_argument("--target-speedup", type=float, default=2.0,
+                   help="stop once a verified kernel is this much faster than eager (default 2)")
+    p.add_argument("--patience", type=int, default=2,
+                   help="stop after this many turns without a better kernel (default 2)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--device", default="auto",
+                   help="where the model runs: auto (cuda if available), cuda, cpu")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--save", type=Path, default=None, help="append the episode to this JSONL")
     p.add_argument("--json", action="store_true", help="print the whole episode as JSON")
     p.set_defaults(handler=run)
@@ -53,14 +62,22 @@ def run(args: argparse.Namespace) -> int:
     from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
     from multiminddev.episode.state import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
+    from multiminddev.policy.model import resolve_model_source
     from multiminddev.tasks.problem import ProblemError, load_problem
 
     try:
+        read_text(args.problem, "problem file")
+        if args.adapters is not None and (problem := dir_problem(args.adapters, "checkpoint folder")):
+            raise InputError(problem)
+        if args.save is not None and args.save.is_dir():
+            raise InputError(f"--save {args.save} is a directory; give a JSONL file")
         problem = load_problem(args.problem)
-        policy = load_policy(_policy_config(args))
-    except (ProblemError, PolicyError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        config = _policy_config(args)
+        resolve_model_source(config.model)  # a bad --model fails here, before anything loads
+        progress(f"loading model {config.model!r} ...", args.quiet)
+        policy = load_policy(config)
+    except (InputError, ProblemError, PolicyError, ValueError) as exc:
+        return fail(" ".join(str(exc).split()))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
     window = policy.context_window
@@ -69,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience,
         max_prompt_tokens=max(256, min(6144, window - args.max_new_tokens)),
     )
+    backend: Any = HFGenerationBackend(policy)
     with Evaluator(EvalConfig()) as evaluator:
-        episode = run_episodes([problem], HFGenerationBackend(policy), evaluator, config)[0]
+        judge: Any = evaluator
+        if not args.quiet:
+            backend, judge = ProgressBackend(backend), ProgressEvaluator(evaluator)
+        episode = run_episodes([problem], backend, judge, config)[0]
     if args.save:
         write_episodes_jsonl([episode], args.save, append=True)
     if args.json:
@@ -103,3 +124,8 @@ def describe(episode: Any) -> str:
         return "\n".join(lines)
     lines += ["", episode.best_source or ""]
     return "\n".join(lines)
+
+
+def progress(text: str, quiet: bool) -> None:
+    if not quiet:
+        print(text, file=sys.stderr, flush=True)

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from multiminddev.commands._io import fail
 
 
 def register(subparsers: Any) -> None:
@@ -37,10 +41,14 @@ def register(subparsers: Any) -> None:
     show.set_defaults(handler=run_show)
 
     export = sub.add_parser("export", help="write a KernelBench-layout folder")
-    export.add_argument("out_dir", type=Path)
+    export.add_argument("out_dir", type=Path,
+                        help="folder to write; must be new or empty unless --force")
     _selection_options(export)
     export.add_argument("--with-solutions", action="store_true",
                         help="also write the naive and fast reference solutions")
+    export.add_argument("--force", action="store_true",
+                        help="replace an earlier export in OUT_DIR (a folder with index.json): "
+                             "its old files are removed first")
     export.set_defaults(handler=run_export)
     parser.set_defaults(handler=lambda args: (parser.print_help(), 2)[1])
 
@@ -50,17 +58,25 @@ def _selection_options(parser: argparse.ArgumentParser) -> None:
                         help="only this tier (0-3); repeat for several")
     parser.add_argument("--family", action="append", default=None,
                         help="only this family; repeat for several")
-    parser.add_argument("--split", choices=["train", "heldout"], default=None)
+    parser.add_argument("--split", choices=["train", "heldout"], default=None,
+                        help="only the training or the held-out problems (default: both)")
     parser.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
     parser.add_argument("--shapes-per-family", type=int, default=None,
                         help="at most this many shapes per family (default: all)")
 
 
 def _select(args: argparse.Namespace) -> list[Any]:
-    from multiminddev.tasks.builtin import builtin_problems
+    """The selected problems; a selection that matches none is a ValueError saying so (an
+    empty table or export would look like success)."""
+    from multiminddev.tasks.builtin import FAMILIES, builtin_problems
 
-    return builtin_problems(tiers=args.tier, families=args.family, split=args.split,
-                            seed=args.seed, shapes_per_family=args.shapes_per_family)
+    problems = builtin_problems(tiers=args.tier, families=args.family, split=args.split,
+                                seed=args.seed, shapes_per_family=args.shapes_per_family)
+    if not problems:
+        tiers = sorted({f.tier for f in FAMILIES})
+        raise ValueError(f"no built-in problem matches this selection (tiers "
+                         f"{tiers[0]}-{tiers[-1]}; `multiminddev problems list` shows them all)")
+    return problems
 
 
 def _summary(problem: Any) -> dict[str, Any]:
@@ -169,16 +185,62 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def export_refusal(out_dir: Path, *, force: bool) -> str | None:
+    """Why ``out_dir`` cannot receive an export, or None. A non-empty folder would mix old and
+    new files, so it needs --force, and --force replaces only an earlier export (it has
+    index.json): it never deletes a folder of other files."""
+    if out_dir.exists() and not out_dir.is_dir():
+        return f"{out_dir} is a file; give a folder to export into"
+    if not out_dir.is_dir() or not any(out_dir.iterdir()):
+        return None
+    if not force:
+        return (f"{out_dir} is not empty: give a new or empty folder, or --force to replace an "
+                "earlier export there")
+    if not (out_dir / "index.json").is_file():
+        return (f"{out_dir} is not empty and holds no index.json, so it is not an earlier export; "
+                "--force replaces only those: give a new or empty folder")
+    return None
+
+
+def export_atomically(problems: list[Any], out_dir: Path, *, seed: int,
+                      with_solutions: bool) -> list[dict[str, Any]]:
+    """Export into a temporary folder beside ``out_dir``, then move its entries in: a failure
+    while writing leaves ``out_dir`` as it was, and a replaced earlier export (``--force``)
+    leaves none of its files behind."""
+    out_dir = out_dir.resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.new.", dir=out_dir.parent))
+    try:
+        index = export_problems(problems, staging, seed=seed, with_solutions=with_solutions)
+        if not out_dir.exists():
+            staging.rename(out_dir)
+            return index
+        old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+        for entry in list(out_dir.iterdir()):
+            entry.rename(old / entry.name)
+        for entry in list(staging.iterdir()):
+            entry.rename(out_dir / entry.name)
+        shutil.rmtree(old)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return index
+
+
 def run_export(args: argparse.Namespace) -> int:
     try:
         problems = _select(args)
     except (KeyError, ValueError) as exc:
         print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    index = export_problems(problems, args.out_dir, seed=args.seed,
-                            with_solutions=args.with_solutions)
+    if (refusal := export_refusal(args.out_dir, force=args.force)) is not None:
+        return fail(refusal)
+    index = export_atomically(problems, args.out_dir, seed=args.seed,
+                              with_solutions=args.with_solutions)
     solutions = sum(len(e["solution_files"]) for e in index)
+    level = Path(index[0]["file"]).parent if index else Path("level0")
+    hint = (f"; evaluate with `multiminddev eval-dir {args.out_dir / level} "
+            f"{args.out_dir / 'solutions' / 'naive' / level}`" if solutions else "")
     print(f"wrote {len(index)} problems" + (f" and {solutions} solutions" if solutions else "")
-          + f" to {args.out_dir} (splits.json, index.json; evaluate with "
-          f"`multiminddev eval-dir {args.out_dir}/level0 {args.out_dir}/solutions/naive/level0`)")
+          + f" to {args.out_dir} (splits.json, index.json{hint})")
     return 0

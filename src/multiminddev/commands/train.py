@@ -8,8 +8,9 @@ The flags follow the seeds (``run_multiturn_rl_training.py``): ``--num-episodes`
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from multiminddev.commands._io import USAGE_ERROR, fail
 
 
 def register(subparsers) -> None:
@@ -28,12 +29,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout", dest="heldout_problems", default=None,
                    help="held-out problems spec (e.g. builtin:tier0,tier1:heldout)")
     p.add_argument("--num-gpus", type=int, default=None, help="GPUs to use (default: all)")
-    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank (default 16)")
     p.add_argument("--full-finetune", action="store_true",
                    help="train a full copy of the model per agent instead of LoRA adapters")
     p.add_argument("--qlora", action="store_true",
                    help="QLoRA: a 4-bit NF4 base under the LoRA adapters (CUDA GPU + bitsandbytes)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--compiled-decoding", choices=["auto", "on", "off"], default="auto",
                    help="decode with a static KV cache and a compiled step (CUDA graphs; CUDA "
                         "only, falls back to eager on failure); auto: the preset's choice")
@@ -48,8 +49,10 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=None, help="problems per RL step")
     p.add_argument("--group-size", type=int, default=None, help="episodes per problem (G)")
     p.add_argument("--max-turns", type=int, default=None, help="agent turns per episode")
-    p.add_argument("--max-new-tokens", type=int, default=None)
-    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per agent reply (default: the preset's)")
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="RL learning rate (default: the preset's)")
     p.add_argument("--kl-reference", choices=["base", "start"], default="base",
                    help="what GRPO's KL term pulls toward: the pre-trained base (default) or each "
                         "agent as RL starts, e.g. its SFT checkpoint")
@@ -89,9 +92,11 @@ def _register_sft(subparsers) -> None:
     p = subparsers.add_parser("sft", help="supervised fine-tuning of the Generator and/or Optimizer")
     _common(p)
     _sft_problems_flag(p)
-    p.add_argument("--role", choices=["generator", "optimizer", "both"], default="both")
+    p.add_argument("--role", choices=["generator", "optimizer", "both"], default="both",
+                   help="which agent(s) to fine-tune (default both)")
     p.add_argument("--max-steps", type=int, default=None, help="SFT optimizer steps per role")
-    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--learning-rate", type=float, default=None,
+                   help="SFT learning rate (default: the preset's)")
     p.set_defaults(handler=_run_sft)
 
 
@@ -107,11 +112,12 @@ def _register_train(subparsers) -> None:
     _common(p)
     _rl_flags(p)
     _sft_problems_flag(p)
-    p.add_argument("--skip-sft", action="store_true")
-    p.add_argument("--skip-rl", action="store_true")
-    p.add_argument("--skip-eval", action="store_true")
+    p.add_argument("--skip-sft", action="store_true", help="skip the SFT phase")
+    p.add_argument("--skip-rl", action="store_true", help="skip the RL phase")
+    p.add_argument("--skip-eval", action="store_true", help="skip the held-out evaluation")
     p.add_argument("--quick-test", action="store_true", help="a few-minute smoke test of every phase")
-    p.add_argument("--sft-steps", type=int, default=None)
+    p.add_argument("--sft-steps", type=int, default=None,
+                   help="SFT optimizer steps per role (default: the preset's)")
     p.set_defaults(handler=_run_train)
 
 
@@ -122,7 +128,8 @@ def _settings(args, **overrides):
     output_dir = args.output_dir
     if resume == "":  # bare --resume: the output dir
         if output_dir is None:
-            raise SystemExit("--resume without a path needs --output-dir (the run to resume)")
+            fail("--resume without a path needs --output-dir (the run to resume)")
+            raise SystemExit(USAGE_ERROR)
         resume = str(output_dir)
     if resume is not None and output_dir is None:
         output_dir = Path(resume)
@@ -146,8 +153,35 @@ def _settings(args, **overrides):
     try:
         return TrainSettings(**kwargs)
     except ValueError as exc:  # conflicting or out-of-range flags: a usage error, not a crash
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from exc
+        fail(str(exc))
+        raise SystemExit(USAGE_ERROR) from exc
+
+
+def check_model_inputs(settings) -> None:
+    """Fail before any phase starts, with a PolicyError saying what to do, when --model or a
+    role's --*-checkpoint cannot load (a mistyped path, a junk folder, an uncached hub id while
+    offline): loading them comes after problems and the GPU plan, and ended in a traceback."""
+    from multiminddev.policy.model import check_checkpoint, resolve_model_source
+
+    resolve_model_source(settings.model)
+    for role in ("generator", "optimizer"):
+        checkpoint = getattr(settings, f"{role}_checkpoint")
+        if checkpoint is not None:
+            check_checkpoint(checkpoint, role)
+
+
+def folder_inputs_problem(output_dir: Path | None, resume: Path | None) -> str | None:
+    """Why --output-dir or --resume cannot be used, or None. A --resume folder that does not
+    exist is a typo, not a fresh start: the run would otherwise begin again from scratch."""
+    if output_dir is not None and output_dir.exists() and not output_dir.is_dir():
+        return f"--output-dir {output_dir} is a file; give a folder for the run"
+    if resume is not None:
+        if not resume.exists():
+            return (f"--resume {resume}: no such run folder; give the --output-dir of the run "
+                    "to resume (it holds run_config.json)")
+        if not resume.is_dir():
+            return f"--resume {resume} is a file; give the run folder"
+    return None
 
 
 def _run(settings) -> int:
@@ -155,11 +189,13 @@ def _run(settings) -> int:
     from multiminddev.train.checkpoints import CheckpointError
     from multiminddev.train.pipeline import run_pipeline
 
+    if (problem := folder_inputs_problem(settings.output_dir, settings.resume)) is not None:
+        return fail(problem)
     try:
+        check_model_inputs(settings)
         run_pipeline(settings)
     except (CheckpointError, PolicyError, ValueError) as exc:
-        print(f"error: {exc}")
-        return 2
+        return fail(" ".join(str(exc).split()))
     return 0
 
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.metadata
 import json
 import logging
 import os
+import re
+import socket
+import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,10 +157,141 @@ def resolve_model_source(model: str, gguf_file: str | None = None) -> tuple[str,
         return str(path.parent), path.name
     if model.endswith(".gguf"):
         path = Path(model)
+        if path.is_dir():
+            raise PolicyError(f"--model {model} is a directory, not a GGUF file: pass the .gguf "
+                              "file inside it")
         if not path.is_file():
             raise PolicyError(f"GGUF file {model} does not exist")
         return str(path.parent), path.name
+    check_model_source(model, gguf_file)
     return model, gguf_file
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_MODEL_HELP = ("pass 'default' (the embedded model), a model folder with config.json, a .gguf "
+               "file, or a hub id")
+
+
+def check_model_source(model: str, gguf_file: str | None = None) -> None:
+    """Raise a PolicyError that says what to do when ``model`` (not 'default', not a .gguf path)
+    cannot load: a missing or junk local folder, a file that is not a model, a malformed hub id,
+    or a hub id that is not cached while the hub is unreachable. Checked before transformers is
+    asked, which answers the first ones with a traceback and the last only after ~60 s of
+    connection retries."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        _check_model_dir(path, gguf_file)
+        return
+    if path.exists():
+        raise PolicyError(f"--model {model} is a file but not a model: {_MODEL_HELP}")
+    if _looks_like_path(model) or not _HUB_ID.match(model):
+        raise PolicyError(f"model folder {model} does not exist: {_MODEL_HELP}")
+    if _hub_cached(model, gguf_file or "config.json"):
+        return
+    reason = _hub_unreachable_reason()
+    if reason is not None:
+        raise PolicyError(f"model {model!r} is not a local folder, and as a hub id it is not in "
+                          f"the local cache while {reason}: download it where the hub is "
+                          f"reachable (`huggingface-cli download {model}`) or pass a local "
+                          "folder or .gguf file")
+
+
+def check_checkpoint(checkpoint: str, role: str) -> None:
+    """Raise a PolicyError when a role's starting checkpoint (``--generator-checkpoint``) can be
+    neither an adapter folder (``adapter_config.json`` in it, in ``<role>/`` or in
+    ``sft_checkpoints/<role>/``) nor a base model. A path that does not exist is reported as a
+    missing checkpoint, not tried as a hub id."""
+    flag = f"--{role}-checkpoint"
+    path = Path(checkpoint).expanduser()
+    if path.is_dir():
+        if any((d / "adapter_config.json").is_file()
+               for d in (path, path / role, path / "sft_checkpoints" / role)):
+            return
+        if (path / "config.json").is_file() or any(path.glob("*.gguf")):
+            return
+        raise PolicyError(f"{flag} {checkpoint}: no adapter_config.json in it, in {role}/ or in "
+                          f"sft_checkpoints/{role}/, and no model: pass a run folder, its "
+                          f"sft_checkpoints/{role} folder, or a base model")
+    if path.exists() and not checkpoint.endswith(".gguf"):
+        raise PolicyError(f"{flag} {checkpoint} is a file: pass an adapter folder or a base model")
+    if _looks_like_path(checkpoint) or checkpoint.endswith(".gguf") or not _HUB_ID.match(checkpoint):
+        if not path.exists():
+            raise PolicyError(f"{flag} {checkpoint}: no such checkpoint folder (check the path; "
+                              f"e.g. RUN_DIR/sft_checkpoints/{role})")
+        return
+    check_model_source(checkpoint)
+
+
+def _check_model_dir(path: Path, gguf_file: str | None) -> None:
+    if gguf_file is not None:
+        if not (path / gguf_file).is_file():
+            raise PolicyError(f"model folder {path} has no GGUF file {gguf_file}")
+        return
+    if (path / "config.json").is_file():
+        return
+    ggufs = sorted(p.name for p in path.glob("*.gguf"))
+    if ggufs:
+        raise PolicyError(f"model folder {path} has no config.json but holds {ggufs[0]}: pass "
+                          f"--model {path / ggufs[0]}")
+    if (path / "adapter_config.json").is_file() or (path / "generator").is_dir():
+        raise PolicyError(f"{path} holds adapters, not a base model: pass it as a checkpoint "
+                          "(--adapters / --generator-checkpoint) and the base model as --model")
+    raise PolicyError(f"{path} is not a model folder (no config.json, no .gguf file): "
+                      f"{_MODEL_HELP}")
+
+
+def _looks_like_path(model: str) -> bool:
+    """Written as a file system path (absolute, ./, ~, Windows separators, more than one /, or
+    under an existing local folder) rather than a hub id ``owner/name``."""
+    if model.startswith(("/", "./", "../", "~", ".\\")) or "\\" in model or model.count("/") > 1:
+        return True
+    head = model.split("/", 1)[0]
+    return "/" in model and Path(head).is_dir()
+
+
+def _hub_cached(repo_id: str, filename: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except ValueError:  # not a valid repo id
+        return False
+
+
+_TRUTHY = ("1", "on", "yes", "true")
+
+
+def _hub_unreachable_reason() -> str | None:
+    """Why the hub cannot be reached ("HF_HUB_OFFLINE is set", "huggingface.co does not answer"),
+    or None when it answered a TCP connection within a few seconds."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUTHY:
+            return f"{var} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = urllib.parse.urlsplit(endpoint).hostname or "huggingface.co"
+    if not _reachable(host, 443 if endpoint.startswith("https") else 80):
+        return f"{host} does not answer (no network?)"
+    return None
+
+
+@functools.cache
+def _reachable(host: str, port: int, timeout: float = 3.0) -> bool:
+    # Name resolution has no timeout of its own; a daemon thread bounds the whole attempt.
+    done: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            done.append(True)
+        except OSError:
+            done.append(False)
+
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return bool(done and done[0])
 
 
 # --------------------------------------------------------------------------- loading
@@ -166,7 +302,11 @@ def load_tokenizer(cfg: PolicyConfig) -> Any:
 
     source, gguf = resolve_model_source(cfg.model, cfg.gguf_file)
     kwargs = {"gguf_file": gguf} if gguf else {}
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise PolicyError(f"could not load the tokenizer of {cfg.model!r}: "
+                          f"{' '.join(str(exc).split())[:300]}") from exc
     return _prepare_tokenizer(tokenizer)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.report import plots
+from multiminddev.report.files import write_atomic
 from multiminddev.report.metrics import (
     NoCandidate,
     bootstrap_ci,
@@ -127,8 +128,7 @@ def write_report(
     title: str = "MultiMindDev report",
 ) -> Path:
     """Write report.html, PNG plots and summary.json into ``out_dir``; return the HTML path."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(out_dir)  # created by the first file written: a bad input leaves no folder
     labels = {k: normalise_samples(v) for k, v in (bench_runs or {}).items()}
     # Tiers known from any label's episodes apply to every label (eval-dir results carry none).
     known = {name: t for d in labels.values() for name, t in d.tiers.items()}
@@ -139,13 +139,11 @@ def write_report(
     if evals:
         images["Held-out evaluation during training"] = plots.plot_eval_curves(
             evals, out_dir / "training_eval.png")
-    (out_dir / "summary.json").write_text(json.dumps(
+    write_atomic(out_dir / "summary.json", json.dumps(
         {"labels": summaries, "training_run": str(training_run) if training_run else None,
          "training_steps": len(records), "training_evals": evals}, indent=2))
     page = _page(title, summaries, records, images, training_run)
-    path = out_dir / "report.html"
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(out_dir / "report.html", page)
 
 
 def _make_plots(out_dir: Path, labels: Mapping[str, LabelData], summaries: Mapping[str, Any],
@@ -207,21 +205,48 @@ _SUMMARY_ROWS = (
 
 def _page(title: str, summaries: Mapping[str, Any], records: Sequence[Mapping[str, Any]],
           images: Mapping[str, Path], training_run: Path | None) -> str:
+    """A training run reads in the order it ran: its settings, its curves and last step, then
+    the held-out results; bench and eval-dir reports start at the summary."""
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>",
              f"<style>{_CSS}</style></head><body><h1>{_e(title)}</h1>",
              f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.</p>"]
     parts += _warnings(summaries, records)
+    training_images = {k: v for k, v in images.items() if k in TRAINING_IMAGES}
+    if training_run is not None:
+        parts += _run_config_table(training_run)
+    parts += [_image(name, path) for name, path in training_images.items()]
+    if records:
+        parts += _training_table(records, training_run)
     if summaries:
         parts += ["<h2>Summary</h2>", _summary_table(summaries), _SUMMARY_NOTE]
         parts += _pass_at_k_table(summaries) + _tier_table(summaries) + _turn_table(summaries)
         parts += _reasons_table(summaries)
-    for name, path in images.items():
-        data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-        parts.append(f"<h2>{_e(name)}</h2><img alt='{_e(name)}' src='data:image/png;base64,{data}'>")
-    if records:
-        parts += _training_table(records, training_run)
+    parts += [_image(name, path) for name, path in images.items() if name not in training_images]
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+TRAINING_IMAGES = ("Training curves", "Held-out evaluation during training")
+RUN_CONFIG_FILE = "run_config.json"  # what the train pipeline records of its settings
+
+
+def _image(name: str, path: Path) -> str:
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return f"<h2>{_e(name)}</h2><img alt='{_e(name)}' src='data:image/png;base64,{data}'>"
+
+
+def _run_config_table(training_run: Path) -> list[str]:
+    """The run's settings (``run_config.json``), the set ones only; nothing if absent or bad."""
+    path = Path(training_run) / RUN_CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    if not isinstance(config, dict):
+        return []
+    rows = [[k, json.dumps(v) if isinstance(v, (list, dict)) else v]
+            for k, v in config.items() if v not in (None, False, [], {}, "")]
+    return ["<h2>Run configuration</h2>", _table(["setting", "value"], rows)]
 
 
 def _warnings(summaries: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -230,6 +255,12 @@ def _warnings(summaries: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
         if s["n"] and s["status_counts"].get(EvalStatus.NO_GPU.value, 0) == s["n"]:
             out.append(f"<p class='warn'>{_e(label)}: every candidate was evaluated without a GPU "
                        "(compile only): no correctness or speed was measured.</p>")
+        if s["n"] and s.get("format_failures") == s["n"]:
+            out.append(f"<p class='warn'>{_e(label)}: no reply held a candidate kernel (every "
+                       "sample is a format failure), so nothing was compiled or run: the zero "
+                       "rates below say the model's replies could not be parsed, not that its "
+                       "kernels failed. A candidate is a code block that defines class ModelNew; "
+                       "each turn's parse_failure in the episodes says why it had none.</p>")
     if any(r.get("compile_only") for r in records):
         out.append("<p class='warn'>Training used compile-only rewards (no GPU).</p>")
     return out

@@ -6,11 +6,13 @@ figure that says why it is empty (e.g. a compile-only run has no speedups), neve
 
 from __future__ import annotations
 
-import json
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from multiminddev.report.files import read_jsonl_rows, write_atomic
 
 TRAINING_PANELS = (
     ("Reward", ("reward_mean",), "reward_std"),
@@ -33,9 +35,10 @@ def _save(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format="png")
     _pyplot().close(fig)
-    return path
+    return write_atomic(path, buffer.getvalue())
 
 
 def _empty_note(ax, text: str) -> None:
@@ -206,12 +209,12 @@ def load_eval_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_step_records(path: Path) -> list[dict[str, Any]]:
+    """The records with a ``step``, last one per step; lines that are not JSON objects (a run
+    killed mid-write leaves a torn last line) are skipped."""
     by_step: dict[Any, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            if "step" in record:
-                by_step[record["step"]] = record
+    for record in read_jsonl_rows(path).rows:
+        if isinstance(record.get("step"), (int, float)):
+            by_step[record["step"]] = record
     return [by_step[s] for s in sorted(by_step)]
 
 

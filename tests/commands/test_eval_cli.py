@@ -1,0 +1,124 @@
+"""``multiminddev eval`` and ``eval-dir`` on bad inputs: one-line errors, per-candidate results
+for unreadable candidates, KernelBench's generation names, unmatched candidates reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from multiminddev.cli import main
+from multiminddev.commands.eval import pair_candidates, problem_files
+from tests.commands.helpers import assert_one_line_error, run_cli
+
+NOT_UTF8 = b"import torch\n# \xff\xfe latin-1 residue\n"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """Two built-in relu-family problems and their naive solutions, in KernelBench layout."""
+    out = tmp_path_factory.mktemp("export") / "kb"
+    assert main(["problems", "export", str(out), "--family", "relu", "--shapes-per-family", "1",
+                 "--with-solutions"]) == 0
+    return out
+
+
+def _level(exported: Path) -> Path:
+    return next(exported.glob("level*"))
+
+
+def test_eval_names_a_directory_given_as_candidate(exported, tmp_path, capsys):
+    problem = next(_level(exported).glob("*.py"))
+    assert_one_line_error(*run_cli(capsys, "eval", problem, tmp_path), contains="is a directory")
+
+
+def test_eval_names_a_missing_candidate(exported, tmp_path, capsys):
+    problem = next(_level(exported).glob("*.py"))
+    assert_one_line_error(*run_cli(capsys, "eval", problem, tmp_path / "nope.py"),
+                          contains="does not exist")
+
+
+def test_eval_reports_a_candidate_that_is_not_utf8(exported, tmp_path, capsys):
+    problem = next(_level(exported).glob("*.py"))
+    bad = tmp_path / "cand.py"
+    bad.write_bytes(NOT_UTF8)
+    assert_one_line_error(*run_cli(capsys, "eval", problem, bad), contains="is not UTF-8 text")
+
+
+def test_eval_reports_a_problem_that_is_not_utf8(exported, tmp_path, capsys):
+    bad = tmp_path / "1_bad.py"
+    bad.write_bytes(NOT_UTF8)
+    cand = next((exported / "solutions" / "naive").rglob("*.py"))
+    assert_one_line_error(*run_cli(capsys, "eval", bad, cand), contains="is not UTF-8 text")
+
+
+def test_kernelbench_generation_names_pair_with_the_problem_of_their_level(tmp_path):
+    problems = [tmp_path / "level1" / "17_Matmul.py", tmp_path / "level1" / "3_Relu.py",
+                tmp_path / "level2" / "17_Conv.py"]
+    cands = [tmp_path / "c" / "level_1_problem_17_sample_0_kernel.py",
+             tmp_path / "c" / "level_2_problem_17_sample_3_kernel.py",
+             tmp_path / "c" / "level_1_problem_3_sample_1_kernel.py",
+             tmp_path / "c" / "level_4_problem_3_sample_0_kernel.py"]
+    match = pair_candidates(problems, cands)
+    assert match.pairs == [(problems[0], cands[0]), (problems[2], cands[1]), (problems[1], cands[2])]
+    assert match.unmatched == [cands[3]]
+
+
+def test_kernelbench_generation_names_pair_by_number_without_level_folders(tmp_path):
+    problems = [tmp_path / "probs" / "5_Softmax.py"]
+    cand = tmp_path / "c" / "level_1_problem_5_sample_0_kernel.py"
+    assert pair_candidates(problems, [cand]).pairs == [(problems[0], cand)]
+
+
+def test_problem_files_reads_a_kernelbench_checkout(tmp_path):
+    for rel in ("KernelBench/level1/1_A.py", "KernelBench/level2/1_B.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert [p.relative_to(tmp_path).as_posix() for p in problem_files(tmp_path)] == [
+        "KernelBench/level1/1_A.py", "KernelBench/level2/1_B.py"]
+
+
+def test_eval_dir_evaluates_the_rest_when_one_candidate_is_not_utf8(exported, tmp_path, capsys):
+    level = _level(exported)
+    good = min((exported / "solutions" / "naive" / level.name).glob("*.py"))
+    cands = tmp_path / "cands"
+    cands.mkdir()
+    number = good.name.split("_", 1)[0]
+    (cands / f"level_{level.name[5:]}_problem_{number}_sample_0_kernel.py").write_text(good.read_text())
+    (cands / f"{number}_broken.py").write_bytes(NOT_UTF8)
+    (cands / "notes.py").write_text("# matches no problem\n")
+    out = tmp_path / "results.jsonl"
+    code, stdout, stderr = run_cli(capsys, "eval-dir", level, cands, "--out", out)
+    assert code == 0 and "Traceback" not in stdout + stderr
+    rows = {r["candidate_file"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert set(rows) == {f"{number}_broken.py", f"level_{level.name[5:]}_problem_{number}_sample_0_kernel.py"}
+    broken = rows[f"{number}_broken.py"]
+    assert broken["status"] == "rejected" and "not UTF-8" in broken["message"]
+    other = rows[f"level_{level.name[5:]}_problem_{number}_sample_0_kernel.py"]
+    assert other["status"] in ("no_gpu", "ok")
+    # the unmatched candidate is named on stderr and in the summary, not dropped silently
+    assert "notes.py" in stderr and "match no problem" in stderr
+    assert "notes.py" in stdout and "matched no problem" in stdout
+
+
+def test_eval_dir_with_no_match_names_the_layouts(exported, tmp_path, capsys):
+    cands = tmp_path / "cands"
+    cands.mkdir()
+    (cands / "mine.py").write_text("")
+    code, out, err = run_cli(capsys, "eval-dir", _level(exported), cands)
+    assert code == 2 and "Traceback" not in out + err
+    assert err.strip().splitlines()[-1].startswith("error: no candidate file")
+    assert "level_1_problem_17_sample_0_kernel.py" in err
+
+
+def test_eval_dir_refuses_a_directory_as_out(exported, tmp_path, capsys):
+    cands = exported / "solutions" / "naive" / _level(exported).name
+    assert_one_line_error(*run_cli(capsys, "eval-dir", _level(exported), cands, "--out", tmp_path),
+                          contains="is a directory")
+
+
+def test_eval_dir_names_a_file_given_as_folder(exported, tmp_path, capsys):
+    problem = next(_level(exported).glob("*.py"))
+    assert_one_line_error(*run_cli(capsys, "eval-dir", problem, tmp_path),
+                          contains="is a file, not a directory")
