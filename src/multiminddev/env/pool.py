@@ -34,6 +34,16 @@ from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
 
 _log = logging.getLogger(__name__)
+# Imported once by the forkserver, so every worker starts with them: no worker reads this code
+# from disk while a run goes on (a tree rewritten under a long run would stop workers from
+# starting), and torch._dynamo's operator registrations (it registers dozens when first
+# imported, as the profiler does on first use) are in place before the dispatcher snapshot that
+# candidate code is judged against. None of them initialises CUDA.
+FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "multiminddev.env.worker",
+                      "multiminddev.env.stages", "multiminddev.env.guards",
+                      "multiminddev.env.timed_checks", "multiminddev.env.precision",
+                      "multiminddev.env.registry_guard", "multiminddev.env.isolation",
+                      "multiminddev.env.sandbox")
 # Sent by the worker's trusted stages (setup, baseline) before the candidate is imported.
 TRUSTED_TAGS = frozenset({"reference", "timed_reference", "ground_truth", "reference_layouts",
                           "baseline"})
@@ -173,7 +183,7 @@ class WorkerPool:
         if method is StartMethod.FORKSERVER:
             # The server imports torch once; each worker is a fork of it (CUDA never initialised
             # before the fork), so a fresh worker costs a fork plus CUDA context creation.
-            self._ctx.set_forkserver_preload(["torch", "multiminddev.env.worker"])
+            self._ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
         devices = visible_gpu_count()
         self.gpu_count = devices
         self.spare_workers = (config.spare_workers if config.spare_workers is not None
@@ -195,7 +205,8 @@ class WorkerPool:
                 slot.refill_locked()
 
     def start_worker(self, device_index: int | None) -> WorkerHandle:
-        return WorkerHandle(self._ctx, device_index, self._config_dict)
+        with _main_script_hidden():
+            return WorkerHandle(self._ctx, device_index, self._config_dict)
 
     @property
     def size(self) -> int:
@@ -312,6 +323,29 @@ class WorkerPool:
         self.closed = True
         for slot in self.slots:
             slot.close()
+
+
+_MAIN_FILE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_script_hidden() -> Any:
+    """Start processes without the parent's main script: multiprocessing runs a script-run
+    ``__main__`` again in each new process (from disk, as ``__mp_main__``), which workers do
+    not need (their target is ``worker.worker_main``) and which breaks every later start once
+    the script changes or disappears under a long run."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__spec__", None) is not None or "__file__" not in vars(main):
+        yield
+        return
+    with _MAIN_FILE_LOCK:
+        path = main.__dict__.pop("__file__")
+        try:
+            yield
+        finally:
+            main.__file__ = path
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -222,6 +222,8 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
                            startup=startup)
     from multiminddev.env.benchmark import l2_flush_buffer
 
+    with timed(startup, "dynamo_import"):  # a no-op under the forkserver (preloaded there)
+        import torch._dynamo  # noqa: F401 - its operator registrations predate the snapshot
     with timed(startup, "cuda_init"):
         torch.cuda.set_device(device_index)
         torch.cuda.init()
