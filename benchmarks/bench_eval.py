@@ -310,10 +310,17 @@ def bench_restart(quick: bool) -> dict[str, Any]:
 
 
 def bench_defenses(quick: bool) -> dict[str, Any]:
+    """Evaluation time with every defence on (runtime guards, sandbox, OS isolation, precision
+    check, registry snapshots) against all of them off, on the same honest workload. The
+    torch.compile baseline is off in both: it is a baseline, not a defence, and its cache would
+    favour whichever configuration runs second. Fresh inputs per timed call and the checked
+    calls stay on in both: they are how timing works."""
     work = _workload(6 if quick else 12)
     out = {}
     for defenses in (False, True):
-        with _evaluator(defenses=defenses, sandbox=defenses) as ev:
+        with _evaluator(defenses=defenses, sandbox=defenses, precision_check=defenses,
+                        isolation="auto" if defenses else "none",
+                        compile_baseline=False) as ev:
             ev.warm_up()
             ev.evaluate_many(work[:2])
             results = ev.evaluate_many(work)

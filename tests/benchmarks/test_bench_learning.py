@@ -1367,9 +1367,10 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("mode", ["attached", "detached"])
 def test_workers_started_after_the_script_is_gone(tmp_path, mode):
-    """multiprocessing's forkserver runs the main script again in every worker it starts: with
-    the script gone (a detached run whose tree a later command rewrote), no worker starts and
-    every evaluation is an infrastructure error; detached from the script, workers start."""
+    """multiprocessing's forkserver would run the main script again in every worker it starts,
+    and with the script gone (a run whose tree a later command rewrote) no worker would start.
+    The evaluator's pool starts workers without the script, so both a plain script and one
+    that detaches itself keep evaluating."""
     import os
     import subprocess
     import sys
@@ -1386,10 +1387,7 @@ def test_workers_started_after_the_script_is_gone(tmp_path, mode):
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
     first, second = line.split()[1:3]
     assert first != "infra_error"
-    if mode == "attached":
-        assert second == "infra_error" and "worker exited during startup" in line
-    else:
-        assert second == first
+    assert second == first, line
 
 
 def test_a_base_stage_of_a_failing_evaluator_is_not_shared(bench, tmp_path):

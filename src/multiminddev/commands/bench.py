@@ -207,7 +207,7 @@ def _eval_config(args: argparse.Namespace) -> Any:
     from multiminddev.env import EvalConfig
 
     return EvalConfig(num_workers=args.workers, benchmark=not args.no_benchmark,
-                      compile_baseline=not args.no_compile_baseline, seed=args.seed)
+                      compile_baseline=not args.no_compile_baseline)
 
 
 def _free_memory() -> None:
