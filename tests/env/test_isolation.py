@@ -56,6 +56,34 @@ def test_parent_memory_is_out_of_reach(isolated):
     assert isolated["checks"]["parent_memory"] in {"EACCES", "EPERM"}
 
 
+READABLE_UNDER_TMP = textwrap.dedent(
+    r'''
+    import errno, pathlib, sys
+    from multiminddev.env import isolation
+    cache = pathlib.Path(sys.argv[1])
+    isolation.isolate_worker(isolation.make_private_dir(), [], "namespaces", readable=[cache])
+    try:
+        (cache / "planted").write_text("x")
+        wrote = "writable"
+    except OSError as exc:
+        wrote = errno.errorcode[exc.errno]
+    print("SEEN", (cache / "entry").read_text(), wrote)
+    '''
+)
+
+
+def test_a_shared_cache_under_tmp_stays_visible_read_only(isolated, tmp_path):
+    """The worker reads prebuilt libraries from the shared cache; a cache under the real /tmp
+    must not vanish under the worker's private /tmp, nor become writable."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "entry").write_text("built")
+    out = subprocess.run([sys.executable, "-c", READABLE_UNDER_TMP, str(cache)],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert "SEEN built EROFS" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert not (cache / "planted").exists()
+
+
 HIDDEN_KEY = textwrap.dedent(
     r'''
     import pathlib, sys

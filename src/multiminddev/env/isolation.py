@@ -163,8 +163,11 @@ def isolate_worker_process(conn: Any, config: dict[str, Any]) -> IsolationReport
     if policy.mode is Isolation.NONE:
         return _finish(_none("switched off (EvalConfig.isolation='none')"))
     private = make_private_dir()
+    with contextlib.suppress(OSError):  # shown read-only to the worker: it must exist now
+        cfg.cache_path.mkdir(parents=True, exist_ok=True)
     try:
-        return isolate_worker(private, [], policy, hidden=worker_hidden_paths(cfg))
+        return isolate_worker(private, [], policy, hidden=worker_hidden_paths(cfg),
+                              readable=[cfg.cache_path])
     except IsolationError as exc:
         with contextlib.suppress(Exception):
             conn.send(("startup_failed", {"message": f"IsolationError: {exc}"}))
@@ -229,9 +232,10 @@ def _pid_alive(pid: int) -> bool:
 
 def isolate_worker(workdir: Path, writable: Sequence[Path],
                    policy: IsolationPolicy | Isolation | str = Isolation.AUTO, *,
-                   hidden: Sequence[Path] = ()) -> IsolationReport:
+                   hidden: Sequence[Path] = (), readable: Sequence[Path] = ()) -> IsolationReport:
     """Put this process behind namespaces with a read-only filesystem view; ``workdir`` and
-    ``writable`` stay writable, existing files in ``hidden`` read as empty. Call once, in a single-threaded process. Returns (and keeps, for
+    ``writable`` stay writable, ``readable`` directories stay visible (read-only) even under
+    the private /tmp, existing files in ``hidden`` read as empty. Call once, in a single-threaded process. Returns (and keeps, for
     ``active_report``) what was achieved; raises IsolationError only when ``policy.mode`` is
     NAMESPACES and the boundary is not complete."""
     global _REPORT
@@ -243,7 +247,7 @@ def isolate_worker(workdir: Path, writable: Sequence[Path],
         return _finish(_none("switched off (EvalConfig.isolation='none')"))
     workdir = Path(workdir).resolve()
     report = _isolate(workdir, [Path(p).resolve() for p in writable], policy,
-                      [Path(p) for p in hidden])
+                      [Path(p) for p in hidden], [Path(p).resolve() for p in readable])
     if policy.mode is Isolation.NAMESPACES and not report.active:
         _REPORT = report
         raise IsolationError(f"isolation required (EvalConfig.isolation='namespaces') but "
@@ -306,7 +310,7 @@ def _thread_count() -> int:
 
 
 def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy,
-             hidden: list[Path]) -> IsolationReport:
+             hidden: list[Path], readable: list[Path]) -> IsolationReport:
     if not sys.platform.startswith("linux"):
         return _none(f"namespaces are Linux-only (this is {sys.platform})",
                      [f"no OS-level isolation on {sys.platform}; {HOW_TO_ENABLE}"])
@@ -328,7 +332,8 @@ def _isolate(workdir: Path, writable: list[Path], policy: IsolationPolicy,
     writable_now: list[str] = []
     read_only = False
     if "mount" in namespaces:
-        read_only = _read_only_view(libc, workdir, writable, policy, writable_now, warnings)
+        read_only = _read_only_view(libc, workdir, writable, policy, writable_now, warnings,
+                                    readable)
         read_only = _hide_files(libc, hidden, warnings) and read_only
     with contextlib.suppress(OSError):
         os.chdir(workdir)  # the old cwd may sit on a mount now hidden under the private /tmp
@@ -413,7 +418,8 @@ def _mount_id(path: str) -> int | None:
 
 
 def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: IsolationPolicy,
-                    writable_now: list[str], warnings: list[str]) -> bool:
+                    writable_now: list[str], warnings: list[str],
+                    readable: Sequence[Path] = ()) -> bool:
     """Private propagation, writable binds and tmpfs first, then every other mount read-only.
     Returns whether the whole view is read-only (apart from what was meant to stay writable)."""
     try:
@@ -433,6 +439,11 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
                 if path == workdir:
                     raise
                 warnings.append(f"{path} is read-only for the worker ({exc})")
+        shown: list[tuple[str, int]] = []  # bound back like the writable ones, left read-only
+        for path in dict.fromkeys(readable):
+            with contextlib.suppress(OSError):
+                shown.append((str(path), os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
+        opened += shown
         mps = _open_mps_pipe_dir() if policy.private_tmp else None
         if mps is not None:
             opened.append(mps)
@@ -443,8 +454,12 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
         if mps is not None:  # read-only like the rest: not added to keep
             with contextlib.suppress(OSError):
                 _bind_fd(libc, mps[1], mps[0], 0)
+        for path, fd in shown:  # under the private /tmp only: elsewhere they never went away
+            if policy.private_tmp and _under(path, ("/tmp", "/dev/shm")):
+                with contextlib.suppress(OSError):
+                    _bind_fd(libc, fd, path, MS_REC)
         for path, fd in opened:
-            if mps is not None and fd == mps[1]:
+            if (mps is not None and fd == mps[1]) or (path, fd) in shown:
                 continue
             try:
                 _bind_fd(libc, fd, path, MS_REC)
@@ -495,6 +510,10 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
     if failed:
         warnings.append("these mounts stay writable: " + ", ".join(failed))
     return not failed
+
+
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in roots)
 
 
 def _hide_files(libc: _Libc, paths: list[Path], warnings: list[str]) -> bool:
