@@ -9,6 +9,7 @@ alike. A value is converted by its field's type, the same way from a file and fr
 - a ``Path``: text; an enum: one of its values;
 - ``tuple[X, ...]``: a list, or text with the items separated by commas (``optimizer`` or
   ``generator,optimizer``; an empty text is the empty tuple);
+- ``dict[str, X]``: a mapping, or text of ``key:value`` pairs separated by commas;
 - a field that may be None: ``null`` in YAML/JSON, or the text ``none``/``null`` (TOML has no
   null; leaving the key out gives the field's default).
 
@@ -38,6 +39,7 @@ from typing import Any
 # Keys a run record holds beside the settings: what they are is for people, so reading the
 # record back skips them.
 RECORD_KEYS = ("resume_command", "replay_command")
+RUN_CONFIG_FILE = "run_config.json"  # the run record, in the run's output folder
 CONFIG_SUFFIXES = (".yaml", ".yml", ".toml", ".json")
 _TRUE = ("true", "yes", "on", "1")
 _FALSE = ("false", "no", "off", "0")
@@ -73,9 +75,9 @@ def convert(name: str, hint: Any, value: Any) -> Any:
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
-            if len(inner) < len(args):
-                return None
+        is_none = value is None or (isinstance(value, str) and value.strip().lower() in _NONE)
+        if is_none and len(inner) < len(args):
+            return None
         if len(inner) != 1:
             raise ConfigError(f"{name}: its type {hint} cannot be read from a config file")
         return convert(name, inner[0], value)
@@ -89,6 +91,18 @@ def convert(name: str, hint: Any, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{name}: expected a list of {_describe(args[0])}, got {value!r}")
         return tuple(convert(name, args[0], item) for item in value)
+    if origin is dict:
+        if len(args) != 2 or args[0] is not str:
+            raise ConfigError(f"{name}: its type {hint} cannot be read from a config file")
+        if isinstance(value, str):
+            pairs = [item.partition(":") for item in value.split(",") if item.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise ConfigError(f"{name}: expected key:value pairs separated by commas, "
+                                  f"got {value!r}")
+            value = {k.strip(): v.strip() for k, _, v in pairs}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name}: expected a mapping, got {value!r}")
+        return {str(k): convert(f"{name}.{k}", args[1], v) for k, v in value.items()}
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         try:
             return hint(value)
@@ -157,7 +171,10 @@ def settings_values(settings_cls: type, data: typing.Mapping[str, Any], *,
     for key, value in data.items():
         if key not in types_:
             raise ConfigError(unknown_key_message(str(key), types_, where))
-        out[key] = convert(key, types_[key], value)
+        try:
+            out[key] = convert(key, types_[key], value)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     return out
 
 
@@ -182,8 +199,14 @@ class ConfigFile:
 
 
 def read_config_file(settings_cls: type, path: Path) -> ConfigFile:
-    """The settings in a YAML, TOML or JSON config file (or a run record)."""
+    """The settings in a YAML, TOML or JSON config file, or a run record (a run folder stands
+    for its ``run_config.json``)."""
     path = Path(path)
+    if path.is_dir():
+        if not (path / RUN_CONFIG_FILE).is_file():
+            raise ConfigError(f"--config {path} is a folder without {RUN_CONFIG_FILE}; give a "
+                              ".yaml, .toml or .json file, or a run folder")
+        path = path / RUN_CONFIG_FILE
     suffix = path.suffix.lower()
     if suffix not in CONFIG_SUFFIXES:
         raise ConfigError(f"--config {path}: give a .yaml, .toml or .json file")
@@ -191,9 +214,6 @@ def read_config_file(settings_cls: type, path: Path) -> ConfigFile:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config {path} is a folder; for a run folder give "
-                          f"{path / 'run_config.json'}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path}: cannot read it as UTF-8 text ({exc})") from None
     data = _parse(path, suffix, text)
@@ -252,6 +272,8 @@ def to_plain(value: Any) -> Any:
         return str(value)
     if isinstance(value, (tuple, list)):
         return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): to_plain(v) for k, v in value.items()}
     return value
 
 

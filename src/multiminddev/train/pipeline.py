@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.train.config_files import settings_record, write_json_atomically
+from multiminddev.train.config_files import (
+    RUN_CONFIG_FILE,
+    settings_record,
+    write_json_atomically,
+)
 from multiminddev.train.metrics import COMPILE_ONLY_NOTE
 from multiminddev.train.presets import Preset, RunSize, run_size
 
@@ -492,9 +496,6 @@ def _resume_argv(settings: TrainSettings) -> list[str]:
     if "--output-dir" not in argv:
         argv += ["--output-dir", str(settings.output_dir)]
     return argv
-
-
-RUN_CONFIG_FILE = "run_config.json"
 
 
 def _write_run_config(settings: TrainSettings) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from multiminddev.train.config_files import ConfigError, settings_values, unknown_key_message
 from multiminddev.train.pipeline import TrainSettings
@@ -45,6 +46,10 @@ class Recipe:
         object.__setattr__(self, "settings", types.MappingProxyType(values))
         object.__setattr__(self, "not_in_product", tuple(self.not_in_product))
 
+    def settings_for(self) -> dict[str, Any]:
+        """The recipe's settings as ``TrainSettings`` keyword arguments (a fresh dict)."""
+        return dict(self.settings)
+
 
 QUICKSTART = Recipe(
     name="quickstart",
@@ -77,17 +82,17 @@ _BENCHMARK_ONLY = (
     "SFT: the operation line in both agents' replies (--sft-operation-line) [none]",
     "SFT: comment-free Optimizer targets (--sft-strip-comments) [comments kept]",
     "prompts: the element-type line (--element-type-line) [none]",
-    "SFT: maximum sequence length 2176 [the preset's 2048]; batches of 4 with 2 accumulation "
-    "steps [the preset's batches of 8: the same examples per step]",
-    "GRPO: temperature 0.8 [1.0], kl_coef 0.1 [0.02], normalize_std false [true], mini-batches "
-    "of 24 with 3 accumulation steps [the preset's 16, none]",
-    "GRPO: no held-out evaluation during training [the preset's every 10 (CPU) or 20 (GPU) "
-    "steps]",
+    ("SFT: maximum sequence length 2176 [the preset's 2048]; batches of 4 with 2 accumulation "
+    "steps [the preset's batches of 8: the same examples per step]"),
+    ("GRPO: temperature 0.8 [1.0], kl_coef 0.1 [0.02], normalize_std false [true], mini-batches "
+    "of 24 with 3 accumulation steps [the preset's 16, none]"),
+    ("GRPO: no held-out evaluation during training [the preset's every 10 (CPU) or 20 (GPU) "
+    "steps]"),
     "a Generator token cap of 512 [max_new_tokens applies to both agents: 800]",
-    "early stopping on selection problems: unseen shapes every 4 steps, the best step's agents "
-    "kept (--select-problems) [the last step's agents]",
-    "evaluation: eager decoding from a float32 copy of the weights (--eval-dtype float32, "
-    "--eval-compiled-decoding off) with 2 workers [the run's own dtype and decoding]",
+    ("early stopping on selection problems: unseen shapes every 4 steps, the best step's agents "
+    "kept (--select-problems) [the last step's agents]"),
+    ("evaluation: eager decoding from a float32 copy of the weights (--eval-dtype float32, "
+    "--eval-compiled-decoding off) with 2 workers [the run's own dtype and decoding]"),
 )
 
 OPTIMIZER_GRPO_GREEDY_GENERATOR = Recipe(
