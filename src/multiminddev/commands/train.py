@@ -89,7 +89,8 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
                    default=None,
                    help="agents GRPO does not train that decode greedily in its rollouts: a "
                         "greedy Generator hands every Optimizer turn of a group the same kernel "
-                        "(the recipe that raised held-out reward; docs/BENCHMARKS.md, run M)")
+                        "(the recipe that raised held-out reward: --recipe "
+                        "optimizer-grpo-greedy-generator)")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
