@@ -167,6 +167,15 @@ def test_an_atomic_write_that_fails_leaves_the_old_file_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["run_config.json"]
 
 
+def test_an_atomic_write_gives_the_file_the_usual_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    write_json_atomically(tmp_path / "a.json", {})
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
 def test_a_later_layer_wins_and_drops_the_setting_it_excludes():
     exclusive = {"num_steps": "num_episodes", "num_episodes": "num_steps"}
     merged = merge_layers([{"num_steps": 12, "seed": 1}, {"seed": 2}, {"num_episodes": 96}],

@@ -29,10 +29,10 @@ import difflib
 import enum
 import json
 import os
-import tempfile
 import tomllib
 import types
 import typing
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -285,14 +285,15 @@ def settings_record(settings: Any) -> dict[str, Any]:
 
 def write_json_atomically(path: Path, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file in the same folder and a
-    rename, so a reader sees the old file or the whole new one, never a part."""
+    rename, so a reader sees the old file or the whole new one, never a part. (The temporary
+    file is opened normally, not with mkstemp, so the file gets the usual permissions.)"""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with open(tmp, "x", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
