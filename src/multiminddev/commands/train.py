@@ -174,7 +174,6 @@ def flag_settings(args) -> dict[str, Any]:
     if getattr(args, "resume", None) is not None:
         out["resume"] = args.resume  # "" for a bare --resume: the output dir (_settings)
     if args.command == "sft":  # sft's --learning-rate and --max-steps are SFT's
-        out.pop("learning_rate", None)
         if getattr(args, "learning_rate", None) is not None:
             out["sft_learning_rate"] = args.learning_rate
         if getattr(args, "max_steps", None) is not None:
