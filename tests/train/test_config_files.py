@@ -64,6 +64,17 @@ def test_a_set_value_of_the_wrong_type_names_the_setting(item, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_a_literal_setting_takes_one_of_its_values():
+    from typing import Literal
+
+    from multiminddev.train.config_files import convert
+
+    hint = Literal["base", "start"]
+    assert convert("kl_reference", hint, "start") == "start"
+    with pytest.raises(ConfigError, match="expected one of 'base', 'start', got 'sft'"):
+        convert("kl_reference", hint, "sft")
+
+
 def test_file_values_of_the_wrong_type_are_refused():
     with pytest.raises(ConfigError, match="num_steps: expected an integer, got True"):
         settings_values(TrainSettings, {"num_steps": True}, where="run.json")

@@ -106,6 +106,8 @@ def _value_of(name: str, hint: typing.Any, default: typing.Any, tmp_path: Path):
         return (_value_of(name, args[0], None, tmp_path),)
     if origin is dict:
         return {"key": _value_of(name, args[1], None, tmp_path)}
+    if origin is typing.Literal:
+        return next(a for a in args if a != default)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return next(m for m in hint if m != default)
     samples = {bool: not default, int: 3, float: 0.25, str: "some-text", Path: tmp_path / "p"}
@@ -140,22 +142,32 @@ def _configurable_fields(tmp_path):
         yield name, value, companions
 
 
-def test_every_setting_is_reachable_from_set(tmp_path):
+def _reached(argv, name, capsys):
+    """The setting ``name`` of the settings ``argv`` gives; a refused sample fails the test
+    with the command's own error line."""
+    try:
+        return getattr(_settings(argv), name)
+    except SystemExit:
+        pytest.fail(f"{name}: {capsys.readouterr().err.strip()} (if the sample value is not a "
+                    "valid one, give a valid one in _sample)")
+
+
+def test_every_setting_is_reachable_from_set(tmp_path, capsys):
     for name, value, companions in _configurable_fields(tmp_path):
         argv = ["train"]
         for key, item in {**companions, name: value}.items():
             argv += ["--set", f"{key}={_as_text(item)}"]
-        assert getattr(_settings(argv), name) == value, name
+        assert _reached(argv, name, capsys) == value, name
 
 
-def test_every_setting_is_reachable_from_a_config_file(tmp_path):
+def test_every_setting_is_reachable_from_a_config_file(tmp_path, capsys):
     import yaml
 
     for name, value, companions in _configurable_fields(tmp_path):
         data = {key: to_plain(item) for key, item in {**companions, name: value}.items()}
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(data))
-        assert getattr(_settings(["train", "--config", str(path)]), name) == value, name
+        assert _reached(["train", "--config", str(path)], name, capsys) == value, name
 
 
 def test_the_exclusion_list_names_real_fields():

@@ -6,7 +6,7 @@ alike. A value is converted by its field's type, the same way from a file and fr
 
 - ``int``/``float``: a number, or text that parses as one (YAML reads ``5e-5`` as text);
 - ``bool``: true/false (also yes/no, on/off, 1/0 as text);
-- a ``Path``: text; an enum: one of its values;
+- a ``Path``: text; an enum or a ``Literal``: one of its values;
 - ``tuple[X, ...]``: a list, or text with the items separated by commas (``optimizer`` or
   ``generator,optimizer``; an empty text is the empty tuple);
 - ``dict[str, X]``: a mapping, or text of ``key:value`` pairs separated by commas;
@@ -83,6 +83,11 @@ def convert(name: str, hint: Any, value: Any) -> Any:
         return convert(name, inner[0], value)
     if value is None:
         raise ConfigError(f"{name}: expected {_describe(hint)}, got null (it cannot be None)")
+    if origin is typing.Literal:
+        for choice in args:
+            if value == choice or (isinstance(value, str) and value.strip() == str(choice)):
+                return choice
+        raise ConfigError(f"{name}: expected {_describe(hint)}, got {value!r}")
     if origin is tuple:
         if len(args) != 2 or args[1] is not Ellipsis:
             raise ConfigError(f"{name}: its type {hint} cannot be read from a config file")
@@ -154,6 +159,8 @@ def _to_number(name: str, kind: type, what: str, value: Any) -> int | float:
 
 
 def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
         return "one of " + ", ".join(repr(m.value) for m in hint)
     return {bool: "true or false", int: "an integer", float: "a number", str: "text",

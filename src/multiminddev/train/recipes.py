@@ -4,6 +4,11 @@ A recipe fixes some ``TrainSettings`` fields and leaves the rest at their defaul
 file, ``--set`` and explicit flags override it, in that order (docs/training.md, "Recipes and
 config files"). Every setting a recipe uses is a ``TrainSettings`` field, so it is reachable
 from a config file and ``--set`` too; a recipe is checked by building the settings it gives.
+
+A recipe's ``not_in_product`` lists what its measured run also did that is not a product setting
+yet (the GRPO recipes: ``benchmarks/bench_learning.py``'s SFT operation line, comment stripping,
+element-type line, early stopping on selection problems, evaluation dtype, GRPO options), so
+that a run of the recipe is not mistaken for that run.
 """
 
 from __future__ import annotations
