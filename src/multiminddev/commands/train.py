@@ -1,14 +1,16 @@
 """``multiminddev sft``, ``multiminddev rl`` and ``multiminddev train`` (SFT -> RL -> eval).
 
-The flags follow the seeds (``run_multiturn_rl_training.py``): ``--num-episodes``, ``--num-gpus``,
-``--generator-checkpoint``, ``--optimizer-checkpoint``, ``--batch-size``, ``--learning-rate``,
-``--output-dir``; plus ``--group-size``, ``--max-turns``, ``--resume`` and ``--model``.
+A run's settings (``TrainSettings``) come from four sources, a later one winning:
+``--recipe NAME`` < ``--config FILE`` < ``--set key=value`` < explicit flags. ``--config`` reads
+a YAML, TOML or JSON file whose keys are the settings' names, or a run's ``run_config.json``,
+which starts that run again from scratch (in ``--output-dir``, default a new runs/<timestamp>).
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from multiminddev.commands._io import USAGE_ERROR, fail
 
@@ -20,7 +22,21 @@ def register(subparsers) -> None:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
+    # Every flag defaults to None (not given), so that a recipe, a config file and --set can
+    # supply the setting and an explicit flag overrides them; the defaults are TrainSettings'.
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help="start from a named recipe (--list-recipes lists them); a config file, "
+                        "--set and explicit flags override it, in that order")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="settings from a YAML, TOML or JSON file (keys: the settings' names, "
+                        "as --set), or a run's RUN_DIR/run_config.json to run it again")
+    p.add_argument("--set", dest="set_options", action="append", default=[],
+                   metavar="KEY=VALUE",
+                   help="set one setting by name, e.g. --set num_steps=12 --set "
+                        "rl_roles=optimizer (repeatable; over --config, under explicit flags)")
+    p.add_argument("--list-recipes", action="store_true",
+                   help="print the recipes and the settings each fixes, then exit")
+    p.add_argument("--model", default=None,
                    help="base model: 'default' (embedded SmolLM2-135M GGUF), a hub id, a local "
                         "directory or a .gguf file")
     p.add_argument("--output-dir", type=Path, default=None, help="default: runs/<timestamp>")
@@ -29,17 +45,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heldout", dest="heldout_problems", default=None,
                    help="held-out problems spec (e.g. builtin:tier0,tier1:heldout)")
     p.add_argument("--num-gpus", type=int, default=None, help="GPUs to use (default: all)")
-    p.add_argument("--lora-rank", type=int, default=16, help="LoRA adapter rank (default 16)")
-    p.add_argument("--full-finetune", action="store_true",
+    p.add_argument("--lora-rank", type=int, default=None, help="LoRA adapter rank (default 16)")
+    p.add_argument("--full-finetune", action="store_true", default=None,
                    help="train a full copy of the model per agent instead of LoRA adapters")
-    p.add_argument("--qlora", action="store_true",
+    p.add_argument("--qlora", action="store_true", default=None,
                    help="QLoRA: a 4-bit NF4 base under the LoRA adapters (CUDA GPU + bitsandbytes)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--compiled-decoding", choices=["auto", "on", "off"], default="auto",
+    p.add_argument("--seed", type=int, default=None, help="random seed (default 0)")
+    p.add_argument("--compiled-decoding", choices=["auto", "on", "off"], default=None,
                    help="decode with a static KV cache and a compiled step (CUDA graphs; CUDA "
-                        "only, falls back to eager on failure); auto: the preset's choice")
-    p.add_argument("--preset", choices=["quickstart", "quick-test", "full"], default="full",
-                   help="run size (quickstart: the README's few-minute run)")
+                        "only, falls back to eager on failure); auto (default): the preset's "
+                        "choice")
+    p.add_argument("--preset", choices=["quickstart", "quick-test", "full"], default=None,
+                   help="run size (default full; quickstart: the README's few-minute run)")
 
 
 def _rl_flags(p: argparse.ArgumentParser) -> None:
@@ -53,10 +70,10 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
                    help="tokens per agent reply (default: the preset's)")
     p.add_argument("--learning-rate", type=float, default=None,
                    help="RL learning rate (default: the preset's)")
-    p.add_argument("--kl-reference", choices=["base", "start"], default="base",
+    p.add_argument("--kl-reference", choices=["base", "start"], default=None,
                    help="what GRPO's KL term pulls toward: the pre-trained base (default) or each "
                         "agent as RL starts, e.g. its SFT checkpoint")
-    p.add_argument("--family-sampling", choices=["uniform", "signal"], default="uniform",
+    p.add_argument("--family-sampling", choices=["uniform", "signal"], default=None,
                    help="how RL draws problems: every problem of the curriculum's tier alike "
                         "(default), or a family first, weighted by p(1-p) of its recent pass "
                         "rate p, so solved and hopeless families give way to those with a "
@@ -68,17 +85,20 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rl-roles", nargs="+", choices=["generator", "optimizer"], default=None,
                    help="the agents GRPO updates (default: both); e.g. optimizer, with "
                         "--rl-greedy-roles generator")
-    p.add_argument("--rl-greedy-roles", nargs="+", choices=["generator", "optimizer"], default=(),
+    p.add_argument("--rl-greedy-roles", nargs="+", choices=["generator", "optimizer"],
+                   default=None,
                    help="agents GRPO does not train that decode greedily in its rollouts: a "
                         "greedy Generator hands every Optimizer turn of a group the same kernel "
-                        "(the recipe that raised held-out reward; docs/BENCHMARKS.md, run M)")
+                        "(the recipe that raised held-out reward: --recipe "
+                        "optimizer-grpo-greedy-generator)")
     p.add_argument("--generator-checkpoint", default=None,
                    help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
                         "a base model")
     p.add_argument("--optimizer-checkpoint", default=None, help="Optimizer start, as above")
     p.add_argument("--resume", nargs="?", const="", default=None, type=str,
                    help="resume from RUN_DIR/rl_checkpoints/latest (default: --output-dir)")
-    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
+    p.add_argument("--wandb", action="store_true", default=None,
+                   help="also log to Weights & Biases")
 
 
 def _sft_problems_flag(p: argparse.ArgumentParser) -> None:
@@ -92,7 +112,7 @@ def _register_sft(subparsers) -> None:
     p = subparsers.add_parser("sft", help="supervised fine-tuning of the Generator and/or Optimizer")
     _common(p)
     _sft_problems_flag(p)
-    p.add_argument("--role", choices=["generator", "optimizer", "both"], default="both",
+    p.add_argument("--role", choices=["generator", "optimizer", "both"], default=None,
                    help="which agent(s) to fine-tune (default both)")
     p.add_argument("--max-steps", type=int, default=None, help="SFT optimizer steps per role")
     p.add_argument("--learning-rate", type=float, default=None,
@@ -112,47 +132,108 @@ def _register_train(subparsers) -> None:
     _common(p)
     _rl_flags(p)
     _sft_problems_flag(p)
-    p.add_argument("--skip-sft", action="store_true", help="skip the SFT phase")
-    p.add_argument("--skip-rl", action="store_true", help="skip the RL phase")
-    p.add_argument("--skip-eval", action="store_true", help="skip the held-out evaluation")
-    p.add_argument("--quick-test", action="store_true", help="a few-minute smoke test of every phase")
+    p.add_argument("--skip-sft", action="store_true", default=None, help="skip the SFT phase")
+    p.add_argument("--skip-rl", action="store_true", default=None, help="skip the RL phase")
+    p.add_argument("--skip-eval", action="store_true", default=None,
+                   help="skip the held-out evaluation")
+    p.add_argument("--quick-test", action="store_true", default=None,
+                   help="a few-minute smoke test of every phase (--preset quick-test)")
     p.add_argument("--sft-steps", type=int, default=None,
                    help="SFT optimizer steps per role (default: the preset's)")
     p.set_defaults(handler=_run_train)
 
 
-def _settings(args, **overrides):
-    from multiminddev.train.pipeline import TrainSettings, default_output_dir
+# Flags whose destination is the setting of the same name (those of the command at hand).
+_SAME_NAME_FLAGS = (
+    "model", "output_dir", "train_problems", "heldout_problems", "num_gpus", "lora_rank",
+    "full_finetune", "qlora", "seed", "preset", "num_episodes", "num_steps", "batch_size",
+    "group_size", "max_turns", "max_new_tokens", "kl_reference", "family_sampling",
+    "family_warm_start", "rl_roles", "rl_greedy_roles", "generator_checkpoint",
+    "optimizer_checkpoint", "wandb", "sft_problems", "skip_sft", "skip_rl", "skip_eval",
+    "sft_steps")
+# A later source that sets one of these drops the other from earlier sources: a recipe's step
+# count gives way to --num-episodes instead of conflicting with it.
+EXCLUSIVE_SETTINGS = {"num_steps": "num_episodes", "num_episodes": "num_steps"}
+# What each command fixes, over every source: it is what the command is.
+_COMMAND_SETTINGS = {"sft": {"skip_rl": True, "skip_eval": True}, "rl": {"skip_sft": True},
+                     "train": {}}
+# A run record's settings that say where and how far the recorded run went, not what it
+# trains: --config RUN_DIR/run_config.json starts the same run afresh in a new folder
+# (--output-dir, default runs/<timestamp>); --resume RUN_DIR continues the recorded one.
+RUN_STATE_SETTINGS = ("output_dir", "resume", "roles_sft_done")
 
-    resume = getattr(args, "resume", None)
-    output_dir = args.output_dir
-    if resume == "":  # bare --resume: the output dir
-        if output_dir is None:
+
+def flag_settings(args) -> dict[str, Any]:
+    """The settings the command line's explicit flags give (None: a flag not given)."""
+    out = {name: getattr(args, name) for name in _SAME_NAME_FLAGS
+           if getattr(args, name, None) is not None}
+    if getattr(args, "compiled_decoding", None) is not None:
+        out["compiled_decoding"] = {"auto": None, "on": True, "off": False}[args.compiled_decoding]
+    if getattr(args, "quick_test", None):
+        out["preset"] = "quick-test"
+    if getattr(args, "resume", None) is not None:
+        out["resume"] = args.resume  # "" for a bare --resume: the output dir (_settings)
+    if args.command == "sft":  # sft's --learning-rate and --max-steps are SFT's
+        if getattr(args, "learning_rate", None) is not None:
+            out["sft_learning_rate"] = args.learning_rate
+        if getattr(args, "max_steps", None) is not None:
+            out["sft_steps"] = args.max_steps
+        if getattr(args, "role", None) is not None:
+            out["roles"] = (("generator", "optimizer") if args.role == "both"
+                            else (args.role,))
+    elif getattr(args, "learning_rate", None) is not None:
+        out["learning_rate"] = args.learning_rate
+    return out
+
+
+def layered_settings(args) -> dict[str, Any]:
+    """The TrainSettings keyword arguments from every source, the later winning: the recipe,
+    the config file, --set, the explicit flags, then what the command fixes. Raises
+    ``ConfigError`` (one line) on an unknown recipe, key or value."""
+    from multiminddev.train.config_files import merge_layers, parse_set_options, read_config_file
+    from multiminddev.train.pipeline import TrainSettings
+    from multiminddev.train.recipes import get_recipe
+
+    layers: list[dict[str, Any]] = []
+    if args.recipe is not None:
+        layers.append(get_recipe(args.recipe).settings_for())
+    if args.config is not None:
+        config = read_config_file(TrainSettings, args.config)
+        values = dict(config.values)
+        if config.is_run_record:
+            for name in RUN_STATE_SETTINGS:
+                values.pop(name, None)
+        layers.append(values)
+    layers.append(parse_set_options(TrainSettings, args.set_options))
+    layers.append(flag_settings(args))
+    layers.append(dict(_COMMAND_SETTINGS.get(args.command, {})))
+    return merge_layers(layers, EXCLUSIVE_SETTINGS)
+
+
+def _settings(args, **overrides):
+    """The run's TrainSettings from every source (``layered_settings``) and ``overrides``; a
+    bad source or combination is one line on stderr and exit 2."""
+    from multiminddev.train.config_files import ConfigError
+    from multiminddev.train.pipeline import TrainSettings
+
+    try:
+        kwargs = layered_settings(args)
+    except ConfigError as exc:
+        fail(str(exc))
+        raise SystemExit(USAGE_ERROR) from exc
+    kwargs.update(overrides)
+    resume = kwargs.get("resume")
+    if resume is not None and str(resume) == "":  # bare --resume: the output dir
+        if kwargs.get("output_dir") is None:
             fail("--resume without a path needs --output-dir (the run to resume)")
             raise SystemExit(USAGE_ERROR)
-        resume = str(output_dir)
-    if resume is not None and output_dir is None:
-        output_dir = Path(resume)
-    preset = "quick-test" if getattr(args, "quick_test", False) else args.preset
-    kwargs = {
-        "output_dir": output_dir or default_output_dir(), "model": args.model, "preset": preset,
-        "num_gpus": args.num_gpus, "train_problems": args.train_problems,
-        "heldout_problems": args.heldout_problems, "lora_rank": args.lora_rank,
-        "full_finetune": args.full_finetune, "qlora": args.qlora, "seed": args.seed,
-        "compiled_decoding": {"auto": None, "on": True, "off": False}[
-            getattr(args, "compiled_decoding", "auto")],
-        "resume": Path(resume) if resume else None,
-    }
-    for name in ("num_episodes", "num_steps", "batch_size", "group_size", "max_turns",
-                 "max_new_tokens", "learning_rate", "generator_checkpoint", "optimizer_checkpoint",
-                 "wandb", "sft_steps", "kl_reference", "sft_problems", "family_sampling",
-                 "family_warm_start", "rl_roles", "rl_greedy_roles"):
-        if hasattr(args, name):
-            kwargs[name] = getattr(args, name)
-    kwargs.update(overrides)
+        resume = kwargs["output_dir"]
+    if resume is not None:
+        kwargs["resume"] = Path(resume)
+        kwargs.setdefault("output_dir", Path(resume))
     try:
         return TrainSettings(**kwargs)
-    except ValueError as exc:  # conflicting or out-of-range flags: a usage error, not a crash
+    except ValueError as exc:  # conflicting or out-of-range settings: a usage error, not a crash
         fail(str(exc))
         raise SystemExit(USAGE_ERROR) from exc
 
@@ -199,16 +280,20 @@ def _run(settings) -> int:
     return 0
 
 
+def _list_recipes() -> int:
+    from multiminddev.train.recipes import recipe_table
+
+    print(recipe_table())
+    return 0
+
+
 def _run_sft(args) -> int:
-    roles = ("generator", "optimizer") if args.role == "both" else (args.role,)
-    return _run(_settings(args, roles=roles, skip_rl=True, skip_eval=True,
-                          sft_steps=args.max_steps, sft_learning_rate=args.learning_rate))
+    return _list_recipes() if args.list_recipes else _run(_settings(args))
 
 
 def _run_rl(args) -> int:
-    return _run(_settings(args, skip_sft=True))
+    return _list_recipes() if args.list_recipes else _run(_settings(args))
 
 
 def _run_train(args) -> int:
-    return _run(_settings(args, skip_sft=args.skip_sft, skip_rl=args.skip_rl,
-                          skip_eval=args.skip_eval))
+    return _list_recipes() if args.list_recipes else _run(_settings(args))

@@ -2,7 +2,7 @@
 
 ```
 <output_dir>/                    default runs/<timestamp>
-  run_config.json                the settings and the command that resumes the run
+  run_config.json                every setting, and the commands that resume and replay the run
   sft_checkpoints/{generator,optimizer}/
   rl_checkpoints/{latest,best_model_episode_N,final_model}/
   metrics.jsonl  eval_metrics.jsonl  tensorboard/  episodes.jsonl
@@ -24,6 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.train.config_files import (
+    RUN_CONFIG_FILE,
+    settings_record,
+    write_json_atomically,
+)
 from multiminddev.train.metrics import COMPILE_ONLY_NOTE
 from multiminddev.train.presets import Preset, RunSize, run_size
 
@@ -84,6 +89,8 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
+        if self.resume is not None:
+            self.resume = Path(self.resume)
         self.preset = Preset(self.preset)
         self.roles = tuple(AgentRole(r) for r in self.roles)
         if not self.roles or any(not r.trainable for r in self.roles):
@@ -492,13 +499,13 @@ def _resume_argv(settings: TrainSettings) -> list[str]:
 
 
 def _write_run_config(settings: TrainSettings) -> None:
-    data = {k: (str(v) if isinstance(v, Path) else getattr(v, "value", v))
-            for k, v in dataclasses.asdict(settings).items()}
-    for name in ("roles", "roles_sft_done", "rl_roles", "rl_greedy_roles"):
-        value = getattr(settings, name)
-        data[name] = None if value is None else [r.value for r in value]
+    """The run record: every TrainSettings field (``train --config`` reads it back to the same
+    settings) and the commands that resume and replay the run; written whole or not at all."""
+    path = settings.output_dir / RUN_CONFIG_FILE
+    data = settings_record(settings)
     data["resume_command"] = " ".join(_resume_argv(settings))
-    (settings.output_dir / "run_config.json").write_text(json.dumps(data, indent=2, default=str))
+    data["replay_command"] = f"multiminddev train --config {path}"
+    write_json_atomically(path, data)
 
 
 def summarize(ctx: Context, result: PipelineResult) -> None:
