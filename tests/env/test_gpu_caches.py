@@ -67,7 +67,9 @@ _dir.mkdir(parents=True, exist_ok=True)
 {model_new}
 '''
 
-UNGUARDED = {"defenses": False, "sandbox": False}
+# The worst case: no OS isolation either (the kernel refused it), so the candidate can write
+# the shared cache; authentication is what must stop it.
+UNGUARDED = {"defenses": False, "sandbox": False, "isolation": "none"}
 
 
 def _config(cache_dir, **overrides):
