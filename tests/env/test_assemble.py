@@ -247,3 +247,14 @@ def test_reduced_precision_within_tolerance_is_incorrect_against_the_float64_tru
         "ground_truth": {"outputs": [[pack_tensor(truth)]]}, "done": {}})
     result = _assemble(out)
     assert result.status is EvalStatus.INCORRECT and "precision" in result.message
+
+
+def test_reported_gpu_time_beyond_the_stage_wall_clock_is_tampering():
+    from multiminddev.env.assemble import check_timing_within_wall_clock
+    from multiminddev.env.results import TimingStats
+
+    stats = TimingStats(median_ms=10.0, mean_ms=10.0, runs=300)  # 3 s of timed calls
+    assert check_timing_within_wall_clock(stats, 3.5) == []
+    (finding,) = check_timing_within_wall_clock(stats, 1.0)
+    assert finding.reason is RejectReason.MONKEY_PATCH
+    assert check_timing_within_wall_clock(stats, None) == []  # the stage time is unknown

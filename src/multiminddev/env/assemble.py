@@ -264,7 +264,29 @@ def parent_findings(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
     if bench.status is StageStatus.OK and bench.candidate.runs:
         found += [(Stage.BENCHMARK, f) for f in check_impossible_speed(
             bench.candidate.median_ms, bench.bytes_moved, bench.peak_gbps)]
+        wall = outcome.stages_seconds.get(Stage.BENCHMARK.value)
+        found += [(Stage.BENCHMARK, f) for f in check_timing_within_wall_clock(
+            bench.candidate, wall)]
     return found
+
+
+WALL_CLOCK_SLACK_S = 0.05  # clock granularity and message latency
+
+
+def check_timing_within_wall_clock(stats: TimingStats, wall_s: float | None) -> list[Finding]:
+    """The timed calls' GPU time the worker reports (mean x runs) cannot exceed the benchmark
+    stage's duration on the evaluator's own clock. This bounds a reported figure from above
+    only: a figure forged downward is kept out by the timer being out of the candidate's reach
+    (static allowlist, OS isolation), not by any clock the parent can read."""
+    if wall_s is None or not stats.runs:
+        return []
+    reported_s = stats.mean_ms * stats.runs / 1000.0
+    if reported_s <= wall_s + WALL_CLOCK_SLACK_S:
+        return []
+    return [Finding(rule="timing_wall_clock", reason=RejectReason.MONKEY_PATCH,
+                    message=f"the worker reported {reported_s:.3f} s of timed GPU work in a "
+                            f"benchmark stage that lasted {wall_s:.3f} s on the evaluator's "
+                            "clock: the timing was tampered with")]
 
 
 def reported_coverage(outcome: JobOutcome) -> float | None:
