@@ -21,6 +21,7 @@ from multiminddev.env.candidate import candidate_hash, unpack_tensor
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.guards import check_impossible_speed, check_kernel_coverage
 from multiminddev.env.pool import JobOutcome
+from multiminddev.env.precision import OutputLayout
 from multiminddev.env.results import (
     BenchmarkResult,
     CompileResult,
@@ -34,7 +35,6 @@ from multiminddev.env.results import (
     VerifyResult,
     _from_jsonable,
 )
-from multiminddev.env.precision import OutputLayout
 from multiminddev.env.verify import (
     PrecisionBudget,
     layout_mismatches,

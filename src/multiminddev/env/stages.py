@@ -92,7 +92,6 @@ def _correctness_trials(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
     import torch
 
     from multiminddev.env.precision import output_layout
-
     from multiminddev.env.worker import clone_inputs, timed, to_host
 
     guards, clock = state.guards, state.timings

@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.env import precision
 from multiminddev.env.candidate import (
     as_output_list,
     candidate_hash,
     load_module_from_source,
     send_tensor_lists,
 )
-from multiminddev.env import precision
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
 
