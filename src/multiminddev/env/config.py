@@ -110,7 +110,7 @@ class EvalConfig:
     # GPU memory a candidate may take beyond what its worker holds when it loads: this many times
     # the reference setup's peak, and at least candidate_memory_floor_gib. Without a cap one
     # candidate's wrong-shaped output took 50.8 GiB in a worker and ran two of three trainers
-    # sharing the H100 out of memory (run F, 2026-11-25). None: no cap.
+    # sharing an H100 out of memory. None: no cap.
     candidate_memory_factor: float | None = 4.0
     candidate_memory_floor_gib: float = 2.0
     # Precision by error budget (verify.verify_precision): a float32 output's error against a

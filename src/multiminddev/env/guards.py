@@ -8,7 +8,7 @@ before the candidate runs, ``TorchComputeGuard`` around its forward, then
 ``kernel_time_coverage_events`` (CUDA events around our own launches) or ``kernel_time_coverage``
 (profiler) with ``check_kernel_coverage``, and ``check_impossible_speed``.
 
-What they catch (each was a real reward hack; see docs/SECURITY.md):
+What they catch (each was a real reward hack; see docs/evaluator.md):
 
 - torch doing the work (aten ops beyond allocation/views during forward): TORCH_COMPUTE;
 - an uninitialised ``torch.empty`` holding the reference's freed output: free cached GPU memory

@@ -39,7 +39,7 @@ eval/exec) before anything runs; (b) each candidate runs in its own worker proce
 replaced after a fault, with reference outputs computed and sent to the parent before the
 candidate is imported; (c) the parent verifies outputs it received as bytes, so a candidate cannot
 fake a pass inside the worker. For hostile-by-design code, run workers in a container or VM
-without network and with a read-only filesystem; see docs/SECURITY.md.
+without network and with a read-only filesystem; see docs/evaluator.md.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def weight_by_sign(adv: Tensor, *, positive: float = 1.0, negative: float = 1.0)
     Reinforcement in LLM Reasoning", lambda = 0.1): learning then comes mostly from lowering
     the failed samples, which keeps the rest of the policy's ranking as it was. Reinforcing
     the successes at full weight sharpens the policy toward them, and in our runs a 135M model
-    then wrote the rewarded templates for other problems too (docs/BENCHMARKS.md, session 18).
+    then wrote the rewarded templates for other problems too (docs/training.md, "Advantage variants").
     Applied after the group-relative step, so a group's advantages no longer sum to zero.
     """
     if positive < 0 or negative < 0:

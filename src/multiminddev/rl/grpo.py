@@ -46,7 +46,7 @@ class AdvantageMode(str, enum.Enum):
 
 
 class KLReference(str, enum.Enum):
-    BASE = "base"  # the frozen pre-trained model (adapters off), as the seeds' training guide has it
+    BASE = "base"  # the frozen pre-trained model (adapters off), the usual GRPO reference
     START = "start"  # each agent as GRPO started (e.g. its SFT checkpoint), frozen
 
 
@@ -67,7 +67,7 @@ class GRPOConfig:
     learning_rate: float = 2e-5
     # One agent's own rate, e.g. {"generator": 2e-5}; agents not named use learning_rate. Why:
     # at 5e-5 the Generator's greedy held-out choices drifted onto other problems' templates while
-    # the Optimizer barely moved (docs/BENCHMARKS.md, fifteenth and seventeenth sessions).
+    # the Optimizer barely moved (docs/training.md, "Learning rate").
     role_learning_rates: dict[str, float] = field(default_factory=dict)
     weight_decay: float = 0.0
     ppo_epochs: int = 1  # passes over each batch (PPO-style reuse)
@@ -79,13 +79,13 @@ class GRPOConfig:
     dual_clip: float | None = None
     kl_coef: float = 0.02
     # What the KL term pulls toward. After SFT the base compiles nothing and its KL to the SFT
-    # agents is 0.7-0.9 per token from the first step (docs/BENCHMARKS.md), so "start" keeps the
-    # penalty on drift from the SFT agents instead.
+    # agents is 0.7-0.9 per token from the first step (docs/training.md, "KL reference"), so
+    # "start" keeps the penalty on drift from the SFT agents instead.
     kl_reference: KLReference = KLReference.BASE
     # SFT anchor (InstructGPT's PPO-ptx): each optimizer step also takes SFT's loss on
     # sft_batch_size of the role's SFT examples, times sft_coef. Off by default. Why: GRPO after
     # SFT on resized shapes lost, on every seed, exactly the held-out problems those shapes had
-    # fixed, while its own rewards held (docs/BENCHMARKS.md, thirteenth GPU session).
+    # fixed, while its own rewards held (docs/training.md, "Advantage variants").
     sft_coef: float = 0.0
     sft_batch_size: int = 4
     loss_agg: LossAgg = LossAgg.TOKEN_MEAN
@@ -99,12 +99,13 @@ class GRPOConfig:
     # With credit.improvement, a turn after the first is credited with its reward minus the
     # best reward before it. Centred on its group ("group"), it is compared with turns handed
     # other kernels: an Optimizer turn that left a failing kernel failing (improvement 0) gained
-    # whenever a groupmate broke a correct one, summing to +4.4 to +11.1 per seed in session 19;
+    # whenever a groupmate broke a correct one, summing to +4.4 to +11.1 per seed in one run;
     # the seed with the most went from 11 to 0 correct Optimizer turns per step. Not centred
     # ("none"), a break cost about -0.6 and a keep gained about +0.1, so the summed advantage
     # was -23 to -38 per seed, and the most negative seed's Optimizer broke 23 of 24 held-out
-    # kernels in session 20. "handed_outcome" compares a turn only with its groupmates handed a kernel of the same
-    # outcome (correct or not), as rl.advantages.stratified_advantages does (docs/BENCHMARKS.md).
+    # kernels. "handed_outcome" compares a turn only with its groupmates handed a kernel of the
+    # same outcome (correct or not), as rl.advantages.stratified_advantages does
+    # (docs/training.md, "Turn credit").
     improvement_baseline: ImprovementBaseline = ImprovementBaseline.GROUP
     reward: RewardConfig = field(default_factory=RewardConfig)
     credit: CreditConfig = field(default_factory=CreditConfig)
@@ -716,7 +717,7 @@ class GRPOTrainer:
                                  heldout_decides=bool(self.heldout) and self.cfg.eval_every > 0)
         if score is not None and (self.best_reward is None or score > self.best_reward):
             self.best_reward, self.best_episode = score, self.episodes_done
-            # every agent, trained or not, so the checkpoint is a whole team (seeds' layout)
+            # every agent, trained or not, so the checkpoint is a whole team (one folder per agent)
             ck.save_best(self.rl_dir, episode=self.episodes_done, policy=self.policy,
                          roles=self.policy.roles, config=self.cfg.to_dict(),
                          metrics={"reward_mean": score, "step": self.step,

@@ -1,4 +1,4 @@
-"""Checkpoints in the seeds' layout, plus a resumable ``latest/`` written atomically.
+"""Checkpoints, one folder per agent, plus a resumable ``latest/`` written atomically.
 
 ```
 <output_dir>/
@@ -233,7 +233,7 @@ def _torch_load(path: Path) -> Any:
                               f"{path.parent} and resume from another checkpoint or start afresh") from None
 
 
-# --- seeds' layouts (best / final / sft) ---------------------------------------------------------
+# --- checkpoint layouts (best / final / sft) ---------------------------------------------------------
 
 def save_role(policy, role, parent: Path) -> Path:
     """Save one role's adapter (or full model) into ``parent/<role>/`` in a loadable format."""
@@ -250,7 +250,7 @@ def save_role(policy, role, parent: Path) -> Path:
 
 
 def save_agents(policy, roles, target: Path) -> None:
-    """Save each role's adapter into ``target/<role>/`` (the seeds' generator/ optimizer/ dirs)."""
+    """Save each role's adapter into ``target/<role>/`` (generator/ and optimizer/)."""
     for role in roles:
         save_role(policy, role, target)
 

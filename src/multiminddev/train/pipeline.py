@@ -1,4 +1,4 @@
-"""The ``train`` pipeline: SFT -> GRPO -> held-out evaluation, with the seeds' output layout.
+"""The ``train`` pipeline: SFT -> GRPO -> held-out evaluation, writing one folder per agent and phase.
 
 ```
 <output_dir>/                    default runs/<timestamp>
@@ -79,8 +79,8 @@ class TrainSettings:
     wandb: bool = False
     seed: int = 0
     roles_sft_done: tuple[AgentRole, ...] = ()  # set when resuming a run that stopped in SFT
-    # The agents GRPO updates; None: every agent in `roles`. Run M (docs/BENCHMARKS.md, 31st
-    # session) trained the Optimizer alone after SFT of both.
+    # The agents GRPO updates; None: every agent in `roles`. Training the Optimizer alone after
+    # SFT of both is the recipe that raised held-out reward (docs/training.md).
     rl_roles: tuple[AgentRole, ...] | None = None
     # Agents that decode greedily in GRPO's rollouts and the final evaluation
     # (EpisodeConfig.temperature_by_role = 0). With the Generator greedy, every Optimizer turn of
@@ -242,7 +242,7 @@ def _model_params_hint(model: str) -> int:
                    ("3b", 3e9), ("7b", 7e9), ("8b", 8e9), ("14b", 14e9)):
         if tag in model.lower():
             return int(n)
-    return 1_500_000_000  # the seeds' Qwen2.5-Coder-1.5B
+    return 1_500_000_000  # a Qwen2.5-Coder-1.5B-sized model
 
 
 # --------------------------------------------------------------------------- phases

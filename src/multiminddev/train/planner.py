@@ -1,6 +1,6 @@
 """GPU planner: which GPU does rollout generation, which trains each agent, which evaluates.
 
-The layouts follow the seeds' training guide (``seeds/training-guide.md``):
+The layouts, by the number of GPUs:
 
 ```
 8+ GPUs (optimal)        4-7 GPUs (balanced)      2-3 GPUs (minimal)       1 GPU        0 GPUs

@@ -43,7 +43,7 @@ class RunSize:
     # The Generator learns the corpus's naive solutions only: one target per prompt ("correct
     # first"; the fast variants are the Optimizer's targets) and replies of 310-440 tokens
     # instead of up to 750. On the GPU this took SmolLM2-135M to 94% compiling / 56% correct
-    # held-out kernels (docs/BENCHMARKS.md, learning benchmark), where both variants at 40
+    # held-out kernels (docs/training.md, "Generator targets"), where both variants at 40
     # steps gave 1 compiling kernel in 8.
     generator_variants: tuple[str, ...] = ("naive",)
     generator_max_new_tokens: int | None = None  # None: max_new_tokens
@@ -60,9 +60,9 @@ class RunSize:
 # 1297), so the sizes give each agent room for its longest taught reply: a reply cut short has
 # no closing fence and cannot parse (tests/train/test_pipeline.py checks this). The GPU
 # quickstart's size follows the learning benchmark's recipe (150 SFT steps, 2 GRPO steps). With
-# eager decoding (60-80 ms per step at any batch) it did not finish within 575 s on an H100
-# (fifth session); with compiled decoding it took 320 s there, a GRPO rollout of 8 episodes 15 s
-# once compiled (sixth session, docs/BENCHMARKS.md).
+# eager decoding (60-80 ms per step at any batch) it did not finish within 575 s on an H100;
+# with compiled decoding it took 320 s there, a GRPO rollout of 8 episodes 15 s once compiled
+# (docs/training.md, "Compiled decoding").
 _TIER01 = ("builtin:tier0,tier1:train", "builtin:tier0,tier1:heldout")
 _SIZES: dict[tuple[Preset, bool], RunSize] = {
     (Preset.QUICKSTART, False): RunSize(

@@ -63,7 +63,7 @@ QUICKSTART = Recipe(
     settings={"preset": "quickstart"},
 )
 
-# The SFT data and GRPO setting of the learning benchmark (docs/BENCHMARKS.md), as far as they
+# The SFT data and GRPO setting of the learning benchmark (docs/training.md), as far as they
 # are product settings. Both GRPO recipes share them, so they differ only in what GRPO trains.
 _LEARNING_BENCHMARK = {
     "sft_problems": "builtin:tier0:train:allshapes:resized4+builtin:tier1:train:resized4*2"

@@ -4,7 +4,7 @@ Uses transformers' ``Trainer`` (TRL is optional and not needed: the only thing S
 add here is assistant-only loss, which ``tokenize_chat`` does through the chat template). Each
 agent trains its own LoRA adapter on the shared frozen base (``policy.use(role)``), or the whole
 model with ``full_finetune=True``; QLoRA (4-bit base) is switched on when bitsandbytes and a GPU
-are present. Output: ``<output_dir>/sft_checkpoints/<role>/`` (the seeds' layout).
+are present. Output: ``<output_dir>/sft_checkpoints/<role>/`` (one folder per agent).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def collate_examples(pad_id: int, logits_from_labels: bool = False):
     before the batch's first assistant token on (``logits_to_keep``), with ``labels`` cut to
     those positions, so that a causal LM's own loss is the same as on the whole sequence. Why:
     the prompt's full-vocabulary logits were most of SFT's memory (3 GiB per float32 copy at
-    8 x 2048 tokens, 2026-11-25), and an Optimizer example is about 60% prompt.
+    8 x 2048 tokens), and an Optimizer example is about 60% prompt.
     """
     import torch
 
@@ -216,7 +216,7 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     dropped = len(encoded) - len(examples)
     if truncated:
         # a cut reply never shows its end (closing fence, end-of-turn), so the agent may learn
-        # to run on; 25 of the Optimizer's 246 examples were cut at 2048 tokens (session 23)
+        # to run on (25 of the Optimizer's 246 corpus examples are longer than 2048 tokens)
         log.warning("SFT %s: %d of %d examples were cut at max_seq_length=%d and lose their "
                     "reply's end", role.value, truncated, len(encoded), cfg.max_seq_length)
     out_dir = cfg.checkpoint_root / role.value
