@@ -20,7 +20,7 @@ def _round_trip(result: EvalResult) -> EvalResult:
 
 def test_incorrect_result_with_a_mismatch_reason_round_trips():
     # TrialMismatch.reason is a plain string; it was once parsed as a RejectReason, so every
-    # incorrect result in an episode file failed to load (fifteenth session, rescoring)
+    # incorrect result in an episode file failed to load
     result = EvalResult(status=EvalStatus.INCORRECT, problem="elu_4096x4096", verify=VerifyResult(
         status=StageStatus.FAILED, trials_run=3, mismatches=[
             TrialMismatch(trial=0, output_index=0, reason="allclose", max_abs_error=0.5)]))

@@ -63,7 +63,7 @@ def test_candidate_memory_cap_is_what_the_worker_holds_plus_a_multiple_of_the_se
 
 def test_an_allocation_past_the_cap_is_the_candidates_doing():
     cap = worker.candidate_memory_cap(4.0, 2.0, GIB, GIB, 80 * GIB)  # 5 GiB
-    assert worker.over_memory_cap(40 * GIB, GIB, cap)  # run F's 40 GiB scratch
+    assert worker.over_memory_cap(40 * GIB, GIB, cap)  # a 40 GiB scratch buffer
     assert worker.over_memory_cap(5 * GIB - GIB // 2, GIB, cap)  # over by the allocator's rounding
     assert not worker.over_memory_cap(64 << 20, 2 * GIB, cap)  # a small request under the cap
     assert not worker.over_memory_cap(40 * GIB, GIB, None)  # no cap

@@ -117,7 +117,7 @@ def _improvement_advantages(immediate, **cfg):
 
 
 def test_uncentred_improvement_gives_a_failing_optimizer_turn_no_credit_from_a_groupmates_break():
-    """Session 19: with improvement credit centred on the group, Optimizer turns that left a
+    """With improvement credit centred on the group, Optimizer turns that left a
     failing kernel failing gained whenever a groupmate broke a correct kernel. Uncentred, the
     improvement itself is the advantage: 0 for them, the whole loss for the break."""
     # episode 0: a correct Generator kernel (0.6) that the Optimizer broke (-0.1); episodes 1-3:
@@ -136,7 +136,7 @@ def test_uncentred_improvement_gives_a_failing_optimizer_turn_no_credit_from_a_g
 
 
 def test_handed_outcome_baseline_compares_optimizer_turns_handed_the_same_outcome():
-    """Session 20: uncentred, breaks outweighed keeps and the summed advantage went negative,
+    """Uncentred, breaks outweighed keeps and the summed advantage went negative,
     and one seed's Optimizer collapsed. Centred per handed outcome, a kept kernel is credited
     against a groupmate's break, and failing starts against each other only."""
     # a correct kernel broken (0.6 -> -0.1) and one made faster (0.6 -> 0.7); two failing
@@ -190,7 +190,7 @@ def test_episodes_with_an_infra_error_are_left_out_of_training_and_rewards():
 
 
 def test_scored_turns_carry_their_reward_credit_and_advantage_into_the_episode_log():
-    """episodes.jsonl showed reward None on every GRPO turn (seventh session): the reward
+    """episodes.jsonl showed reward None on every GRPO turn: the reward
     phase now writes each agent turn's reward, components and credit on the turn."""
     from multiminddev.episode.state import episode_to_dict
     from multiminddev.rewards import compute_reward
@@ -442,7 +442,7 @@ def test_one_step_on_gpu_moves_the_adapters_and_logs_real_rewards(tmp_path):
     policy = tiny_policy()
     policy.peft_model.to("cuda")
     before = _params(policy)
-    # with --family-sampling signal (run I's sampler), whose draws read the episodes' outcomes
+    # with --family-sampling signal, whose draws read the episodes' outcomes
     trainer = _trainer(tmp_path, policy, compile_only=False,
                        curriculum_config=CurriculumConfig(family_sampling="signal"))
     trainer.train()
