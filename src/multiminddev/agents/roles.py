@@ -1,13 +1,5 @@
-"""The agents of an episode."""
+"""The agents of an episode (defined in ``core.roles``, which tasks and rewards also use)."""
 
-import enum
+from multiminddev.core.roles import AgentRole
 
-
-class AgentRole(str, enum.Enum):
-    GENERATOR = "generator"  # writes the first kernel from the problem
-    OPTIMIZER = "optimizer"  # improves the current kernel from Tester feedback
-    TESTER = "tester"  # rule-based: compiles, verifies, benchmarks; never trained
-
-    @property
-    def trainable(self) -> bool:
-        return self is not AgentRole.TESTER
+__all__ = ["AgentRole"]

@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from multiminddev.cuda import cache_auth
-from multiminddev.env.results import (
+from multiminddev.core.results import (
     CompileResult,
     Diagnostic,
     KernelResources,
@@ -31,6 +30,7 @@ from multiminddev.env.results import (
     _from_jsonable,
     _to_jsonable,
 )
+from multiminddev.cuda import cache_auth
 
 DEFAULT_ARCH = "sm_90"
 # Authenticated entries live apart from the unauthenticated ones of older versions ("nvrtc"),

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from multiminddev.core.results import CompileResult, StageStatus
 from multiminddev.cuda.compiler import CompiledModule, CompileOptions, compile_cuda
 from multiminddev.cuda.signature import (
     POINTEE_TORCH_DTYPES,
@@ -23,7 +24,6 @@ from multiminddev.cuda.signature import (
     KernelSignature,
     parse_kernel_signatures,
 )
-from multiminddev.env.results import CompileResult, StageStatus
 
 # Every module compiled in this process, oldest first. The evaluation worker reads it to report
 # the candidate's compile results and resource usage; it is an observation log, never an input.

@@ -17,6 +17,7 @@ import signal
 import time
 from typing import Any
 
+from multiminddev.core.problem import Problem
 from multiminddev.env.candidate import candidate_hash, unpack_tensor
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.guards import check_impossible_speed, check_kernel_coverage
@@ -41,7 +42,6 @@ from multiminddev.env.verify import (
     verify_outputs,
     verify_precision,
 )
-from multiminddev.tasks.problem import Problem
 
 _FAILURE_STATUS = {
     "compile_error": EvalStatus.COMPILE_ERROR,

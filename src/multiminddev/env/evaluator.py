@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from multiminddev.core.problem import Problem, load_problem
 from multiminddev.env.benchmark import TrustedBaselines
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
@@ -39,7 +40,6 @@ from multiminddev.env.results import (
     StageStatus,
     StaticCheckResult,
 )
-from multiminddev.tasks.problem import Problem, load_problem
 
 
 class Evaluator:

@@ -300,7 +300,7 @@ _KEEP_OPEN: list[Any] = []  # the dump file must stay open for faulthandler
 
 def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     """Run one job; returns True when the process must exit (CUDA context poisoned)."""
-    from multiminddev.tasks.problem import Problem
+    from multiminddev.core.problem import Problem
 
     cfg = EvalConfig.from_dict(job["config"])
     problem = Problem.from_dict(job["problem"])

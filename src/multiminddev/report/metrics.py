@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from multiminddev.core.stats import geometric_mean
 from multiminddev.env.results import EvalResult, EvalStatus
 
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.2, 2.0)
-
-
-def geometric_mean(xs: Iterable[float]) -> float:
-    """``exp(mean(log x))`` over positive finite values (others ignored); NaN when none are."""
-    logs = [math.log(x) for x in xs if x is not None and math.isfinite(x) and x > 0]
-    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
 
 
 def fast_p(correct: Sequence[bool], speedups: Sequence[float], p: float) -> float:

@@ -32,7 +32,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from multiminddev.report.metrics import geometric_mean
+from multiminddev.core.stats import geometric_mean
 from multiminddev.tasks.problem import Problem
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ import zlib
 from collections.abc import Callable, Iterable
 
 from multiminddev.agents.pitfalls import candidate_strategies, extract_cuda_sources
-from multiminddev.agents.roles import AgentRole
+from multiminddev.core.roles import AgentRole
 from multiminddev.cuda.signature import KernelSignature, parse_kernel_signatures
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.tasks.problem import Problem

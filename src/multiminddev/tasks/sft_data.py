@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from multiminddev import pyast
-from multiminddev.agents.roles import AgentRole
+from multiminddev.core.roles import AgentRole
 from multiminddev.tasks.loaders import SakanaRecord, problem_solution
 from multiminddev.tasks.problem import Problem
 
