@@ -47,3 +47,19 @@ def test_conflicting_flags_are_one_line_on_stderr(tmp_path, capsys):
     code, out, err = run_cli(capsys, "rl", "--num-steps", "2", "--num-episodes", "8",
                              "--output-dir", tmp_path / "out")
     assert_one_line_error(code, out, err, contains="not both")
+
+
+def test_sft_data_with_a_missing_archive_is_one_line_before_the_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(capsys, "sft", "--sft-data", f"sakana:{tmp_path / 'nope'}",
+                                "--output-dir", out)
+    assert_one_line_error(code, stdout, err, contains="does not exist")
+    assert "--sft-data" in err and not out.exists()
+
+
+def test_sft_data_of_another_form_names_the_valid_one(tmp_path, capsys):
+    archive = tmp_path / "level_2.parquet"
+    archive.write_text("")
+    code, stdout, err = run_cli(capsys, "train", "--sft-data", archive,
+                                "--output-dir", tmp_path / "out")
+    assert_one_line_error(code, stdout, err, contains="give sakana:PATH")

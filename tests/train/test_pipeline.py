@@ -271,3 +271,30 @@ def test_sft_problems_flag_gives_the_sft_data_and_leaves_rl_its_problems():
     assert loaded(["sft", "--sft-problems", spec]).settings.sft_problems == spec
     plain = loaded(["train"])
     assert plain.settings.sft_problems is None and plain.sft_problems is plain.train_problems
+
+
+def test_sft_data_flag_adds_the_archives_generator_examples_before_the_model_loads(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from multiminddev.train.pipeline import load_problems_for
+    from tests.tasks.kb_fixtures import write_sakana_parquet
+
+    pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`")
+    spec = f"sakana:{write_sakana_parquet(tmp_path / 'archive')}"
+
+    def loaded(argv):
+        ctx = Context(_settings([*argv, "--problems", "builtin:tier0:train", "--heldout",
+                                 "builtin:tier0:heldout", "--output-dir", str(tmp_path / "o")]),
+                      Console(file=io.StringIO()))
+        load_problems_for(ctx)
+        return ctx
+
+    for command in ("sft", "train"):
+        ctx = loaded([command, "--sft-data", spec])
+        assert ctx.settings.sft_data == spec
+        assert [e.variant for e in ctx.sakana_sft.examples] == ["linear_relu_scale_base"]
+        assert "1 Generator example(s) from 1 task(s)" in ctx.console.file.getvalue()
+    assert loaded(["sft", "--sft-data", spec, "--role", "optimizer"]).sakana_sft is None
+    assert loaded(["train"]).sakana_sft is None

@@ -92,6 +92,7 @@ def _sample(name: str, hint: typing.Any, default: typing.Any, tmp_path: Path):
         "rl_greedy_roles": ((AgentRole.GENERATOR,), {"rl_roles": "optimizer"}),
         "resume": (tmp_path / "run", {}),
         "output_dir": (tmp_path / "out", {}),
+        "sft_data": (f"sakana:{tmp_path}", {}),  # validated: the archive's path must exist
     }
     if name in special:
         return special[name]

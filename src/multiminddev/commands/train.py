@@ -106,6 +106,11 @@ def _sft_problems_flag(p: argparse.ArgumentParser) -> None:
                    help="problems whose reference solutions make the SFT data (default: "
                         "--problems; RL still uses --problems), e.g. "
                         "builtin:tier0,tier1:train:allshapes+builtin:breadth")
+    p.add_argument("--sft-data", default=None, metavar="SPEC",
+                   help="more Generator SFT data, in addition to the reference solutions: "
+                        "sakana:PATH, the SakanaAI AI CUDA Engineer archive's parquet files (or "
+                        "their folder); its correct kernels with a recorded speedup become "
+                        "load_inline candidates, the 2 fastest distinct ones per task")
 
 
 def _register_sft(subparsers) -> None:
@@ -149,8 +154,8 @@ _SAME_NAME_FLAGS = (
     "full_finetune", "qlora", "seed", "preset", "num_episodes", "num_steps", "batch_size",
     "group_size", "max_turns", "max_new_tokens", "kl_reference", "family_sampling",
     "family_warm_start", "rl_roles", "rl_greedy_roles", "generator_checkpoint",
-    "optimizer_checkpoint", "wandb", "sft_problems", "skip_sft", "skip_rl", "skip_eval",
-    "sft_steps")
+    "optimizer_checkpoint", "wandb", "sft_problems", "sft_data", "skip_sft", "skip_rl",
+    "skip_eval", "sft_steps")
 # A later source that sets one of these drops the other from earlier sources: a recipe's step
 # count gives way to --num-episodes instead of conflicting with it.
 EXCLUSIVE_SETTINGS = {"num_steps": "num_episodes", "num_episodes": "num_steps"}

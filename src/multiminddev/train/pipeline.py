@@ -57,6 +57,9 @@ class TrainSettings:
     train_problems: str | None = None
     heldout_problems: str | None = None
     sft_problems: str | None = None  # the SFT data's problems; None: the training problems
+    # Extra Generator SFT data: "sakana:PATH", the AI CUDA Engineer archive's correct kernels
+    # (tasks/sakana_sft.py), in addition to the reference solutions of sft_problems.
+    sft_data: str | None = None
     num_steps: int | None = None
     num_episodes: int | None = None  # total RL episodes; sets num_steps
     batch_size: int | None = None  # problems per RL step
@@ -127,6 +130,10 @@ class TrainSettings:
                              f": GRPO trains {' '.join(sorted(r.value for r in trained))} on "
                              "sampled turns; only an agent it does not train can decode "
                              "greedily (e.g. --rl-roles optimizer --rl-greedy-roles generator)")
+        if self.sft_data is not None:
+            from multiminddev.tasks.sakana_sft import sakana_sft_path
+
+            sakana_sft_path(self.sft_data)  # a bad spec or path stops the run before it starts
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
@@ -160,6 +167,7 @@ class Context:
         self.train_problems: list[Any] = []
         self.sft_problems: list[Any] = []  # SFT data only; GRPO draws from train_problems
         self.heldout: list[Any] = []
+        self.sakana_sft: Any = None  # SakanaSFTData from --sft-data, read before the model loads
 
 
 # --------------------------------------------------------------------------- setup
@@ -181,6 +189,11 @@ def load_problems_for(ctx: Context) -> None:
     sft = f", {len(ctx.sft_problems)} for SFT data" if s.sft_problems else ""
     ctx.console.print(f"problems: {len(ctx.train_problems)} train{sft}, "
                       f"{len(ctx.heldout)} held-out")
+    if s.sft_data is not None and not s.skip_sft and AgentRole.GENERATOR in s.roles:
+        from multiminddev.tasks.sakana_sft import load_sakana_sft_data
+
+        ctx.sakana_sft = load_sakana_sft_data(s.sft_data)
+        ctx.console.print(ctx.sakana_sft.summary())
 
 
 def policy_config(ctx: Context, device: str) -> Any:
@@ -264,7 +277,10 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
             continue
         variants = ({"variants": ctx.size.generator_variants}
                     if role is AgentRole.GENERATOR else {})
-        dataset = build_sft_dataset(role, ctx.sft_problems, seed=s.seed, **variants)
+        extra = (ctx.sakana_sft.examples
+                 if ctx.sakana_sft is not None and role is AgentRole.GENERATOR else ())
+        dataset = build_sft_dataset(role, ctx.sft_problems, seed=s.seed, extra_examples=extra,
+                                    **variants)
         ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
         result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
         ctx.console.print(f"SFT {role.value}: loss {result.loss_before:.3f} -> "
