@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from multiminddev.cli import build_parser
 from multiminddev.commands.train import seeds_problem
@@ -70,3 +72,22 @@ def test_bench_compare_of_a_folder_without_figures_is_a_one_line_error(capsys, t
 def test_bench_compare_of_a_missing_folder_is_a_one_line_error(capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", "--compare", tmp_path / "nope")
     assert_one_line_error(code, out, err, contains="does not exist")
+
+
+def test_every_seed_runs_from_the_written_settings_and_failures_are_recorded(capsys, tmp_path,
+                                                                             monkeypatch):
+    # The seeds' problem spec is one the pipeline refuses as it starts, before any model loads:
+    # each seed process starts, fails, and the others still run.
+    src = str(Path(__file__).parents[2] / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [src, os.environ.get(
+        "PYTHONPATH")])))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    code, out, err = run_cli(capsys, "train", "--seeds", "3", "5", "--problems",
+                             "builtin:nosuchfamily", "--output-dir", tmp_path)
+    assert code == 1
+    assert out == ""  # no seed gave figures: no table to print
+    record = json.loads((tmp_path / "seed5" / "run_config.json").read_text())
+    assert (record["seed"], record["train_problems"]) == (5, "builtin:nosuchfamily")
+    seeds = json.loads((tmp_path / "seeds.json").read_text())
+    assert set(seeds["failed"]) == {"3", "5"}
+    assert "seed 3 FAILED" in err and "seed 5 FAILED" in err

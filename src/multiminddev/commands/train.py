@@ -361,7 +361,8 @@ def _run_seeds(args) -> int:
           f"{settings.output_dir}", file=sys.stderr)
     table = collect_seed_table(run_seed_plan(plan), settings.output_dir)
     json_path, md_path = write_seed_table(table, settings.output_dir)
-    print(md_path.read_text(encoding="utf-8"))
+    if table.stages:
+        print(md_path.read_text(encoding="utf-8"))
     print(f"seeds: table in {json_path} and {md_path}", file=sys.stderr)
     if table.failed:
         print(f"seeds: {len(table.failed)} of {len(plan)} seeds failed or gave no figures: "
