@@ -2,9 +2,9 @@
 
 ``train --seeds 0 1 2 3`` writes the run's settings once (``OUTPUT_DIR/seeds_config.json``) and
 starts one ``train --config OUTPUT_DIR/seeds_config.json --set seed=N --output-dir
-OUTPUT_DIR/seed<N>`` per seed: one after another on a machine with no GPU or one, and one process
-per GPU (``CUDA_VISIBLE_DEVICES``) where there are several. Then, from each seed's final
-held-out evaluation (``seed<N>/eval_results.json``)::
+OUTPUT_DIR/seed<N>`` per seed (its output in ``seed<N>/train.log``): one after another on a
+machine with no GPU or one, and one process per GPU (``CUDA_VISIBLE_DEVICES``) where there are
+several. Then, from each seed's final held-out evaluation (``seed<N>/eval_results.json``)::
 
     OUTPUT_DIR/seeds.json   per stage and metric: mean, std over seeds, per-seed values;
                             the per-seed rows; the seeds that failed and why
