@@ -1461,6 +1461,7 @@ def stage_summary(per_seed: list[dict[str, Any]], stage: str,
     """``{stage}/{metric}``: mean and std over seeds, bootstrap CI over pooled episodes (those
     of one problem and seed resampled together: --eval-samples' episodes are not independent)."""
     from multiminddev.report.metrics import bootstrap_ci
+    from multiminddev.train.seeds import mean_and_std
 
     pooled = [r for s in per_seed for r in s["rows"][stage]]
     clusters = [rows for s in per_seed for rows in rows_by_problem(s["rows"][stage]).values()]
@@ -1469,16 +1470,16 @@ def stage_summary(per_seed: list[dict[str, Any]], stage: str,
         values = [s["metrics"][stage][metric] for s in per_seed]
         ci = bootstrap_ci(clusters, lambda cs, m=metric: stage_metrics(
             [r for c in cs for r in c], compile_only)[m])
-        out[f"{stage}/{metric}"] = {"mean": statistics.fmean(values),
-                                    "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                                    "ci95": list(ci), "per_seed": values}
+        mean, std = mean_and_std(values)
+        out[f"{stage}/{metric}"] = {"mean": mean, "std": std, "ci95": list(ci),
+                                    "per_seed": values}
     # Episodes longer than two turns also say what two turns reached (the protocol of earlier runs)
     if pooled and all("correct_turn" in r for r in pooled) and max(r["turns"] for r in pooled) > 2:
         for metric in ("compile_rate", "correct_rate"):
             values = [rate_within_turns(s["rows"][stage], metric, 2) for s in per_seed]
-            out[f"{stage}/{metric}_within_2_turns"] = {
-                "mean": statistics.fmean(values),
-                "std": statistics.stdev(values) if len(values) > 1 else 0.0, "per_seed": values}
+            mean, std = mean_and_std(values)
+            out[f"{stage}/{metric}_within_2_turns"] = {"mean": mean, "std": std,
+                                                       "per_seed": values}
     return out
 
 
@@ -1500,9 +1501,12 @@ def gain_summary(per_seed: list[dict[str, Any]], stage: str, metric: str,
                  baseline: str = "sft") -> dict[str, Any]:
     """``stage`` minus ``baseline`` (SFT) per seed; it counts only if its mean exceeds its
     spread."""
+    from multiminddev.train.seeds import mean_and_std
+
     gains = [s["metrics"][stage][metric] - s["metrics"][baseline][metric] for s in per_seed]
-    mean = statistics.fmean(gains)
-    spread = statistics.stdev(gains) if len(gains) > 1 else math.inf
+    mean, spread = mean_and_std(gains)
+    if len(gains) < 2:  # one seed measures no spread, and a gain must exceed its spread
+        spread = math.inf
     return {"mean": mean, "std": spread, "per_seed": gains, "exceeds_spread": mean > spread}
 
 

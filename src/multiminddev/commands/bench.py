@@ -58,6 +58,10 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
     bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    bench.add_argument("--compare", nargs="+", type=Path, default=None, metavar="RUN_DIR",
+                       help="run nothing: print train runs' held-out figures side by side (a "
+                            "train --seeds folder's seeds.json, mean +- std over seeds, or a "
+                            "single run's eval_results.json)")
     bench.set_defaults(handler=run_bench)
 
     report = subparsers.add_parser(
@@ -81,6 +85,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.compare is not None:
+        return run_compare(args.compare)
     from multiminddev.policy.model import resolve_model_source
     from multiminddev.tasks.problem import ProblemError
 
@@ -114,6 +120,23 @@ def run_bench(args: argparse.Namespace) -> int:
     summary = json.loads((args.out / "summary.json").read_text())["labels"]
     print_summary(summary)
     print(f"report: {path}")
+    return 0
+
+
+def run_compare(run_dirs: Sequence[Path]) -> int:
+    """``bench --compare``: each run's figures (``seeds.run_figures``), one table on stdout."""
+    from multiminddev.train.seeds import compare_table, run_figures
+
+    runs: dict[str, Any] = {}
+    for run_dir in run_dirs:
+        if (problem := dir_problem(run_dir, "train run folder")) is not None:
+            return fail(f"--compare {problem}")
+        try:
+            table = run_figures(run_dir)
+        except ValueError as exc:
+            return fail(f"--compare {' '.join(str(exc).split())}")
+        runs[_unique(runs, run_dir.resolve().name or str(run_dir))] = table
+    print(compare_table(runs))
     return 0
 
 

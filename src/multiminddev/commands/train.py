@@ -141,6 +141,10 @@ def _register_train(subparsers) -> None:
     p.add_argument("--skip-rl", action="store_true", default=None, help="skip the RL phase")
     p.add_argument("--skip-eval", action="store_true", default=None,
                    help="skip the held-out evaluation")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, metavar="N",
+                   help="train once per seed into OUTPUT_DIR/seed<N>/ (one process per GPU where "
+                        "there are several, else one after another), then write the mean +- "
+                        "std over seeds to OUTPUT_DIR/seeds.json and seeds.md (excludes --seed)")
     p.add_argument("--quick-test", action="store_true", default=None,
                    help="a few-minute smoke test of every phase (--preset quick-test)")
     p.add_argument("--sft-steps", type=int, default=None,
@@ -301,4 +305,80 @@ def _run_rl(args) -> int:
 
 
 def _run_train(args) -> int:
-    return _list_recipes() if args.list_recipes else _run(_settings(args))
+    if args.list_recipes:
+        return _list_recipes()
+    if args.seeds is not None:
+        return _run_seeds(args)
+    return _run(_settings(args))
+
+
+def seeds_problem(args) -> str | None:
+    """Why ``--seeds`` cannot be used with the other flags, or None."""
+    if args.seed is not None:
+        return "--seed and --seeds exclude each other: give --seeds 0 1 2 for several seeds"
+    if getattr(args, "resume", None) is not None:
+        return ("--seeds starts fresh runs; resume one seed with train --resume "
+                "OUTPUT_DIR/seed<N>")
+    if len(set(args.seeds)) != len(args.seeds):
+        return f"--seeds {' '.join(map(str, args.seeds))}: give each seed once"
+    return None
+
+
+def _run_seeds(args) -> int:
+    """Write the settings once, run each seed as its own ``train`` process (``seed_launch_plan``),
+    then the table over seeds; exit 1 when any seed failed or gave no figures."""
+    import os
+    import sys
+
+    from multiminddev.policy import PolicyError
+    from multiminddev.train.config_files import settings_record, write_json_atomically
+    from multiminddev.train.seeds import (
+        SEEDS_CONFIG_FILE,
+        collect_seed_table,
+        run_seed_plan,
+        seed_gpu_ids,
+        seed_launch_plan,
+        write_seed_table,
+    )
+
+    if (problem := seeds_problem(args)) is not None:
+        return fail(problem)
+    settings = _settings(args)
+    if (problem := folder_inputs_problem(settings.output_dir, None)) is not None:
+        return fail(problem)
+    try:  # a bad --model stops here once, not once per seed
+        check_model_inputs(settings)
+    except (PolicyError, ValueError) as exc:
+        return fail(" ".join(str(exc).split()))
+    settings.output_dir.mkdir(parents=True, exist_ok=True)
+    config_path = settings.output_dir / SEEDS_CONFIG_FILE
+    record = {k: v for k, v in settings_record(settings).items()
+              if k not in (*RUN_STATE_SETTINGS, "seed")}
+    write_json_atomically(config_path, record)
+    gpu_ids = seed_gpu_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), _cuda_device_count(),
+                           settings.num_gpus)
+    plan = seed_launch_plan(args.seeds, gpu_ids=gpu_ids, config_path=config_path,
+                            output_dir=settings.output_dir,
+                            command=(sys.executable, "-m", "multiminddev.cli"))
+    how = (f"one process per GPU ({', '.join(gpu_ids)})" if len(gpu_ids) >= 2
+           else "one after another")
+    print(f"seeds: {len(plan)} seeds ({' '.join(map(str, args.seeds))}), {how}, into "
+          f"{settings.output_dir}", file=sys.stderr)
+    table = collect_seed_table(run_seed_plan(plan), settings.output_dir)
+    json_path, md_path = write_seed_table(table, settings.output_dir)
+    if table.stages:
+        print(md_path.read_text(encoding="utf-8"))
+    print(f"seeds: table in {json_path} and {md_path}", file=sys.stderr)
+    if table.failed:
+        print(f"seeds: {len(table.failed)} of {len(plan)} seeds failed or gave no figures: "
+              f"{', '.join(map(str, sorted(table.failed)))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
