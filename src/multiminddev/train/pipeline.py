@@ -58,7 +58,7 @@ class TrainSettings:
     heldout_problems: str | None = None
     sft_problems: str | None = None  # the SFT data's problems; None: the training problems
     # Extra Generator SFT data: "sakana:PATH", the AI CUDA Engineer archive's correct kernels
-    # (tasks/sakana_sft.py), in addition to the reference solutions of sft_problems.
+    # (train/sakana_sft.py), in addition to the reference solutions of sft_problems.
     sft_data: str | None = None
     num_steps: int | None = None
     num_episodes: int | None = None  # total RL episodes; sets num_steps
@@ -131,7 +131,7 @@ class TrainSettings:
                              "sampled turns; only an agent it does not train can decode "
                              "greedily (e.g. --rl-roles optimizer --rl-greedy-roles generator)")
         if self.sft_data is not None:
-            from multiminddev.tasks.sakana_sft import sakana_sft_path
+            from multiminddev.train.sakana_sft import sakana_sft_path
 
             sakana_sft_path(self.sft_data)  # a bad spec or path stops the run before it starts
         if self.qlora and self.full_finetune:
@@ -190,7 +190,7 @@ def load_problems_for(ctx: Context) -> None:
     ctx.console.print(f"problems: {len(ctx.train_problems)} train{sft}, "
                       f"{len(ctx.heldout)} held-out")
     if s.sft_data is not None and not s.skip_sft and AgentRole.GENERATOR in s.roles:
-        from multiminddev.tasks.sakana_sft import load_sakana_sft_data
+        from multiminddev.train.sakana_sft import load_sakana_sft_data
 
         ctx.sakana_sft = load_sakana_sft_data(s.sft_data)
         ctx.console.print(ctx.sakana_sft.summary())

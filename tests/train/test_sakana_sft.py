@@ -9,7 +9,7 @@ import pytest
 from multiminddev.agents.parsing import parse_candidate
 from multiminddev.agents.prompts import generator_messages
 from multiminddev.tasks.loaders import load_sakana_archive
-from multiminddev.tasks.sakana_sft import (
+from multiminddev.train.sakana_sft import (
     SakanaSkip,
     load_sakana_sft_data,
     sakana_sft_data,
