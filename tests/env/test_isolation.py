@@ -304,3 +304,12 @@ def test_honest_kernel_evaluates_ok_in_an_isolated_worker(isolated):
                              (FIXTURES / "honest" / "relu_basic.py").read_text())
     assert result.status is EvalStatus.OK, result.message
 
+
+
+def test_the_workers_own_code_stays_importable_from_a_checkout_under_tmp():
+    # A checkout (or virtual environment) under /tmp must not vanish under the private /tmp.
+    import multiminddev
+    from multiminddev.env.isolation import code_paths
+
+    src = Path(multiminddev.__file__).resolve().parent.parent
+    assert src in code_paths()

@@ -167,11 +167,23 @@ def isolate_worker_process(conn: Any, config: dict[str, Any]) -> IsolationReport
         cfg.cache_path.mkdir(parents=True, exist_ok=True)
     try:
         return isolate_worker(private, [], policy, hidden=worker_hidden_paths(cfg),
-                              readable=[cfg.cache_path])
+                              readable=[cfg.cache_path, *code_paths()])
     except IsolationError as exc:
         with contextlib.suppress(Exception):
             conn.send(("startup_failed", {"message": f"IsolationError: {exc}"}))
         raise SystemExit(1) from None
+
+
+def code_paths() -> list[Path]:
+    """Where this process imports code from: the package's own source root (an editable
+    install maps it through an import hook, not ``sys.path``) and every ``sys.path``
+    directory. A checkout or virtual environment under /tmp would otherwise vanish under the
+    worker's private /tmp, and the worker could import nothing it had not imported yet."""
+    import multiminddev
+
+    found = [Path(multiminddev.__file__).resolve().parent.parent]
+    found += [Path(entry).resolve() for entry in sys.path if entry and Path(entry).is_dir()]
+    return list(dict.fromkeys(found))
 
 
 def worker_hidden_paths(cfg: EvalConfig) -> list[Path]:
