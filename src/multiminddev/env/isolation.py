@@ -167,7 +167,7 @@ def isolate_worker_process(conn: Any, config: dict[str, Any]) -> IsolationReport
         cfg.cache_path.mkdir(parents=True, exist_ok=True)
     try:
         return isolate_worker(private, [], policy, hidden=worker_hidden_paths(cfg),
-                              readable=[cfg.cache_path, *code_paths()])
+                              readable=worker_readable_paths(cfg))
     except IsolationError as exc:
         with contextlib.suppress(Exception):
             conn.send(("startup_failed", {"message": f"IsolationError: {exc}"}))
@@ -184,6 +184,12 @@ def code_paths() -> list[Path]:
     found = [Path(multiminddev.__file__).resolve().parent.parent]
     found += [Path(entry).resolve() for entry in sys.path if entry and Path(entry).is_dir()]
     return list(dict.fromkeys(found))
+
+
+def worker_readable_paths(cfg: EvalConfig) -> list[Path]:
+    """What a worker reads besides the system: the shared cache (prebuilt libraries) and its
+    own code (``code_paths``)."""
+    return [cfg.cache_path, *code_paths()]
 
 
 def worker_hidden_paths(cfg: EvalConfig) -> list[Path]:
@@ -632,7 +638,8 @@ from multiminddev.env import isolation
 cfg = EvalConfig(isolation=sys.argv[1])
 private = isolation.make_private_dir()
 report = isolation.isolate_worker(private, [], isolation.IsolationPolicy(mode=cfg.isolation),
-                                  hidden=isolation.worker_hidden_paths(cfg))
+                                  hidden=isolation.worker_hidden_paths(cfg),
+                                  readable=isolation.worker_readable_paths(cfg))
 key = isolation.worker_hidden_paths(cfg)[0]
 checks = {}
 checks["cache_key"] = ("hidden" if not key.is_file() or key.stat().st_size == 0
