@@ -241,7 +241,8 @@ ISOLATED_DESCRIBE_PROBE = textwrap.dedent(
     r'''
     import json, pathlib, sys
     from multiminddev.env import isolation, sandbox
-    report = isolation.isolate_worker(isolation.make_private_dir(), [], "auto")
+    report = isolation.isolate_worker(isolation.make_private_dir(), [], "auto",
+                                      readable=isolation.code_paths())  # as a worker sees it
     sandbox.prepare_sandbox()  # its own unshare fails now: every capability is gone
     sandbox.install_sandbox(pathlib.Path(sys.argv[1]))
     print("DESCRIBE " + json.dumps(sandbox.describe()))
