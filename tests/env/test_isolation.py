@@ -264,7 +264,8 @@ GPU_PROBE = textwrap.dedent(
     cfg = EvalConfig()
     private = isolation.make_private_dir()
     report = isolation.isolate_worker(private, [],
-                                      isolation.IsolationPolicy(mode="namespaces"))
+                                      isolation.IsolationPolicy(mode="namespaces"),
+                                      readable=isolation.worker_readable_paths(cfg))
     import torch  # after isolation, as in a worker
     from multiminddev.cuda import compile_kernels
     source = 'extern "C" __global__ void twice(const float* x, float* y, int n) {' \
