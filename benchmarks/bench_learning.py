@@ -1942,21 +1942,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def detach_workers_from_script() -> None:
-    """Keeps the processes multiprocessing starts from reading the main script again.
-
-    A process started by the forkserver or spawn runs the parent's main script again (as
-    ``__mp_main__``) before its target, from disk: the evaluator starts one worker per candidate
-    all through a run, so a run whose script was replaced or removed under it (a detached run in
-    a working tree that a later command rewrote) starts no worker from then on, and every later
-    evaluation is an infrastructure error. The workers need nothing of the script (their target
-    is ``multiminddev.env.worker.worker_main``), and without ``__file__`` on ``__main__``
-    multiprocessing runs nothing of it. Call it from the script's entry point only."""
-    main_module = sys.modules.get("__main__")
-    if main_module is not None and getattr(main_module, "__spec__", None) is None:
-        main_module.__dict__.pop("__file__", None)
-
-
 if __name__ == "__main__":
-    detach_workers_from_script()
     sys.exit(main())

@@ -1346,15 +1346,11 @@ def test_a_changed_code_file_is_named(bench, tmp_path):
 
 
 DRIVER = '''import os, sys
-sys.path.insert(0, {benchmarks!r})
-import bench_learning
 from multiminddev.env import EvalConfig, Evaluator
 from tests.episode.helpers import RELU_KERNEL, relu_problem
 
 ME = __file__
 if __name__ == "__main__":
-    if sys.argv[1] == "detached":
-        bench_learning.detach_workers_from_script()
     with Evaluator(EvalConfig(num_workers=1, spare_workers=0, num_trials=1,
                               infra_retry_delay_s=0.01)) as evaluator:
         first = evaluator.evaluate(relu_problem(), RELU_KERNEL)
@@ -1365,12 +1361,11 @@ if __name__ == "__main__":
 '''
 
 
-@pytest.mark.parametrize("mode", ["attached", "detached"])
-def test_workers_started_after_the_script_is_gone(tmp_path, mode):
+def test_workers_started_after_the_script_is_gone(tmp_path):
     """multiprocessing's forkserver would run the main script again in every worker it starts,
     and with the script gone (a run whose tree a later command rewrote) no worker would start.
-    The evaluator's pool starts workers without the script, so both a plain script and one
-    that detaches itself keep evaluating."""
+    The evaluator's pool starts workers without the script, so a script that is gone keeps
+    evaluating."""
     import os
     import subprocess
     import sys
@@ -1378,11 +1373,11 @@ def test_workers_started_after_the_script_is_gone(tmp_path, mode):
     from tests.benchmarks.helpers import BENCHMARKS
 
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(benchmarks=str(BENCHMARKS)))
+    driver.write_text(DRIVER)
     root = str(BENCHMARKS.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [os.path.join(root, "src"), root, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, str(driver), mode], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True,
                           env=env, timeout=300, cwd=tmp_path, check=False)
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT"))
     first, second = line.split()[1:3]

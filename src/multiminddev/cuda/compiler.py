@@ -4,7 +4,7 @@ Compiling needs no GPU: give ``arch`` ("sm_90") on a machine without one. Result
 ``CompileResult`` dataclasses; a broken kernel is ``StageStatus.FAILED`` with diagnostics
 carrying line numbers, never an exception.
 
-The disk cache is authenticated (``cache_auth``): each entry's cubin and compile result carry an
+The disk cache is authenticated (``cache_auth``): each entry's cubin and compile result hold an
 HMAC made with the cache's secret, so a cubin planted under another source's key is rebuilt,
 never loaded. Evaluation workers do not use the shared cache at all: they point
 ``$MULTIMINDDEV_CACHE`` at a private directory of their own before candidate code loads.
