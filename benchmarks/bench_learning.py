@@ -205,7 +205,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
     p.add_argument("--sft-full-finetune", action="store_true",
                    help="fine-tune one full copy of the model per agent (separate models) "
                         "instead of LoRA adapters; GRPO then trains those copies")
-    from multiminddev.tasks.repair_data import KINDS as REPAIR_KINDS
+    from multiminddev.train.repair_data import KINDS as REPAIR_KINDS
 
     p.add_argument("--sft-strip-comments", action="store_true",
                    help="train the Optimizer on fast solutions without their whole-line comments "
@@ -229,7 +229,7 @@ def parse_args(argv: list[str] | None = None) -> BenchArgs:
                    choices=REPAIR_KINDS,
                    help="add repair pairs to the Optimizer's SFT data: a broken kernel, the "
                         "Tester's real report on it, and the correct kernel; KINDs from "
-                        "multiminddev.tasks.repair_data.KINDS (misspelt_math, "
+                        "multiminddev.train.repair_data.KINDS (misspelt_math, "
                         "undeclared_variable, float16_kernel, float32_kernel, wrong_operation; "
                         "the last two need a GPU to be reported), none given: all")
     p.add_argument("--optimizer-repair-reply", choices=["naive", "fast"], default="naive",
@@ -500,7 +500,7 @@ def grpo_overrides(options: list[str]) -> dict[str, Any]:
     ``credit.FIELD=VALUE`` sets a field of GRPOConfig.credit (a CreditConfig). GRPOConfig and
     CreditConfig themselves then check the values' ranges."""
     from multiminddev.rewards.credit import CreditConfig
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     defaults = {f.name: getattr(GRPOConfig(), f.name) for f in dataclasses.fields(GRPOConfig)}
     credit_defaults = {f.name: getattr(CreditConfig(), f.name)
@@ -619,7 +619,7 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
 def stage_rows(episodes: list[Any], cfg: Any) -> list[dict[str, Any]]:
     """One row per held-out episode (``episode_row``), scored with ``cfg``'s reward (a
     GRPOConfig) less the repeat penalty, so runs with and without it compare."""
-    from multiminddev.rl.grpo import score_episodes
+    from multiminddev.train.grpo import score_episodes
 
     scoring = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, repeat_penalty=0.0))
     rows = []
@@ -819,7 +819,7 @@ def run_seed(args: BenchArgs, seed: int, train: list[Any], heldout: list[Any], e
     from multiminddev.policy import HFGenerationBackend, PolicyConfig, SamplingParams, load_policy
     from multiminddev.report.plots import plot_training_curves
     from multiminddev.rewards import RewardConfig
-    from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
+    from multiminddev.train.grpo import GRPOConfig, GRPOTrainer
     from multiminddev.train.metrics import read_metrics
     from multiminddev.train.sft import SFTConfig, run_sft
 
@@ -1352,8 +1352,8 @@ def sft_data(role: Any, train: list[Any], seed: int, generator_variants: list[st
 
     from multiminddev.agents.prompts import generator_messages, optimizer_messages
     from multiminddev.agents.roles import AgentRole
-    from multiminddev.tasks import repair_data
-    from multiminddev.tasks.sft_data import build_sft_dataset, sft_examples
+    from multiminddev.train import repair_data
+    from multiminddev.train.sft_data import build_sft_dataset, sft_examples
 
     kwargs: dict[str, Any] = ({"variants": tuple(generator_variants)}
                               if role is AgentRole.GENERATOR

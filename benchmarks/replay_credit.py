@@ -38,7 +38,7 @@ def optimizer_kind(generator_ok: bool, optimizer_ok: bool, has_kernel: bool) -> 
 def summed_advantages(episodes: list[Any], cfg: Any, per_step: int,
                       pattern: str | None = None) -> dict[str, tuple[int, float]]:
     """kind -> (Optimizer turns, summed advantage), step by step as the run batched them."""
-    from multiminddev.rl.grpo import assign_advantages, score_episodes
+    from multiminddev.train.grpo import assign_advantages, score_episodes
 
     out = {k: (0, 0.0) for k in (*KINDS, *(["pattern"] if pattern else []))}
     for start in range(0, len(episodes), per_step):
@@ -65,7 +65,7 @@ def summed_advantages(episodes: list[Any], cfg: Any, per_step: int,
 
 
 def config_with(options: Iterable[str]) -> Any:
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     return dataclasses.replace(GRPOConfig(), **bench_learning.grpo_overrides(list(options)))
 

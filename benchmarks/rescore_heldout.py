@@ -176,7 +176,7 @@ def speed_spread(measured: dict[Key, list[Any]]) -> dict[str, Any]:
 def rescore(output_dir: Path, seeds: list[int], measured: dict[Key, list[Any]]) -> dict[str, Any]:
     """Rescored rows per seed and stage, bench_learning's summary of them against SFT."""
     from multiminddev.episode.state import read_episodes_jsonl
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     cfg = GRPOConfig()  # bench_learning's held-out scoring: the default reward, no repeat penalty
     per_seed: dict[int, dict[str, Any]] = {s: {"seed": s, "rows": {}} for s in seeds}

@@ -55,26 +55,6 @@ LAYERS: dict[str, int] = {
 # Upward imports that remain, as (importing module, imported module), each with its reason.
 # This set only shrinks: a pair that no longer occurs fails the test until it is removed.
 KNOWN_UPWARD_IMPORTS: dict[tuple[str, str], str] = {
-    ("multiminddev.rl.grpo", "multiminddev.train.metrics"):
-        "the GRPO trainer (its loop, checkpoints, metrics) belongs in train/; rl/ keeps the math",
-    ("multiminddev.rl.grpo", "multiminddev.train.sft"):
-        "the GRPO trainer (its loop, checkpoints, metrics) belongs in train/; rl/ keeps the math",
-    ("multiminddev.rl.grpo", "multiminddev.train.checkpoints"):
-        "the GRPO trainer (its loop, checkpoints, metrics) belongs in train/; rl/ keeps the math",
-    ("multiminddev.tasks.repair_data", "multiminddev.agents.pitfalls"):
-        "the repair data builder replays episodes; it belongs in train/ with SFT",
-    ("multiminddev.tasks.repair_data", "multiminddev.agents.tester"):
-        "the repair data builder replays episodes; it belongs in train/ with SFT",
-    ("multiminddev.tasks.repair_data", "multiminddev.episode.runner"):
-        "the repair data builder replays episodes; it belongs in train/ with SFT",
-    ("multiminddev.tasks.repair_data", "multiminddev.episode.state"):
-        "the repair data builder replays episodes; it belongs in train/ with SFT",
-    ("multiminddev.tasks.sft_data", "multiminddev.agents.pitfalls"):
-        "the SFT data builder renders agent prompts; it belongs in train/ with SFT",
-    ("multiminddev.tasks.sft_data", "multiminddev.agents.prompts"):
-        "the SFT data builder renders agent prompts; it belongs in train/ with SFT",
-    ("multiminddev.tasks.sft_data", "multiminddev.agents.parsing"):
-        "the SFT data builder renders agent prompts; it belongs in train/ with SFT",
 }
 
 

@@ -394,7 +394,7 @@ def test_grpo_batch_options_reach_the_grpo_config(bench):
     args = bench.parse_args(["--mini-batch-size", "24", "--grad-accum", "3"])
     assert (args.mini_batch_size, args.grad_accum) == (24, 3)
     defaults = bench.parse_args([])
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     assert (defaults.mini_batch_size, defaults.grad_accum) == (
         GRPOConfig.mini_batch_size, GRPOConfig.grad_accum)
@@ -448,7 +448,7 @@ def test_outcome_table_lists_each_problems_turns_per_stage_and_seed(bench, tmp_p
 
 
 def test_grpo_options_set_config_fields_with_their_types(bench):
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     overrides = bench.grpo_overrides(["clip_high=0.28", "filter_zero_variance=true",
                                       "normalize_std=False", "ppo_epochs=2", "dual_clip=none",
@@ -1244,7 +1244,7 @@ def test_a_sampled_evaluation_runs_k_episodes_of_each_problem(bench, tmp_path):
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import HFGenerationBackend, SamplingParams
-    from multiminddev.rl.grpo import GRPOConfig, GRPOTrainer
+    from multiminddev.train.grpo import GRPOConfig, GRPOTrainer
     from multiminddev.tasks.curriculum import Curriculum
     from multiminddev.tasks.loaders import load_problems
     from tests.policy.helpers import tiny_policy
@@ -1277,7 +1277,7 @@ def _closed_evaluator_rows(bench, n):
     """Rows of ``n`` real episodes whose relu kernel reached a closed evaluator."""
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig, run_episodes
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
     from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced, relu_problem
     from tests.policy.helpers import gguf_tokenizer
 

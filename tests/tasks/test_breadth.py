@@ -160,7 +160,7 @@ def test_reference_solution_finds_breadth_solutions_and_keeps_the_tables_apart()
 
 
 def test_sft_examples_are_built_from_breadth_problems():
-    from multiminddev.tasks.sft_data import generator_examples, optimizer_examples
+    from multiminddev.train.sft_data import generator_examples, optimizer_examples
 
     problems = breadth_problems()
     generator = generator_examples(problems, variants=("naive",))

@@ -24,7 +24,7 @@ from multiminddev.train.metrics import (
     read_metrics,
     rollout_metrics,
 )
-from tests.rl.test_grpo import RELU
+from tests.train.test_grpo import RELU
 
 
 def _result(status: EvalStatus, speedup: float = 0.0) -> EvalResult:

@@ -210,7 +210,7 @@ def test_gpu_sizes_leave_room_for_every_sft_reply(preset):
     """A reply cut at max_new_tokens has no closing fence and cannot parse: the GPU sizes must
     hold the longest reply each agent is taught (Optimizer: a fast kernel, up to ~750 tokens)."""
     from multiminddev.tasks.loaders import load_problems
-    from multiminddev.tasks.sft_data import sft_examples
+    from multiminddev.train.sft_data import sft_examples
     from tests.policy.helpers import gguf_tokenizer
 
     tokenizer = gguf_tokenizer()
@@ -229,7 +229,7 @@ def test_gpu_sizes_leave_room_for_every_sft_reply(preset):
 def test_episode_config_caps_the_generator_unless_tokens_are_set():
     from types import SimpleNamespace
 
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
     from multiminddev.train.pipeline import episode_config
 
     size = run_size(Preset.QUICKSTART, gpu=True)

@@ -16,7 +16,7 @@ from multiminddev.train.sakana_sft import (
     sakana_sft_path,
     select_sakana_records,
 )
-from multiminddev.tasks.sft_data import build_sft_dataset
+from multiminddev.train.sft_data import build_sft_dataset
 from tests.tasks.kb_fixtures import SAKANA_CUDA_CORRECT, sakana_rows, write_sakana_parquet
 
 pytest.importorskip("datasets", reason="the Sakana loader needs `datasets`: pip install datasets")

@@ -261,7 +261,7 @@ def _model_params_hint(model: str) -> int:
 # --------------------------------------------------------------------------- phases
 
 def sft_phase(ctx: Context) -> dict[str, Any]:
-    from multiminddev.tasks.sft_data import build_sft_dataset
+    from multiminddev.train.sft_data import build_sft_dataset
     from multiminddev.train.sft import SFTConfig, run_sft
 
     s, size = ctx.settings, ctx.size
@@ -316,7 +316,7 @@ def episode_config(ctx: Context, grpo: Any) -> Any:
 
 
 def grpo_config(ctx: Context) -> Any:
-    from multiminddev.rl.grpo import GRPOConfig
+    from multiminddev.train.grpo import GRPOConfig
 
     s, size = ctx.settings, ctx.size
     problems = s.batch_size or size.problems_per_step
@@ -354,7 +354,7 @@ def grpo_curriculum(ctx: Context) -> Any:
 
 def rl_phase(ctx: Context, evaluator: Any) -> Any:
     from multiminddev.policy import HFGenerationBackend
-    from multiminddev.rl.grpo import GRPOTrainer
+    from multiminddev.train.grpo import GRPOTrainer
     from multiminddev.train.metrics import MetricsConfig, MetricsLogger, progress_bar
 
     s = ctx.settings
@@ -386,7 +386,7 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.episode.infra import InfraFailure, check_episodes
     from multiminddev.policy import HFGenerationBackend
-    from multiminddev.rl.grpo import GRPOTrainer, score_episodes
+    from multiminddev.train.grpo import GRPOTrainer, score_episodes
     from multiminddev.train.metrics import rollout_metrics
 
     cfg = trainer.cfg if trainer is not None else grpo_config(ctx)

@@ -36,7 +36,7 @@ from types import MappingProxyType
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.tasks.loaders import SakanaRecord, load_sakana_archive
-from multiminddev.tasks.sft_data import GeneratorPrompt, SFTExample, assistant_reply
+from multiminddev.train.sft_data import GeneratorPrompt, SFTExample, assistant_reply
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from multiminddev.agents.parsing import parse_candidate
 from multiminddev.agents.prompts import generator_messages, optimizer_messages
 from multiminddev.tasks.loaders import load_jsonl, load_sakana_archive, save_jsonl
 from multiminddev.tasks.problem import Problem
-from multiminddev.tasks.sft_data import (
+from multiminddev.train.sft_data import (
     UNTIMED_CORRECT_FEEDBACK,
     archive_feedback,
     assistant_reply,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.rl.grpo import (
+from multiminddev.train.grpo import (
     AdvantageMode,
     GRPOConfig,
     GRPOTrainer,
@@ -194,7 +194,7 @@ def test_scored_turns_carry_their_reward_credit_and_advantage_into_the_episode_l
     phase now writes each agent turn's reward, components and credit on the turn."""
     from multiminddev.episode.state import episode_to_dict
     from multiminddev.rewards import compute_reward
-    from multiminddev.rl.grpo import record_advantages
+    from multiminddev.train.grpo import record_advantages
 
     problem = problems(1)[0]
     episodes = [_episode(problem, ["incorrect", "compile_error"]),

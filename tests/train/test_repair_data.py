@@ -8,7 +8,7 @@ import torch
 from multiminddev.agents.parsing import parse_candidate
 from multiminddev.agents.roles import AgentRole
 from multiminddev.tasks.loaders import load_problems
-from multiminddev.tasks.repair_data import (
+from multiminddev.train.repair_data import (
     _arity,
     broken_variants,
     misspelt_math,
@@ -17,7 +17,7 @@ from multiminddev.tasks.repair_data import (
     undeclared_variable,
     wrong_operation,
 )
-from multiminddev.tasks.sft_data import NAIVE, _builtin_solution
+from multiminddev.train.sft_data import NAIVE, _builtin_solution
 
 MODULE = '''import torch
 kernels = compile_kernels(r"""
@@ -159,7 +159,7 @@ def test_a_fast_reply_is_the_problems_fast_kernel_where_the_corpus_has_one():
     """reply=FAST answers a broken kernel with the fast solution (comment-free on request); a
     family with no fast solution (tanh) keeps the naive one. Real NVRTC compile errors."""
     from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.tasks.sft_data import FAST, strip_comment_lines
+    from multiminddev.train.sft_data import FAST, strip_comment_lines
 
     by_name = {p.name: p for p in load_problems("builtin:tier0:train")}
     relu, tanh = by_name["relu_4096x4096"], by_name["tanh_4096x4096"]
@@ -205,7 +205,7 @@ def test_on_a_gpu_transpose_and_matvec_get_a_wrong_module_and_a_fast_reply():
     """The same-arity fallback on the GPU: another family's module runs on transpose's and
     matvec's inputs and the Tester reports what went wrong; the reply is the fast kernel."""
     from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.tasks.sft_data import FAST
+    from multiminddev.train.sft_data import FAST
 
     problems = load_problems("builtin:tier0,tier1:train")
     asked = [p for p in problems if p.name in ("transpose_8192x2048", "matvec_8192x4096")]

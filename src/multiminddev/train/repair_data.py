@@ -45,7 +45,7 @@ from multiminddev.core.roles import AgentRole
 from multiminddev.cuda.signature import KernelSignature, parse_kernel_signatures
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.tasks.problem import Problem
-from multiminddev.tasks.sft_data import (
+from multiminddev.train.sft_data import (
     FAST,
     NAIVE,
     OptimizerPrompt,
