@@ -7,6 +7,7 @@ Exit codes: 0 whenever candidates were evaluated (whatever their status, no_gpu 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 from collections import Counter
@@ -43,6 +44,9 @@ def register(subparsers: Any) -> None:
     many.add_argument("--resume", action="store_true",
                       help="keep the results already in --out and evaluate only the other candidates")
     many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
+    many.add_argument("--baseline-workers", type=int, default=None,
+                      help="trusted processes measuring baselines ahead of the candidates "
+                           "(default: EvalConfig's; 0: each evaluation measures its own)")
     _common_options(many)
     many.set_defaults(handler=run_eval_dir)
 
@@ -217,6 +221,8 @@ def run_eval_dir(args: argparse.Namespace) -> int:
         return fail(f"--out {args.out} is a directory; give a JSONL file")
     try:
         config = _config(args, workers=args.workers)
+        if args.baseline_workers is not None:
+            config = dataclasses.replace(config, baseline_workers=args.baseline_workers)
     except ValueError as exc:
         return fail(" ".join(str(exc).split()))
     match = pair_candidates(problem_files(args.problems_dir), sorted(args.candidates_dir.glob("*.py")))
@@ -324,6 +330,8 @@ def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, 
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task("evaluating", total=len(todo))
+        # Every problem's baselines, measured ahead in the order its candidates come.
+        evaluator.prefetch_baselines([problems[p] for p, _ in todo])
         futures = {evaluator.submit(problems[p], sources[c]): c for p, c in todo}
         for future in cf.as_completed(futures):
             record(futures[future], future.result())

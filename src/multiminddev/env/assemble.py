@@ -85,12 +85,14 @@ def assemble_result(problem: Problem, candidate: str, static: StaticCheckResult,
 
 def timing_breakdown(outcome: JobOutcome, verify_seconds: float) -> dict[str, float]:
     """Stage times seen by the parent, the worker's own sub-step times (a diagnostic the
-    candidate could in principle forge: never used for rewards), and the parent's comparison."""
+    candidate could in principle forge: never used for rewards), the parent's waits (for a
+    slot, a ready worker, the GPU's timing gate) and the parent's comparison."""
     timings = {f"stage.{name}": round(sec, 4) for name, sec in outcome.stages_seconds.items()}
     worker = outcome.messages.get("timings")
     if isinstance(worker, dict):
         timings.update({f"worker.{name}": round(float(sec), 4) for name, sec in worker.items()
                         if isinstance(name, str) and isinstance(sec, (int, float))})
+    timings.update({f"parent.wait.{name}": round(sec, 4) for name, sec in outcome.waits.items()})
     timings["parent.verify"] = round(verify_seconds, 4)
     return timings
 

@@ -10,7 +10,8 @@ once per GPU with a device-to-device copy and cached on disk, as are torch.compi
 (keyed by problem source hash, GPU name and torch version). Those caches belong to the
 evaluator's process (``TrustedBaselines``): entries are authenticated with a key the workers
 never receive, workers get the cached figures in their job and only report what they measured
-on a miss, before any candidate code is imported.
+on a miss, before any candidate code is imported. The eager baseline is cached the same way
+(``EvalConfig.reuse_eager_baseline``).
 """
 
 from __future__ import annotations
@@ -279,6 +280,28 @@ class TrustedBaselines:
         stats = (hit or {}).get("stats")
         return stats if isinstance(stats, dict) else None
 
+    def eager_baseline(self, problem_hash: str, gpu_name: str, torch_version: str
+                       ) -> dict[str, Any] | None:
+        hit = self._get(eager_baseline_key(problem_hash, gpu_name, torch_version))
+        stats = (hit or {}).get("stats")
+        return stats if isinstance(stats, dict) else None
+
+    def figures(self, problem_hash: str, gpu_name: str, torch_version: str, *,
+                eager: bool = True) -> dict[str, Any]:
+        """The cached figures a job carries (None: its worker measures that one): peak
+        bandwidth, the eager baseline (only when ``eager``: reused across evaluations) and the
+        torch.compile baseline."""
+        return {"peak_gbps": self.peak_gbps(gpu_name, torch_version),
+                "eager_baseline": (self.eager_baseline(problem_hash, gpu_name, torch_version)
+                                   if eager else None),
+                "compiled_baseline": self.compiled_baseline(problem_hash, gpu_name,
+                                                            torch_version)}
+
+    def record_eager_baseline(self, problem_hash: str, gpu_name: str, torch_version: str,
+                              stats: Any) -> None:
+        if isinstance(stats, dict) and _positive_number(stats.get("median_ms")):
+            self._put(eager_baseline_key(problem_hash, gpu_name, torch_version), {"stats": stats})
+
     def record_peak_gbps(self, gpu_name: str, torch_version: str, gbps: Any) -> None:
         if _positive_number(gbps):
             self._put(peak_bandwidth_key(gpu_name, torch_version), {"gbps": float(gbps)})
@@ -297,6 +320,22 @@ def _positive_number(value: Any) -> bool:
 
 def compile_baseline_key(problem_hash: str, gpu_name: str, torch_version: str) -> str:
     return f"compile-baseline|{problem_hash}|{gpu_name}|{torch_version}"
+
+
+def eager_baseline_key(problem_hash: str, gpu_name: str, torch_version: str) -> str:
+    return f"eager-baseline|{problem_hash}|{gpu_name}|{torch_version}"
+
+
+BASELINE_FIGURES = ("peak_gbps", "eager_baseline", "compiled_baseline")
+
+
+def figures_to_measure(figures: dict[str, Any], *, compile_baseline: bool,
+                       eager: bool = True) -> list[str]:
+    """The baseline figures a job's worker must measure (pure): each one the job does not
+    carry; torch.compile's only when ``compile_baseline``, eager's only when ``eager`` (a
+    candidate's job always needs it; a baseline job only when eager figures are reused)."""
+    wanted = {"peak_gbps": True, "eager_baseline": eager, "compiled_baseline": compile_baseline}
+    return [name for name in BASELINE_FIGURES if wanted[name] and figures.get(name) is None]
 
 
 def peak_bandwidth_key(gpu_name: str, torch_version: str) -> str:

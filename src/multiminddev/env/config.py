@@ -90,6 +90,21 @@ class EvalConfig:
     max_timed_runs: int = 300
     bench_budget_s: float = 1.0  # per timed function: sets how many calls are timed
     compile_baseline: bool = True  # also time torch.compile(Model) (cached per problem/GPU/torch)
+    # The eager figure is a baseline like torch.compile's: measured once per (problem, GPU,
+    # torch) and cached, so an evaluation times only its candidate and every candidate of a
+    # problem is compared with the same figure. False: every evaluation times eager again.
+    reuse_eager_baseline: bool = True
+    # Trusted processes that measure baselines ahead of the candidates
+    # (``Evaluator.prefetch_baselines``): no candidate code ever loads in them, and while they
+    # compile one problem's torch.compile baseline the evaluation slots go on with others.
+    baseline_workers: int = 2
+    # How long a candidate waits for its problem's prefetched baseline; past it, the
+    # candidate's own worker measures whatever is still missing in its trusted stage.
+    baseline_wait_s: float = 180.0
+    # Timed sections (baselines, the candidate's benchmark) of this evaluator's processes on
+    # one GPU run one at a time, so a baseline compiled alongside an evaluation never shares
+    # the GPU with another timing. Other GPU work overlaps (see docs/evaluator.md).
+    timing_gate: bool = True
     cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
     # Defenses
     defenses: bool = True  # runtime guards (torch-compute, aliasing, stale output, ...)
@@ -149,6 +164,11 @@ class EvalConfig:
         _positive_int(self, "isolation_tmpfs_mib")
         _positive_int(self, "num_trials", "max_jobs_per_worker", "min_timed_runs", "max_timed_runs")
         _positive_int(self, "inline_build_workers")
+        if not isinstance(self.baseline_workers, int) or self.baseline_workers < 0:
+            raise ValueError(f"baseline_workers must be an integer >= 0 (0: each evaluation's "
+                             f"worker measures its own baselines), got {self.baseline_workers!r}")
+        if self.baseline_wait_s < 0:
+            raise ValueError(f"baseline_wait_s must be >= 0 seconds, got {self.baseline_wait_s}")
         if self.num_workers is not None and self.num_workers < 1:
             raise ValueError(f"num_workers must be >= 1 or None (one per GPU), got {self.num_workers}")
         if (self.spare_workers is not None and self.spare_workers < 0) or self.warmup_runs < 0:

@@ -11,24 +11,29 @@ these raise. Workers start from a forkserver (or spawn), so a script that builds
 needs the usual ``if __name__ == "__main__":`` guard. Static checks run here; compilation, execution and timing run in worker processes
 (``pool.py``); outputs are verified here (``verify.py``), outside the candidate's process.
 
-Baselines are the evaluator's: the peak bandwidth and torch.compile timings it holds (memory
-plus an authenticated disk cache, ``benchmark.TrustedBaselines``) go to each worker in its job
-(``job["peak_gbps"]``, ``job["compiled_baseline"]``); a worker measures one only when the job has
-none, in its trusted stage, and the evaluator stores what came back in the ("baseline", ...)
-message, which the pool accepts only before the candidate's code is imported.
+Baselines are the evaluator's: the peak bandwidth, eager and torch.compile timings it holds
+(memory plus an authenticated disk cache, ``benchmark.TrustedBaselines``) go to each worker in its
+job (``job["peak_gbps"]``, ``job["eager_baseline"]``, ``job["compiled_baseline"]``); a worker
+measures one only when the job has none, in its trusted stage, and the evaluator stores what came
+back in the ("baseline", ...) message, which the pool accepts only before the candidate's code is
+imported. ``prefetch_baselines(problems)`` has them measured ahead, by a separate pool of
+trusted baseline workers that never load candidate code, while the evaluation slots go on with
+other problems; a candidate waits for its own problem's (``EvalConfig.baseline_wait_s``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import dataclasses
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from multiminddev.core.problem import Problem, load_problem
-from multiminddev.env.benchmark import TrustedBaselines
+from multiminddev.env.benchmark import BASELINE_FIGURES, TrustedBaselines
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.results import (
@@ -54,6 +59,9 @@ class Evaluator:
         self._baselines: TrustedBaselines | None = None
         if self.config.benchmark:
             self._baselines = TrustedBaselines(self.config.cache_path)
+        self._baseline_pool: Any = None  # trusted baseline workers, started on first prefetch
+        self._prefetch: Any = None  # prefetch.BaselinePrefetch
+        self._prefetch_lock = threading.Lock()
         self._closed = False
 
     # ------------------------------------------------------------------ public API
@@ -75,6 +83,38 @@ class Evaluator:
     async def aevaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
         return await asyncio.wrap_future(self.submit(problem, candidate))
 
+    def prefetch_baselines(self, problems: Iterable[Problem | str | Path]) -> int:
+        """Measure the baselines of ``problems`` ahead of their candidates, in this order
+        (pass them in the order their candidates will be submitted), each problem once, on
+        ``EvalConfig.baseline_workers`` trusted workers that never load candidate code. Figures
+        already cached are not measured again. Returns how many problems were newly scheduled;
+        0 where nothing is timed (no GPU, ``benchmark=False``, ``baseline_workers=0``)."""
+        from multiminddev.env.pool import WorkerPool
+        from multiminddev.env.prefetch import BaselinePrefetch
+
+        if (self._closed or self._baselines is None or not self.config.baseline_workers
+                or not self.pool.gpu_count):
+            return 0
+        loaded = [p if isinstance(p, Problem) else load_problem(p) for p in problems]
+        with self._prefetch_lock:
+            if self._prefetch is None:
+                config = dataclasses.replace(
+                    self.config, num_workers=self.config.baseline_workers, spare_workers=0,
+                    max_jobs_per_worker=BASELINE_JOBS_PER_WORKER)
+                self._baseline_pool = WorkerPool(config, gates=self.pool.gates)
+                self._prefetch = BaselinePrefetch(self._measure_baselines,
+                                                  self.config.baseline_workers)
+        return len(self._prefetch.schedule((p.source_hash, p) for p in loaded))
+
+    def _measure_baselines(self, problem: Problem) -> Any:
+        """One baseline job on the baseline pool; stores what its trusted stage measured."""
+        pool = self._baseline_pool
+        job = {"kind": "baseline", "problem": problem.to_dict(), "config": pool._config_dict}
+        outcome = pool.run(job, before_send=lambda job, info: self._with_baselines(problem, job,
+                                                                                   info))
+        self._store_baselines(problem, outcome)
+        return outcome
+
     def warm_up(self) -> None:
         """Start the workers now instead of on the first evaluation."""
         self.pool.start()
@@ -84,6 +124,9 @@ class Evaluator:
             return
         self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._prefetch is not None:
+            self._prefetch.close()
+            self._baseline_pool.close()
         self.pool.close()
         if self._inline is not None:
             self._inline.close()
@@ -125,7 +168,9 @@ class Evaluator:
 
         if not isinstance(problem, Problem):
             problem = load_problem(problem)
+        static_start = time.perf_counter()
         static = run_static(candidate, problem, self.config)
+        static_seconds = time.perf_counter() - static_start
         if static.rejected:
             return rejected_by_static(problem, candidate, static)
         # inline_libraries: the verified prebuilt load_inline libraries the worker may load
@@ -138,22 +183,29 @@ class Evaluator:
             if inline_compile is not None and inline_compile.status is not StageStatus.OK:
                 if inline_compile.status is not StageStatus.SKIPPED or self.pool.gpu_count:
                     return _inline_failure(problem, candidate, static, inline_compile)
+        baseline_wait = 0.0
+        if self._prefetch is not None:  # its trusted workers may be measuring it right now
+            _, baseline_wait = self._prefetch.wait(problem.source_hash, self.config.baseline_wait_s)
         outcome = self.pool.run(
             job, before_send=lambda job, info: self._with_baselines(problem, job, info))
         result = assemble_result(problem, candidate, static, outcome, self.config, inline_compile)
         self._store_baselines(problem, outcome)
+        result.timings.update({"parent.static": round(static_seconds, 4),
+                               "parent.wait.baseline": round(baseline_wait, 4)})
+        base = outcome.messages.get("baseline")
+        if isinstance(base, dict):  # figures this evaluation's own worker had to measure
+            result.timings["baseline.measured_in_job"] = float(len(base.get("measured") or ()))
         return result
 
     def _with_baselines(self, problem: Problem, job: dict[str, Any], worker_info: dict[str, Any]
                         ) -> dict[str, Any]:
         """The job plus the cached figures for the worker's GPU (None: the worker measures)."""
-        peak, compiled = None, None
+        figures: dict[str, Any] = dict.fromkeys(BASELINE_FIGURES)
         if self._baselines is not None and worker_info.get("gpu"):
-            gpu_name, torch_version = str(worker_info.get("device", "")), _torch_version()
-            peak = self._baselines.peak_gbps(gpu_name, torch_version)
-            compiled = self._baselines.compiled_baseline(problem.source_hash, gpu_name,
-                                                         torch_version)
-        return {**job, "peak_gbps": peak, "compiled_baseline": compiled}
+            figures = self._baselines.figures(problem.source_hash,
+                                              str(worker_info.get("device", "")), _torch_version(),
+                                              eager=self.config.reuse_eager_baseline)
+        return {**job, **figures}
 
     def _store_baselines(self, problem: Problem, outcome: Any) -> None:
         """Keep what a worker measured in its trusted baseline stage (the pool drops a
@@ -164,6 +216,10 @@ class Evaluator:
         gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
         if self._baselines.peak_gbps(gpu_name, torch_version) is None:
             self._baselines.record_peak_gbps(gpu_name, torch_version, base.get("peak_gbps"))
+        if (base.get("eager") is not None and self._baselines.eager_baseline(
+                problem.source_hash, gpu_name, torch_version) is None):
+            self._baselines.record_eager_baseline(problem.source_hash, gpu_name, torch_version,
+                                                  base["eager"])
         if (base.get("compiled") is not None and self._baselines.compiled_baseline(
                 problem.source_hash, gpu_name, torch_version) is None):
             self._baselines.record_compiled_baseline(problem.source_hash, gpu_name, torch_version,
@@ -190,6 +246,11 @@ class Evaluator:
         # so nothing could be verified; prebuilt libraries then load unchecked).
         return result, {**job, "compile_timeout_s": self.config.compile_timeout_s,
                         "inline_libraries": digests}
+
+
+# A baseline worker runs trusted code only, so it may serve many problems (its start-up and
+# torch.compile's warm caches are paid once); replaced now and then to bound its memory.
+BASELINE_JOBS_PER_WORKER = 64
 
 
 def _torch_version() -> str:

@@ -10,6 +10,11 @@ Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, the 
 timed calls' expected outputs, baselines) are
 accepted only before the candidate's compile stage begins; one arriving later came from the
 candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
+
+Timed sections ask the parent for their GPU's ``TimingGate`` (("gate", "acquire") ... ("gate",
+"release")): pools that share gates (an evaluator's candidate pool and its baseline pool) never
+time two things on one GPU at once. The parent grants and takes back the gate, so a worker that
+dies or hangs holding it cannot keep it.
 """
 
 from __future__ import annotations
@@ -67,7 +72,26 @@ class JobOutcome:
     device: str = ""
     gpu: bool = False
     stages_seconds: dict[str, float] = field(default_factory=dict)
+    # Seconds this job waited in the parent: "slot" (for a free slot), "worker" (for its worker
+    # to be ready), "gate" (for the GPU's timing gate, inside a stage).
+    waits: dict[str, float] = field(default_factory=dict)
     late_trusted: list[str] = field(default_factory=list)  # trusted tags sent after the candidate loaded
+
+
+class TimingGate:
+    """One GPU's right to time: held by at most one job at a time (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def acquire(self, timeout_s: float) -> bool:
+        return self._lock.acquire(timeout=max(0.0, timeout_s))
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+GATE_MARGIN_S = 5.0  # a gate wait leaves the stage at least this long to time in
 
 
 class WorkerHandle:
@@ -172,7 +196,7 @@ class Slot:
 class WorkerPool:
     """``run(job) -> JobOutcome`` on a free slot; thread-safe; replaces faulted workers."""
 
-    def __init__(self, config: EvalConfig):
+    def __init__(self, config: EvalConfig, gates: dict[int, TimingGate] | None = None):
         self.config = config
         self.closed = False
         self._config_dict = config.to_dict()
@@ -190,6 +214,11 @@ class WorkerPool:
                               else (3 if devices else 1))
         n = config.num_workers or max(1, devices)
         self.slots = [Slot(self, (i % devices) if devices else None) for i in range(n)]
+        # One gate per GPU, shared with the pools given the same dict (None: this pool's own).
+        self.gates = gates if gates is not None else {}
+        if config.timing_gate:
+            for i in range(devices):
+                self.gates.setdefault(i, TimingGate())
         self._free: queue.Queue[Slot] = queue.Queue()
         for slot in self.slots:
             self._free.put(slot)
@@ -215,14 +244,19 @@ class WorkerPool:
     def run(self, job: dict[str, Any], before_send: BeforeSend | None = None) -> JobOutcome:
         if self.closed:
             return JobOutcome(infra_error="the evaluator is closed")
+        waited = time.monotonic()
         slot = self._free.get()
+        waited = time.monotonic() - waited
         try:
-            return self._run_on_slot(slot, job, before_send)
+            outcome = self._run_on_slot(slot, job, before_send)
+            outcome.waits["slot"] = waited
+            return outcome
         finally:
             self._free.put(slot)
 
     def _run_on_slot(self, slot: Slot, job: dict[str, Any],
                      before_send: BeforeSend | None = None) -> JobOutcome:
+        ready_start = time.monotonic()
         worker = slot.take()
         if not worker.wait_ready(self.config.startup_timeout_s):
             error = worker.startup_error
@@ -232,11 +266,14 @@ class WorkerPool:
                 worker.kill()
                 return JobOutcome(infra_error=f"{error}; retry: {worker.startup_error}")
         outcome = JobOutcome(device=str(worker.info.get("device", "")), gpu=bool(worker.info.get("gpu")))
+        outcome.waits["worker"] = time.monotonic() - ready_start
         if before_send is not None:
             job = before_send(job, dict(worker.info))
+        gate = self.gates.get(slot.device_index) if outcome.gpu else None
+        job = {**job, "timing_gate": gate is not None}
         try:
             worker.conn.send(job)
-            self._collect(worker, outcome, job)
+            self._collect(worker, outcome, job, gate)
         except (OSError, EOFError, BrokenPipeError) as exc:
             outcome.died_in_stage = outcome.died_in_stage or "send"
             outcome.infra_error = outcome.infra_error or f"pipe to worker failed: {exc}"
@@ -264,11 +301,22 @@ class WorkerPool:
             slot.give_back(worker)
         return outcome
 
-    def _collect(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any]) -> None:
-        """Read messages until done/fail; enforce each stage's time limit by killing.
+    def _collect(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any],
+                 gate: TimingGate | None = None) -> None:
+        """Read messages until done/fail; enforce each stage's time limit by killing; grant
+        and take back the timing gate (whatever happens, the job does not keep it)."""
+        held: list[bool] = [False]
+        try:
+            self._collect_messages(worker, outcome, job, gate, held)
+        finally:
+            if held[0] and gate is not None:
+                gate.release()
 
-        ``job["compile_timeout_s"]`` (load_inline builds in the worker) overrides the compile
-        limit and extends the cap on all candidate stages by the same amount."""
+    def _collect_messages(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any],
+                          gate: TimingGate | None, held: list[bool]) -> None:
+        """``job["compile_timeout_s"]`` (load_inline builds in the worker) overrides the compile
+        limit and extends the cap on all candidate stages by the same amount. Time spent waiting
+        for the gate does not count against the stage."""
         cfg = self.config
         compile_limit = float(job.get("compile_timeout_s") or cfg.compile_timeout_s)
         extra = max(0.0, compile_limit - cfg.compile_timeout_s)
@@ -296,6 +344,14 @@ class WorkerPool:
                 outcome.exitcode = worker.process.exitcode
                 return
             tag, payload = message
+            if tag == "gate":
+                waited = self._answer_gate(worker, gate, held, payload,
+                                           deadline - time.monotonic() - GATE_MARGIN_S)
+                stage_start += waited
+                if candidate_start is not None:
+                    candidate_start += waited
+                outcome.waits["gate"] = outcome.waits.get("gate", 0.0) + waited
+                continue
             if isinstance(payload, dict):  # receive_frames knows which messages carry tensors
                 try:
                     receive_frames(worker.conn, payload)
@@ -318,6 +374,25 @@ class WorkerPool:
                 if tag == "fail":
                     outcome.failure = payload
                 return
+
+    @staticmethod
+    def _answer_gate(worker: WorkerHandle, gate: TimingGate | None, held: list[bool],
+                     request: Any, wait_s: float) -> float:
+        """Grant ("acquire") or take back ("release") the gate; returns the seconds waited.
+        Without a gate, or past ``wait_s``, the answer is "open": the worker times ungated."""
+        if request == "release":
+            if held[0] and gate is not None:
+                gate.release()
+                held[0] = False
+            return 0.0
+        if request != "acquire":
+            return 0.0
+        start = time.monotonic()
+        if gate is not None and not held[0]:
+            held[0] = gate.acquire(wait_s)
+        waited = time.monotonic() - start
+        worker.conn.send(("gate", "granted" if held[0] else "open"))
+        return waited
 
     def close(self) -> None:
         self.closed = True

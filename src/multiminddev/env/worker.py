@@ -20,6 +20,11 @@ the parent enforces by killing the process. Per job, in order:
    fresh inputs, and hidden checked calls among them are verified by the parent
    (``timed_checks.py``).
 
+A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
+with a candidate) runs a lighter setup and the baseline stage only, then serves the next one:
+a process that ever imported candidate code refuses it. Timed sections (the baselines, the
+candidate's benchmark) ask the parent for the GPU's timing gate first (``timing_gate``).
+
 Covered: a CUDA fault, segfault, abort, OOM or hang kills only this process (the parent replaces
 it); reference outputs are out of the candidate's reach before it loads. Not covered: code that
 is already running in this process (the candidate) can in principle find the pipe and forge
@@ -79,6 +84,8 @@ class WorkerState:
     pinned_copies: bool = False  # copy big outputs to the host through pinned memory
     memory_cap: MemoryCap | None = None  # this job's GPU memory cap on candidate code
     registry: Any = None  # the dispatcher's registrations before candidate code loaded
+    candidate_loaded: bool = False  # set before any candidate import: no baseline job after it
+    timing_gate: bool = False  # this job's timed sections hold the GPU's timing gate
 
 
 GIB = 1 << 30
@@ -188,7 +195,8 @@ def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> 
             return
         if job is None:
             return
-        fatal = _run_job(conn, state, job)
+        run = _run_baseline_job if job.get("kind") == "baseline" else _run_job
+        fatal = run(conn, state, job)
         if fatal:  # a CUDA error poisons the context: leave, the parent starts a fresh worker
             return
 
@@ -305,6 +313,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     cfg = EvalConfig.from_dict(job["config"])
     problem = Problem.from_dict(job["problem"])
     _expect_inline_libraries(job)
+    state.timing_gate = bool(job.get("timing_gate"))
     send = conn.send
     stage = Stage.SETUP
     state.timings = {}
@@ -330,8 +339,7 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                 stage = Stage.BASELINE
                 send(("begin", stage.value))
                 with timed(clock, "baseline"):
-                    baseline = _baselines(state, problem, cfg, reference, job.get("peak_gbps"),
-                                          job.get("compiled_baseline"))
+                    baseline = _baselines(conn, state, cfg, reference, job)
                 send(("baseline", baseline))
             _seal_reference(state, reference)
             state.memory_cap = _cap_candidate_memory(cfg)
@@ -356,6 +364,85 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=stage in (Stage.SETUP, Stage.BASELINE),
                                  cap=state.memory_cap, gpu=state.gpu)
+
+
+def _run_baseline_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
+    """Measure one problem's missing baselines (trusted code only) and report them; returns
+    True when the process must exit. Figures the job carries are not measured again."""
+    import torch
+
+    from multiminddev.core.problem import Problem
+    from multiminddev.env.benchmark import figures_to_measure
+
+    cfg = EvalConfig.from_dict(job["config"])
+    stage = Stage.SETUP
+    state.timings = {}
+    clock = state.timings
+    try:
+        if state.candidate_loaded:  # the pools never do this; the worker refuses it anyway
+            raise RuntimeError("this worker imported candidate code: it measures no baselines")
+        todo = figures_to_measure(job, compile_baseline=cfg.compile_baseline,
+                                  eager=cfg.reuse_eager_baseline)
+        if not state.gpu or not todo:
+            conn.send(("done", {"notes": [] if state.gpu else ["no GPU: nothing measured"]}))
+            return False
+        _lift_memory_cap(state)
+        with timed(clock, "setup.reference"):
+            reference = _baseline_reference(Problem.from_dict(job["problem"]), cfg)
+        stage = Stage.BASELINE
+        conn.send(("begin", stage.value))
+        with timed(clock, "baseline"):
+            baseline = _baselines(conn, state, cfg, reference, job)
+        conn.send(("baseline", baseline))
+        reference.drop_model()
+        import torch._dynamo
+
+        torch._dynamo.reset()  # this process serves the next problem: drop the compiled graphs
+        torch.cuda.empty_cache()
+        conn.send(("timings", dict(clock)))
+        conn.send(("done", {"notes": []}))
+        return False
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
+        return _report_exception(conn, stage, exc, trusted=True, gpu=state.gpu)
+
+
+def _baseline_reference(problem: Any, cfg: EvalConfig) -> Reference:
+    """The reference model and its input generator, as ``_setup_reference`` builds them,
+    without the trials' and checked calls' outputs (a baseline job needs none)."""
+    import torch
+
+    directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
+    name = f"mmd_problem_{problem.source_hash}"
+    module = load_module_from_source(problem.source, name, directory)
+    sys.modules.pop(name, None)
+    rng = evaluation_rng(cfg.seed)
+    init_seed = rng.randrange(SEED_RANGE)
+    torch.manual_seed(init_seed)
+    init_inputs = list(module.get_init_inputs())
+    torch.manual_seed(init_seed)
+    model = module.Model(*init_inputs).cuda().eval()
+    ref = Reference(init_seed=init_seed, init_inputs=init_inputs, trial_inputs=[],
+                    check_inputs=[], outputs=[], check_outputs=[], output_specs=[],
+                    output_layouts=[], ground_truth=None, problem_module=module, rng=rng,
+                    model=model)
+    _reference_outputs(model, ref.draw_inputs(), False, ref)  # records the output specs
+    return ref
+
+
+@contextlib.contextmanager
+def timing_gate(conn: Any, enabled: bool, timings: dict[str, float]) -> Any:
+    """Hold the GPU's timing gate for the block: ask the parent, wait for its answer
+    ("granted", or "open" when it gives up waiting), tell it when done. Off: nothing."""
+    if not enabled:
+        yield
+        return
+    with timed(timings, "gate_wait"):
+        conn.send(("gate", "acquire"))
+        conn.recv()
+    try:
+        yield
+    finally:
+        conn.send(("gate", "release"))
 
 
 def _send_ground_truth(conn: Any, cfg: EvalConfig, reference: Reference) -> None:
@@ -522,35 +609,55 @@ def clone_inputs(inputs: list[Any]) -> list[Any]:
     return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
 
 
-def _baselines(state: WorkerState, problem: Any, cfg: EvalConfig, ref: Reference,
-               peak_gbps: float | None, compiled_baseline: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
+def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
+               job: dict[str, Any]) -> dict[str, Any]:
     """Eager and torch.compile timings of the reference, plus the GPU's peak bandwidth.
 
-    Trusted stage, before any candidate code loads. ``peak_gbps`` and ``compiled_baseline``
-    (TimingStats as a dict) come from the evaluator's authenticated cache, in the job; each is
-    measured here only when the job has none, and reported in the returned payload (the
-    ("baseline", ...) message), from which the evaluator stores it. The worker never reads or
-    writes the shared baselines cache: a candidate running later in this process could
-    otherwise plant figures for the evaluations after it."""
+    Trusted stage, before any candidate code loads. ``job["peak_gbps"]``,
+    ``job["eager_baseline"]`` and ``job["compiled_baseline"]`` (TimingStats as dicts) come from
+    the evaluator's authenticated cache; each is measured here only when the job has none, and
+    reported in the returned payload (the ("baseline", ...) message; ``measured`` names what
+    was measured here), from which the evaluator stores it. The worker never reads or writes
+    the shared baselines cache: a candidate running later in this process could otherwise
+    plant figures for the evaluations after it. Each timing holds the GPU's timing gate
+    (``job["timing_gate"]``); torch.compile's first call, which compiles, does not."""
     import torch
 
     from multiminddev.env import benchmark as bm
 
+    gate, clock = bool(job.get("timing_gate")), state.timings
     gpu_name, torch_version = bm.gpu_identity(state.device_index)
-    if peak_gbps is None:
-        peak_gbps = bm.measure_peak_bandwidth(state.device_index)
+    todo = bm.figures_to_measure(job, compile_baseline=cfg.compile_baseline,
+                                 eager=job.get("kind") != "baseline" or cfg.reuse_eager_baseline)
+    measured: list[str] = []
+    peak_gbps = job.get("peak_gbps")
+    if "peak_gbps" in todo:
+        with timing_gate(conn, gate, clock), timed(clock, "baseline.peak"):
+            peak_gbps = bm.measure_peak_bandwidth(state.device_index)
         torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
+        measured.append("peak_gbps")
     state.peak_gbps = peak_gbps
-    eager = time_like_candidate(state, cfg, ref, ref.model)
-    out: dict[str, Any] = {"eager": bm.stats_to_dict(eager), "compiled": None, "peak_gbps": peak_gbps,
-                           "gpu_name": gpu_name, "torch_version": torch_version, "note": ""}
-    if cfg.compile_baseline and compiled_baseline is not None:
-        out["compiled"] = compiled_baseline
+    eager = job.get("eager_baseline")
+    if "eager_baseline" in todo:
+        with timing_gate(conn, gate, clock), timed(clock, "baseline.eager"):
+            eager = bm.stats_to_dict(time_like_candidate(state, cfg, ref, ref.model))
+        measured.append("eager_baseline")
+    out: dict[str, Any] = {"eager": eager, "compiled": None, "peak_gbps": peak_gbps,
+                           "gpu_name": gpu_name, "torch_version": torch_version, "note": "",
+                           "measured": measured}
+    if cfg.compile_baseline and "compiled_baseline" not in todo:
+        out["compiled"] = job["compiled_baseline"]
     elif cfg.compile_baseline:
         try:
-            compiled = time_like_candidate(state, cfg, ref, torch.compile(ref.model))
+            compiled_model = torch.compile(ref.model)
+            with timed(clock, "baseline.torch_compile"):  # CPU work mostly: ungated
+                with torch.no_grad():
+                    compiled_model(*ref.draw_inputs())
+                torch.cuda.synchronize()
+            with timing_gate(conn, gate, clock), timed(clock, "baseline.compiled"):
+                compiled = time_like_candidate(state, cfg, ref, compiled_model)
             out["compiled"] = bm.stats_to_dict(compiled)
+            measured.append("compiled_baseline")
         except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
             out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
     return out
@@ -593,6 +700,7 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
         with timed(state.timings, "compile.sandbox"):
             _install_sandbox(state, cfg, allow_build=bool(job_allows_build))
     first_nvrtc, first_inline = len(kernels_mod.compile_log), len(inline_build.inline_log)
+    state.candidate_loaded = True
     name = f"mmd_candidate_{candidate_hash(source)}_{time.monotonic_ns()}"
     known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
              inline_build.InlineBuildUnavailable)

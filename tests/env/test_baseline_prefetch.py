@@ -1,0 +1,233 @@
+"""Baselines measured ahead of the candidates: the schedule, what a job measures, the timing
+gate the pool grants, the cache a second run reads, and the worker that refuses a baseline job
+once candidate code loaded."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from multiminddev.env.benchmark import TrustedBaselines, figures_to_measure
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.pool import JobOutcome, TimingGate, WorkerPool
+from multiminddev.env.prefetch import BaselinePrefetch, prefetch_order
+from tests.conftest import gpu_available
+
+STATS = {"median_ms": 1.5, "mean_ms": 1.6, "min_ms": 1.4, "max_ms": 2.0, "std_ms": 0.1,
+         "iqr_ms": 0.1, "runs": 20}
+
+# ------------------------------------------------------------------ the schedule
+
+
+def test_prefetch_order_keeps_first_sight_order_once_each():
+    assert prefetch_order(["b", "a", "b", "c", "a"]) == ["b", "a", "c"]
+
+
+def test_prefetch_order_skips_what_is_already_scheduled():
+    assert prefetch_order(["b", "a", "c"], scheduled={"a"}) == ["b", "c"]
+
+
+def test_each_problem_is_measured_once_in_the_order_given():
+    measured: list[str] = []
+    prefetch = BaselinePrefetch(measured.append, workers=1)
+    prefetch.schedule([("p2", "p2"), ("p1", "p1"), ("p2", "p2")])
+    prefetch.schedule([("p1", "p1"), ("p3", "p3")])
+    for key in ("p1", "p2", "p3"):
+        assert prefetch.wait(key, 10.0)[0]
+    prefetch.close()
+    assert measured == ["p2", "p1", "p3"]
+
+
+def test_a_candidate_waits_for_its_own_problem_only():
+    release = threading.Event()
+    prefetch = BaselinePrefetch(lambda item: release.wait(10.0) if item == "slow" else None,
+                                workers=2)
+    prefetch.schedule([("slow", "slow"), ("fast", "fast")])
+    ready, _ = prefetch.wait("fast", 5.0)
+    assert ready and not prefetch.wait("slow", 0.05)[0]
+    release.set()
+    prefetch.close()
+
+
+def test_a_wait_past_its_limit_says_not_ready_and_how_long_it_waited():
+    release = threading.Event()
+    prefetch = BaselinePrefetch(lambda item: release.wait(10.0), workers=1)
+    prefetch.schedule([("p", "p")])
+    ready, waited = prefetch.wait("p", 0.2)
+    release.set()
+    prefetch.close()
+    assert not ready and waited >= 0.2
+
+
+def test_a_problem_never_scheduled_is_not_waited_for():
+    prefetch = BaselinePrefetch(lambda item: None, workers=1)
+    assert prefetch.wait("unknown", 10.0) == (False, 0.0)
+    prefetch.close()
+
+
+def test_a_failed_measurement_ends_the_wait():
+    def fail(item):
+        raise RuntimeError("the problem does not build")
+
+    prefetch = BaselinePrefetch(fail, workers=1)
+    prefetch.schedule([("p", "p")])
+    assert prefetch.wait("p", 10.0)[0]
+    prefetch.close()
+
+
+# ------------------------------------------------------------------ what a job measures
+
+CACHED = {"peak_gbps": 3000.0, "eager_baseline": STATS, "compiled_baseline": STATS}
+
+
+def test_a_job_carrying_every_figure_measures_none():
+    assert figures_to_measure(CACHED, compile_baseline=True) == []
+
+
+def test_a_job_measures_exactly_the_figures_it_lacks():
+    figures = {**CACHED, "compiled_baseline": None}
+    assert figures_to_measure(figures, compile_baseline=True) == ["compiled_baseline"]
+
+
+def test_the_compile_baseline_is_measured_only_when_asked_for():
+    empty = dict.fromkeys(CACHED)
+    assert figures_to_measure(empty, compile_baseline=False) == ["peak_gbps", "eager_baseline"]
+
+
+def test_a_baseline_job_skips_eager_when_eager_figures_are_not_reused():
+    empty = dict.fromkeys(CACHED)
+    assert figures_to_measure(empty, compile_baseline=True, eager=False) == [
+        "peak_gbps", "compiled_baseline"]
+
+
+def test_eager_reuse_is_on_by_default_and_baseline_workers_are_validated():
+    assert EvalConfig().reuse_eager_baseline
+    with pytest.raises(ValueError, match="baseline_workers"):
+        EvalConfig(baseline_workers=-1)
+
+
+# ------------------------------------------------------------------ the cache a second run reads
+
+
+def test_a_second_run_reads_every_figure_from_the_authenticated_disk_cache(tmp_path):
+    first = TrustedBaselines(tmp_path)
+    first.record_peak_gbps("NVIDIA H200", "2.13", 4200.0)
+    first.record_eager_baseline("abc", "NVIDIA H200", "2.13", STATS)
+    first.record_compiled_baseline("abc", "NVIDIA H200", "2.13", {**STATS, "median_ms": 1.2})
+    second = TrustedBaselines(tmp_path)  # a new process: memory empty, the disk cache kept
+    assert second.figures("abc", "NVIDIA H200", "2.13") == {
+        "peak_gbps": 4200.0, "eager_baseline": STATS,
+        "compiled_baseline": {**STATS, "median_ms": 1.2}}
+    assert sorted(p.suffix for p in (tmp_path / "baselines").iterdir()) == [".json"] * 3
+
+
+def test_eager_figures_are_not_handed_out_when_not_reused(tmp_path):
+    cache = TrustedBaselines(tmp_path)
+    cache.record_eager_baseline("abc", "NVIDIA H200", "2.13", STATS)
+    assert cache.figures("abc", "NVIDIA H200", "2.13", eager=False)["eager_baseline"] is None
+
+
+def test_an_eager_figure_of_another_gpu_is_a_miss(tmp_path):
+    cache = TrustedBaselines(tmp_path)
+    cache.record_eager_baseline("abc", "NVIDIA H200", "2.13", STATS)
+    assert cache.eager_baseline("abc", "NVIDIA H100 80GB HBM3", "2.13") is None
+
+
+# ------------------------------------------------------------------ the timing gate
+
+
+def _collect_with_gate(messages, gate, config=None):
+    """Run the pool's collector over a real pipe; returns the outcome and what the worker's
+    end of the pipe received (the gate's answers)."""
+    pool = WorkerPool(config or EvalConfig(num_workers=1))
+    parent, child = multiprocessing.Pipe(duplex=True)
+    for message in messages:
+        child.send(message)
+    outcome = JobOutcome()
+    pool._collect(SimpleNamespace(conn=parent), outcome, {}, gate)
+    pool.close()
+    answers = []
+    while child.poll(0.1):
+        answers.append(child.recv())
+    return outcome, answers
+
+
+def test_the_gate_is_granted_and_free_again_after_release():
+    gate = TimingGate()
+    _, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+                                     ("gate", "release"), ("done", {})], gate)
+    assert answers == [("gate", "granted")] and gate.acquire(0.0)
+
+
+def test_a_job_that_ends_holding_the_gate_gives_it_back():
+    gate = TimingGate()
+    _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"), ("done", {})], gate)
+    assert gate.acquire(0.0)
+
+
+def test_a_held_gate_makes_the_job_wait_without_counting_against_its_stage():
+    gate = TimingGate()
+    gate.acquire(0.0)  # another job is timing on this GPU
+    threading.Timer(1.5, gate.release).start()
+    config = EvalConfig(num_workers=1, benchmark_timeout_s=6.0)  # 6 s - GATE_MARGIN_S = 1 s
+    outcome, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+                                           ("gate", "release"), ("done", {})], gate, config)
+    assert answers == [("gate", "open")]  # it gave up waiting after ~1 s, and says so
+    assert outcome.timed_out_stage is None and 0.9 < outcome.waits["gate"] < 1.5
+
+
+def test_a_gate_wait_extends_the_stage_by_the_time_waited():
+    gate = TimingGate()
+    gate.acquire(0.0)
+    threading.Timer(0.5, gate.release).start()
+    config = EvalConfig(num_workers=1, benchmark_timeout_s=10.0)
+    outcome, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+                                           ("gate", "release"), ("done", {})], gate, config)
+    assert answers == [("gate", "granted")] and outcome.waits["gate"] >= 0.4
+    assert outcome.stages_seconds["benchmark"] < 0.3  # the wait is not the stage's time
+
+
+# ------------------------------------------------------------------ who may measure
+
+
+def _baseline_job_messages(state):
+    from multiminddev.env.worker import _run_baseline_job
+
+    parent, child = multiprocessing.Pipe(duplex=True)
+    job = {"kind": "baseline", "problem": {}, "config": EvalConfig().to_dict()}
+    _run_baseline_job(child, state, job)
+    messages = []
+    while parent.poll(0.1):
+        messages.append(parent.recv())
+    return messages
+
+
+def _state(**overrides):
+    from multiminddev.env.worker import WorkerState
+
+    return WorkerState(gpu=False, device_index=None, device_name="cpu", workdir=Path("."),
+                       **overrides)
+
+
+def test_a_worker_that_loaded_candidate_code_refuses_a_baseline_job():
+    messages = _baseline_job_messages(_state(candidate_loaded=True))
+    assert [tag for tag, _ in messages] == ["fail"]
+    assert messages[0][1]["kind"] == "infra_error" and "candidate" in messages[0][1]["message"]
+
+
+def test_a_baseline_job_without_a_gpu_measures_nothing():
+    messages = _baseline_job_messages(_state())
+    assert [tag for tag, _ in messages] == ["done"]
+
+
+@pytest.mark.skipif(gpu_available(), reason="CPU-machine behaviour")
+def test_nothing_is_prefetched_where_nothing_is_timed(tmp_path):
+    from multiminddev.env import Evaluator
+    from tests.env._fixtures import problem_named
+
+    with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
+        assert ev.prefetch_baselines([problem_named("1_relu")]) == 0
