@@ -93,6 +93,8 @@ def timing_breakdown(outcome: JobOutcome, verify_seconds: float) -> dict[str, fl
         timings.update({f"worker.{name}": round(float(sec), 4) for name, sec in worker.items()
                         if isinstance(name, str) and isinstance(sec, (int, float))})
     timings.update({f"parent.wait.{name}": round(sec, 4) for name, sec in outcome.waits.items()})
+    timings.update({f"worker_startup.{name}": round(sec, 4)
+                    for name, sec in outcome.worker_startup.items()})
     timings["parent.verify"] = round(verify_seconds, 4)
     return timings
 

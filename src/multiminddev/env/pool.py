@@ -75,6 +75,9 @@ class JobOutcome:
     # Seconds this job waited in the parent: "slot" (for a free slot), "worker" (for its worker
     # to be ready), "gate" (for the GPU's timing gate, inside a stage).
     waits: dict[str, float] = field(default_factory=dict)
+    # The worker's own start-up steps (its "ready" payload): paid while it waited as a spare,
+    # on this job's clock only as far as waits["worker"] says.
+    worker_startup: dict[str, float] = field(default_factory=dict)
     late_trusted: list[str] = field(default_factory=list)  # trusted tags sent after the candidate loaded
 
 
@@ -267,6 +270,10 @@ class WorkerPool:
                 return JobOutcome(infra_error=f"{error}; retry: {worker.startup_error}")
         outcome = JobOutcome(device=str(worker.info.get("device", "")), gpu=bool(worker.info.get("gpu")))
         outcome.waits["worker"] = time.monotonic() - ready_start
+        startup = worker.info.get("startup")
+        if isinstance(startup, dict):
+            outcome.worker_startup = {str(k): float(v) for k, v in startup.items()
+                                      if isinstance(v, (int, float))}
         if before_send is not None:
             job = before_send(job, dict(worker.info))
         gate = self.gates.get(slot.device_index) if outcome.gpu else None
