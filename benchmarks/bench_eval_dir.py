@@ -1,0 +1,211 @@
+"""`eval-dir` throughput over the exported fast solutions, cold and warm: run on a GPU machine.
+
+    PYTHONPATH=src python3 benchmarks/bench_eval_dir.py --out $OUT [--tier 0 1]
+        [--baseline-workers 0 3] [--workers 1] [--runs cold warm] [--limit N]
+
+Exports the built-in corpus with its solutions (one shape per family), gathers the fast
+solutions into one folder and runs `multiminddev eval-dir` over them as a user would (a fresh
+process each time), once per (baseline workers, slots) setting and run:
+
+  cold  a fresh cache directory (MULTIMINDDEV_CACHE): every baseline is measured on first sight
+  warm  the same cache directory again: every baseline comes from the authenticated disk cache
+
+For each run it reports candidates per minute over the whole command (interpreter and worker
+start-up included) and over the steady part (first result to last), the status counts, and
+where an evaluation's seconds went: the mean and total of every ``EvalResult.timings`` key
+(``parent.wait.baseline``: waiting for a prefetched baseline; ``parent.wait.slot`` /
+``parent.wait.worker`` / ``parent.wait.gate``: for a slot, a started worker, the GPU's timing
+gate; ``stage.*``: the worker's stages as the parent saw them; ``worker.*``: their sub-steps;
+``baseline.measured_in_job``: figures the candidate's own worker had to measure).
+Writes bench_eval_dir.json and bench_eval_dir.md under --out (default: $OUT, else ./bench-out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "multiminddev.cli"]
+
+
+def _env(cache: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if cache is not None:
+        env["MULTIMINDDEV_CACHE"] = str(cache)
+    return env
+
+
+def export_fast_solutions(work: Path, tiers: list[int] | None) -> tuple[Path, Path]:
+    """(problems folder with level folders, one flat folder of the fast solutions)."""
+    corpus = work / "corpus"
+    command = [*CLI, "problems", "export", str(corpus), "--with-solutions",
+               "--shapes-per-family", "1"]
+    for tier in tiers or ():
+        command += ["--tier", str(tier)]
+    subprocess.run(command, check=True, env=_env(), capture_output=True, text=True)
+    candidates = work / "candidates"
+    candidates.mkdir()
+    for path in sorted((corpus / "solutions" / "fast").glob("level*/*.py")):
+        shutil.copy(path, candidates / path.name)  # file names are unique across tiers
+    return corpus, candidates
+
+
+def _watch_lines(path: Path, arrivals: list[float], stop: threading.Event) -> None:
+    """Record when each JSONL line appears (eval-dir appends each result as it is known)."""
+    seen = 0
+    while not stop.is_set():
+        try:
+            count = path.read_text().count("\n") if path.exists() else 0
+        except OSError:
+            count = seen
+        arrivals.extend([time.perf_counter()] * (count - seen))
+        seen = max(seen, count)
+        stop.wait(0.05)
+
+
+def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
+                 baseline_workers: int, workers: int | None, timeout_s: float) -> dict[str, Any]:
+    command = [*CLI, "eval-dir", str(corpus), str(candidates), "--out", str(out),
+               "--baseline-workers", str(baseline_workers)]
+    if workers is not None:
+        command += ["--workers", str(workers)]
+    arrivals: list[float] = []
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_lines, args=(out, arrivals, stop), daemon=True)
+    start = time.perf_counter()
+    watcher.start()
+    proc = subprocess.run(command, env=_env(cache), capture_output=True, text=True,
+                          timeout=timeout_s)
+    wall = time.perf_counter() - start
+    stop.set()
+    watcher.join()
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] \
+        if out.exists() else []
+    return {"command": " ".join(command), "returncode": proc.returncode,
+            "stderr_tail": proc.stderr[-2000:], "wall_s": round(wall, 2),
+            **throughput(len(rows), wall, [t - start for t in arrivals]), **split(rows)}
+
+
+def throughput(n: int, wall_s: float, arrivals_s: list[float]) -> dict[str, Any]:
+    """Candidates per minute over the whole command and over first-to-last result (pure)."""
+    steady = None
+    if len(arrivals_s) > 1 and arrivals_s[-1] > arrivals_s[0]:
+        steady = 60.0 * (len(arrivals_s) - 1) / (arrivals_s[-1] - arrivals_s[0])
+    return {"candidates": n,
+            "candidates_per_min": round(60.0 * n / wall_s, 2) if wall_s > 0 else None,
+            "steady_candidates_per_min": round(steady, 2) if steady else None,
+            "first_result_s": round(arrivals_s[0], 2) if arrivals_s else None}
+
+
+def split(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Status counts and, per timings key, its mean and total over the candidates (pure)."""
+    statuses = Counter(row.get("status", "?") for row in rows)
+    keys = sorted({k for row in rows for k in (row.get("timings") or {})})
+    per_key = {}
+    for key in keys:
+        values = [float(row["timings"][key]) for row in rows if key in (row.get("timings") or {})]
+        per_key[key] = {"mean_s": round(statistics.fmean(values), 4),
+                        "total_s": round(sum(values), 2), "n": len(values)}
+    seconds = [float(row.get("seconds", 0.0)) for row in rows]
+    return {"status_counts": dict(sorted(statuses.items())),
+            "mean_evaluation_s": round(statistics.fmean(seconds), 3) if seconds else None,
+            "timings": per_key}
+
+
+def _machine() -> dict[str, str]:
+    info = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    for name, command in (("gpu", ["nvidia-smi", "-L"]),
+                          ("commit", ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])):
+        try:
+            info[name] = subprocess.run(command, capture_output=True, text=True,
+                                        timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            info[name] = "unknown"
+    return info
+
+
+SPLIT_KEYS = ("parent.wait.baseline", "parent.wait.slot", "parent.wait.worker",
+              "parent.wait.gate", "parent.static", "stage.setup", "stage.baseline",
+              "stage.compile", "stage.run", "stage.guards", "stage.benchmark", "parent.verify",
+              "baseline.measured_in_job")
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# eval-dir throughput ({report['machine'].get('gpu', '?')}, "
+             f"{report['machine']['date']}, commit {report['machine'].get('commit', '?')})", "",
+             "| baseline workers | slots | run | candidates | per min (all) | per min (steady) "
+             "| statuses | " + " | ".join(SPLIT_KEYS) + " |",
+             "|" + "---|" * (8 + len(SPLIT_KEYS))]
+    for run in report["runs"]:
+        means = [f"{run['timings'][k]['mean_s']:.2f}" if k in run["timings"] else "-"
+                 for k in SPLIT_KEYS]
+        lines.append(f"| {run['baseline_workers']} | {run['workers'] or 'default'} | {run['run']} "
+                     f"| {run['candidates']} | {run['candidates_per_min']} "
+                     f"| {run['steady_candidates_per_min']} | {run['status_counts']} | "
+                     + " | ".join(means) + " |")
+    lines += ["", "Split columns: mean seconds per candidate (`EvalResult.timings`)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
+    parser.add_argument("--tier", type=int, nargs="*", default=None,
+                        help="corpus tiers to export (default: all)")
+    parser.add_argument("--baseline-workers", type=int, nargs="+", default=[2],
+                        help="settings to compare (0: each evaluation measures its own)")
+    parser.add_argument("--workers", type=int, nargs="+", default=[None],
+                        help="evaluation slots (default: eval-dir's, one per GPU)")
+    parser.add_argument("--runs", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="per eval-dir run, seconds")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"machine": _machine(), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="mmd-bench-eval-dir-") as tmp:
+        work = Path(tmp)
+        corpus, candidates = export_fast_solutions(work, args.tier)
+        if args.limit is not None:
+            for path in sorted(candidates.glob("*.py"))[args.limit:]:
+                path.unlink()
+        report["candidate_files"] = sorted(p.name for p in candidates.glob("*.py"))
+        for baseline_workers in args.baseline_workers:
+            for workers in args.workers:
+                cache = work / f"cache-b{baseline_workers}-w{workers}"
+                for run in args.runs:
+                    out = work / f"results-b{baseline_workers}-w{workers}-{run}.jsonl"
+                    result = run_eval_dir(corpus, candidates, out, cache,
+                                          baseline_workers=baseline_workers, workers=workers,
+                                          timeout_s=args.timeout)
+                    result.update(run=run, baseline_workers=baseline_workers, workers=workers,
+                                  baseline_cache=str(cache / "baselines"))
+                    report["runs"].append(result)
+                    print(f"[bench] b={baseline_workers} w={workers} {run}: "
+                          f"{result['candidates']} candidates, "
+                          f"{result['candidates_per_min']}/min "
+                          f"(steady {result['steady_candidates_per_min']}/min), "
+                          f"{result['status_counts']}", flush=True)
+                    if out.exists():
+                        shutil.copy(out, args.out / out.name)
+    (args.out / "bench_eval_dir.json").write_text(json.dumps(report, indent=2))
+    (args.out / "bench_eval_dir.md").write_text(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
