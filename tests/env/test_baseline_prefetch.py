@@ -231,3 +231,13 @@ def test_nothing_is_prefetched_where_nothing_is_timed(tmp_path):
 
     with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
         assert ev.prefetch_baselines([problem_named("1_relu")]) == 0
+
+
+def test_a_retired_worker_exits_on_its_own_while_the_caller_goes_on():
+    pool = WorkerPool(EvalConfig(num_workers=1))
+    worker = pool.start_worker(None)
+    assert worker.wait_ready(120.0), worker.startup_error
+    worker.stop_soon()  # returns at once; the exit is reaped in the background
+    worker.process.join(30.0)
+    pool.close()
+    assert worker.process.exitcode == 0  # it left when asked, it was not killed

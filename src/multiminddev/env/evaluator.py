@@ -53,7 +53,10 @@ class Evaluator:
 
         self.config = config or EvalConfig()
         self.pool = WorkerPool(self.config)
-        self._executor = cf.ThreadPoolExecutor(max_workers=self.pool.size,
+        # Two threads per slot: while one runs a job in the slot's worker, the other does the
+        # parent's part of the next (static checks, waiting for its baseline) or of the last
+        # (verification), so the worker never waits for the parent.
+        self._executor = cf.ThreadPoolExecutor(max_workers=PARENT_THREADS_PER_SLOT * self.pool.size,
                                                thread_name_prefix="mmd-eval")
         self._inline = None
         self._baselines: TrustedBaselines | None = None
@@ -248,6 +251,7 @@ class Evaluator:
                         "inline_libraries": digests}
 
 
+PARENT_THREADS_PER_SLOT = 2
 # A baseline worker runs trusted code only, so it may serve many problems (its start-up and
 # torch.compile's warm caches are paid once); replaced now and then to bound its memory.
 BASELINE_JOBS_PER_WORKER = 64
