@@ -88,7 +88,7 @@ def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
     watcher = threading.Thread(target=_watch_lines, args=(out, arrivals, stop), daemon=True)
     start = time.perf_counter()
     watcher.start()
-    proc = subprocess.run(command, env=_env(cache), capture_output=True, text=True,
+    proc = subprocess.run(command, env=_env(cache), capture_output=True, text=True, check=False,
                           timeout=timeout_s)
     wall = time.perf_counter() - start
     stop.set()
@@ -131,7 +131,7 @@ def _machine() -> dict[str, str]:
     for name, command in (("gpu", ["nvidia-smi", "-L"]),
                           ("commit", ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])):
         try:
-            info[name] = subprocess.run(command, capture_output=True, text=True,
+            info[name] = subprocess.run(command, capture_output=True, text=True, check=False,
                                         timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             info[name] = "unknown"
@@ -145,11 +145,12 @@ SPLIT_KEYS = ("parent.wait.baseline", "parent.wait.slot", "parent.wait.worker",
 
 
 def markdown(report: dict[str, Any]) -> str:
-    lines = [f"# eval-dir throughput ({report['machine'].get('gpu', '?')}, "
-             f"{report['machine']['date']}, commit {report['machine'].get('commit', '?')})", "",
-             "| baseline workers | slots | run | candidates | per min (all) | per min (steady) "
-             "| statuses | " + " | ".join(SPLIT_KEYS) + " |",
-             "|" + "---|" * (8 + len(SPLIT_KEYS))]
+    machine = report["machine"]
+    title = (f"# eval-dir throughput ({machine.get('gpu', '?')}, {machine['date']}, "
+             f"commit {machine.get('commit', '?')})")
+    columns = ["baseline workers", "slots", "run", "candidates", "per min (all)",
+               "per min (steady)", "statuses", *SPLIT_KEYS]
+    lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in report["runs"]:
         means = [f"{run['timings'][k]['mean_s']:.2f}" if k in run["timings"] else "-"
                  for k in SPLIT_KEYS]
