@@ -191,6 +191,23 @@ def test_a_gate_wait_extends_the_stage_by_the_time_waited():
     assert outcome.stages_seconds["benchmark"] < 0.3  # the wait is not the stage's time
 
 
+def test_a_candidate_cannot_give_the_gate_back_before_its_job_ends():
+    gate, held = TimingGate(), [False]
+    parent, child = multiprocessing.Pipe(duplex=True)
+    worker = SimpleNamespace(conn=parent)
+    WorkerPool._answer_gate(worker, gate, held, "acquire", 1.0)
+    WorkerPool._answer_gate(worker, gate, held, "release", 1.0, candidate_loaded=True)
+    assert child.recv() == ("gate", "granted")
+    assert held == [True] and not gate.acquire(0.0)
+
+
+def test_a_job_that_held_the_gate_through_its_candidate_phase_frees_it_at_its_end():
+    gate = TimingGate()
+    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("begin", "compile"),
+                        ("gate", "release"), ("begin", "benchmark"), ("done", {})], gate)
+    assert gate.acquire(0.0)
+
+
 # ------------------------------------------------------------------ who may measure
 
 

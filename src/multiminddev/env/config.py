@@ -101,9 +101,9 @@ class EvalConfig:
     # How long a candidate waits for its problem's prefetched baseline; past it, the
     # candidate's own worker measures whatever is still missing in its trusted stage.
     baseline_wait_s: float = 180.0
-    # Timed sections (baselines, the candidate's benchmark) of this evaluator's processes on
-    # one GPU run one at a time, so a baseline compiled alongside an evaluation never shares
-    # the GPU with another timing. Other GPU work overlaps (see docs/evaluator.md).
+    # One GPU, one timing: a baseline is timed only while no candidate code of this evaluator
+    # can run on that GPU (a candidate's job holds the GPU's gate from before its candidate
+    # loads to its end), so a baseline measured alongside evaluations is not slowed by them.
     timing_gate: bool = True
     cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
     # Defenses

@@ -217,13 +217,16 @@ class Evaluator:
         if self._baselines is None or not isinstance(base, dict):
             return
         gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
-        if self._baselines.peak_gbps(gpu_name, torch_version) is None:
+        ungated = base.get("ungated") or ()  # timed while another process might use the GPU
+        if "peak_gbps" not in ungated and self._baselines.peak_gbps(gpu_name, torch_version) is None:
             self._baselines.record_peak_gbps(gpu_name, torch_version, base.get("peak_gbps"))
-        if (base.get("eager") is not None and self._baselines.eager_baseline(
-                problem.source_hash, gpu_name, torch_version) is None):
+        if ("eager_baseline" not in ungated and base.get("eager") is not None
+                and self._baselines.eager_baseline(problem.source_hash, gpu_name,
+                                                   torch_version) is None):
             self._baselines.record_eager_baseline(problem.source_hash, gpu_name, torch_version,
                                                   base["eager"])
-        if (base.get("compiled") is not None and self._baselines.compiled_baseline(
+        if ("compiled_baseline" not in ungated and base.get("compiled") is not None
+                and self._baselines.compiled_baseline(
                 problem.source_hash, gpu_name, torch_version) is None):
             self._baselines.record_compiled_baseline(problem.source_hash, gpu_name, torch_version,
                                                      base["compiled"])

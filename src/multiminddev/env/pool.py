@@ -11,10 +11,12 @@ timed calls' expected outputs, baselines) are
 accepted only before the candidate's compile stage begins; one arriving later came from the
 candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
 
-Timed sections ask the parent for their GPU's ``TimingGate`` (("gate", "acquire") ... ("gate",
-"release")): pools that share gates (an evaluator's candidate pool and its baseline pool) never
-time two things on one GPU at once. The parent grants and takes back the gate, so a worker that
-dies or hangs holding it cannot keep it.
+Each GPU has a ``TimingGate`` shared by the pools given the same gates (an evaluator's candidate
+pool and its baseline pool). A trusted baseline timing holds it (("gate", "acquire") ...
+("gate", "release")); a candidate's job asks for it before its candidate is imported and keeps
+it until the job ends: a release sent once the candidate loaded is ignored. So no baseline is
+ever timed on a GPU while candidate code can run on it, and no two timings share a GPU. The
+parent grants and takes back the gate, so a worker that dies or hangs holding it cannot keep it.
 """
 
 from __future__ import annotations
@@ -365,7 +367,8 @@ class WorkerPool:
             tag, payload = message
             if tag == "gate":
                 waited = self._answer_gate(worker, gate, held, payload,
-                                           deadline - time.monotonic() - GATE_MARGIN_S)
+                                           deadline - time.monotonic() - GATE_MARGIN_S,
+                                           candidate_loaded=candidate_start is not None)
                 stage_start += waited
                 if candidate_start is not None:
                     candidate_start += waited
@@ -396,11 +399,12 @@ class WorkerPool:
 
     @staticmethod
     def _answer_gate(worker: WorkerHandle, gate: TimingGate | None, held: list[bool],
-                     request: Any, wait_s: float) -> float:
+                     request: Any, wait_s: float, *, candidate_loaded: bool = False) -> float:
         """Grant ("acquire") or take back ("release") the gate; returns the seconds waited.
-        Without a gate, or past ``wait_s``, the answer is "open": the worker times ungated."""
+        Without a gate, or past ``wait_s``, the answer is "open": the worker goes on ungated.
+        Once the candidate loaded, a release is ignored: the job keeps the gate to its end."""
         if request == "release":
-            if held[0] and gate is not None:
+            if held[0] and gate is not None and not candidate_loaded:
                 gate.release()
                 held[0] = False
             return 0.0

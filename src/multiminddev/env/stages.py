@@ -50,7 +50,7 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
             stage = Stage.BENCHMARK
             conn.send(("begin", stage.value))
             with timed(clock, "benchmark"):
-                bench, checked, findings = _benchmark_candidate(conn, state, cfg, ref, model_new)
+                bench, checked, findings = _benchmark_candidate(state, cfg, ref, model_new)
             conn.send(("benchmark", bench))
             send_tensor_lists(conn, "timed_outputs", checked, transfer=cfg.tensor_transfer)
             if findings:
@@ -232,7 +232,7 @@ def own_kernel_names_by_backend() -> tuple[list[str], list[str]]:
     return names(kernels_mod.compile_log), names(inline_build.inline_log)
 
 
-def _benchmark_candidate(conn: Any, state: Any, cfg: EvalConfig, ref: Any, model_new: Any
+def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                          ) -> tuple[dict[str, Any], list[list[Any]], list[Finding]]:
     """Time the candidate on fresh inputs per call with hidden checked calls among them
     (``timed_checks.py``). Returns the timing, the checked calls' outputs on the host (the
@@ -241,7 +241,7 @@ def _benchmark_candidate(conn: Any, state: Any, cfg: EvalConfig, ref: Any, model
 
     from multiminddev.env import benchmark as bm
     from multiminddev.env.timed_checks import CheckedCalls
-    from multiminddev.env.worker import timing_gate, timing_plan, to_host
+    from multiminddev.env.worker import timing_plan, to_host
 
     guard = state.guards.TorchComputeGuard() if state.guards is not None else None
 
@@ -255,9 +255,8 @@ def _benchmark_candidate(conn: Any, state: Any, cfg: EvalConfig, ref: Any, model
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=ref.check_inputs,
                          output_specs=ref.output_specs, forward=forward, rng=ref.rng)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    with timing_gate(conn, state.timing_gate, state.timings):
-        stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan)
-        torch.cuda.synchronize()
+    stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan)
+    torch.cuda.synchronize()
     checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
     findings: list[Finding] = list(guard.findings) if guard is not None else []
     if state.guards is not None:

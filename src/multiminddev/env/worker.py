@@ -22,8 +22,10 @@ the parent enforces by killing the process. Per job, in order:
 
 A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
 with a candidate) runs a lighter setup and the baseline stage only, then serves the next one:
-a process that ever imported candidate code refuses it. Timed sections (the baselines, the
-candidate's benchmark) ask the parent for the GPU's timing gate first (``timing_gate``).
+a process that ever imported candidate code refuses it. Each baseline timing asks the parent
+for the GPU's timing gate first (``timing_gate``), and so does a candidate's job before the
+candidate is imported: the parent then keeps the gate for that job until it ends, so no
+baseline is timed on that GPU while candidate code can run there.
 
 Covered: a CUDA fault, segfault, abort, OOM or hang kills only this process (the parent replaces
 it); reference outputs are out of the candidate's reach before it loads. Not covered: code that
@@ -343,6 +345,9 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
                 send(("baseline", baseline))
             _seal_reference(state, reference)
             state.memory_cap = _cap_candidate_memory(cfg)
+            if state.timing_gate and cfg.benchmark:  # to the job's end: no baseline timed here
+                with timed(clock, "gate_wait"):
+                    _ask_for_gate(conn)
         if state.guards is not None:
             from multiminddev.env import registry_guard
 
@@ -429,18 +434,24 @@ def _baseline_reference(problem: Any, cfg: EvalConfig) -> Reference:
     return ref
 
 
+def _ask_for_gate(conn: Any) -> bool:
+    """Ask the parent for the GPU's timing gate and wait for its answer: True when granted,
+    False when the parent gave up waiting ("open")."""
+    conn.send(("gate", "acquire"))
+    return conn.recv() == ("gate", "granted")
+
+
 @contextlib.contextmanager
 def timing_gate(conn: Any, enabled: bool, timings: dict[str, float]) -> Any:
-    """Hold the GPU's timing gate for the block: ask the parent, wait for its answer
-    ("granted", or "open" when it gives up waiting), tell it when done. Off: nothing."""
+    """Hold the GPU's timing gate for a trusted timing; yields whether it was granted
+    (always True when off). The parent takes it back when told, or when the job ends."""
     if not enabled:
-        yield
+        yield True
         return
     with timed(timings, "gate_wait"):
-        conn.send(("gate", "acquire"))
-        conn.recv()
+        granted = _ask_for_gate(conn)
     try:
-        yield
+        yield granted
     finally:
         conn.send(("gate", "release"))
 
@@ -620,7 +631,9 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
     was measured here), from which the evaluator stores it. The worker never reads or writes
     the shared baselines cache: a candidate running later in this process could otherwise
     plant figures for the evaluations after it. Each timing holds the GPU's timing gate
-    (``job["timing_gate"]``); torch.compile's first call, which compiles, does not."""
+    (``job["timing_gate"]``); torch.compile's first call, which compiles, does not. A figure
+    timed without the gate (the parent gave up waiting for it) is named in ``ungated``: used
+    for this job, never stored."""
     import torch
 
     from multiminddev.env import benchmark as bm
@@ -630,21 +643,24 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
     todo = bm.figures_to_measure(job, compile_baseline=cfg.compile_baseline,
                                  eager=job.get("kind") != "baseline" or cfg.reuse_eager_baseline)
     measured: list[str] = []
+    ungated: list[str] = []
     peak_gbps = job.get("peak_gbps")
     if "peak_gbps" in todo:
-        with timing_gate(conn, gate, clock), timed(clock, "baseline.peak"):
+        with timing_gate(conn, gate, clock) as granted, timed(clock, "baseline.peak"):
             peak_gbps = bm.measure_peak_bandwidth(state.device_index)
         torch.cuda.empty_cache()  # give back the copy buffers (poisoning walks free blocks)
         measured.append("peak_gbps")
+        ungated += [] if granted else ["peak_gbps"]
     state.peak_gbps = peak_gbps
     eager = job.get("eager_baseline")
     if "eager_baseline" in todo:
-        with timing_gate(conn, gate, clock), timed(clock, "baseline.eager"):
+        with timing_gate(conn, gate, clock) as granted, timed(clock, "baseline.eager"):
             eager = bm.stats_to_dict(time_like_candidate(state, cfg, ref, ref.model))
         measured.append("eager_baseline")
+        ungated += [] if granted else ["eager_baseline"]
     out: dict[str, Any] = {"eager": eager, "compiled": None, "peak_gbps": peak_gbps,
                            "gpu_name": gpu_name, "torch_version": torch_version, "note": "",
-                           "measured": measured}
+                           "measured": measured, "ungated": ungated}
     if cfg.compile_baseline and "compiled_baseline" not in todo:
         out["compiled"] = job["compiled_baseline"]
     elif cfg.compile_baseline:
@@ -654,10 +670,11 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
                 with torch.no_grad():
                     compiled_model(*ref.draw_inputs())
                 torch.cuda.synchronize()
-            with timing_gate(conn, gate, clock), timed(clock, "baseline.compiled"):
+            with timing_gate(conn, gate, clock) as granted, timed(clock, "baseline.compiled"):
                 compiled = time_like_candidate(state, cfg, ref, compiled_model)
             out["compiled"] = bm.stats_to_dict(compiled)
             measured.append("compiled_baseline")
+            ungated += [] if granted else ["compiled_baseline"]
         except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
             out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
     return out
