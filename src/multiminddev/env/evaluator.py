@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.core.problem import Problem, load_problem
-from multiminddev.env.benchmark import BASELINE_FIGURES, TrustedBaselines
+from multiminddev.env.benchmark import BASELINE_FIGURES, TrustedBaselines, figures_to_measure
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.results import (
@@ -186,28 +186,40 @@ class Evaluator:
             if inline_compile is not None and inline_compile.status is not StageStatus.OK:
                 if inline_compile.status is not StageStatus.SKIPPED or self.pool.gpu_count:
                     return _inline_failure(problem, candidate, static, inline_compile)
-        baseline_wait = 0.0
-        if self._prefetch is not None:  # its trusted workers may be measuring it right now
-            _, baseline_wait = self._prefetch.wait(problem.source_hash, self.config.baseline_wait_s)
-        outcome = self.pool.run(
-            job, before_send=lambda job, info: self._with_baselines(problem, job, info))
+        waits: dict[str, float] = {}
+        outcome = self.pool.run(job, before_send=lambda job, info: self._with_baselines(
+            problem, job, info, waits=waits))
         result = assemble_result(problem, candidate, static, outcome, self.config, inline_compile)
         self._store_baselines(problem, outcome)
         result.timings.update({"parent.static": round(static_seconds, 4),
-                               "parent.wait.baseline": round(baseline_wait, 4)})
+                               "parent.wait.baseline": round(waits.get("baseline", 0.0), 4)})
         base = outcome.messages.get("baseline")
         if isinstance(base, dict):  # figures this evaluation's own worker had to measure
             result.timings["baseline.measured_in_job"] = float(len(base.get("measured") or ()))
         return result
 
-    def _with_baselines(self, problem: Problem, job: dict[str, Any], worker_info: dict[str, Any]
-                        ) -> dict[str, Any]:
-        """The job plus the cached figures for the worker's GPU (None: the worker measures)."""
-        figures: dict[str, Any] = dict.fromkeys(BASELINE_FIGURES)
-        if self._baselines is not None and worker_info.get("gpu"):
-            figures = self._baselines.figures(problem.source_hash,
-                                              str(worker_info.get("device", "")), _torch_version(),
-                                              eager=self.config.reuse_eager_baseline)
+    def _with_baselines(self, problem: Problem, job: dict[str, Any], worker_info: dict[str, Any],
+                        waits: dict[str, float] | None = None) -> dict[str, Any]:
+        """The job plus the cached figures for the worker's GPU (None: the worker measures).
+
+        With ``waits`` (a candidate's job): when a figure is missing and the problem's baseline
+        job is scheduled, wait for it first (``EvalConfig.baseline_wait_s``; the seconds go to
+        ``waits["baseline"]``). A problem whose figures are all cached never waits."""
+        if self._baselines is None or not worker_info.get("gpu"):
+            return {**job, **dict.fromkeys(BASELINE_FIGURES)}
+        gpu_name, torch_version = str(worker_info.get("device", "")), _torch_version()
+
+        def cached() -> dict[str, Any]:
+            return self._baselines.figures(problem.source_hash, gpu_name, torch_version,
+                                           eager=self.config.reuse_eager_baseline)
+
+        figures = cached()
+        missing = figures_to_measure(figures, compile_baseline=self.config.compile_baseline,
+                                     eager=self.config.reuse_eager_baseline)
+        if waits is not None and missing and self._prefetch is not None:
+            _, waits["baseline"] = self._prefetch.wait(problem.source_hash,
+                                                       self.config.baseline_wait_s)
+            figures = cached()
         return {**job, **figures}
 
     def _store_baselines(self, problem: Problem, outcome: Any) -> None:
