@@ -91,7 +91,11 @@ class Evaluator:
         (pass them in the order their candidates will be submitted), each problem once, on
         ``EvalConfig.baseline_workers`` trusted workers that never load candidate code. Figures
         already cached are not measured again. Returns how many problems were newly scheduled;
-        0 where nothing is timed (no GPU, ``benchmark=False``, ``baseline_workers=0``)."""
+        0 where nothing is timed (no GPU, ``benchmark=False``, ``baseline_workers=0``).
+
+        Call it when no other work (a policy generating, a trainer) computes on these GPUs: the
+        timing gate keeps baselines apart from this evaluator's candidates, not from other
+        processes, and the figures are cached for every later run."""
         from multiminddev.env.pool import WorkerPool
         from multiminddev.env.prefetch import BaselinePrefetch
 
