@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -135,6 +136,58 @@ def test_an_eager_figure_of_another_gpu_is_a_miss(tmp_path):
     cache = TrustedBaselines(tmp_path)
     cache.record_eager_baseline("abc", "NVIDIA H200", "2.13", STATS)
     assert cache.eager_baseline("abc", "NVIDIA H100 80GB HBM3", "2.13") is None
+
+
+# ------------------------------------------------------------------ what a candidate's job carries
+
+GPU = "NVIDIA H200"
+
+
+def _record_all(store, problem):
+    """What a finished baseline job leaves in the evaluator's store."""
+    import torch
+
+    store.record_peak_gbps(GPU, torch.__version__, 4000.0)
+    store.record_eager_baseline(problem.source_hash, GPU, torch.__version__, STATS)
+    store.record_compiled_baseline(problem.source_hash, GPU, torch.__version__, STATS)
+
+
+def _candidate_job(ev, problem, measure):
+    """The job the evaluator would send a GPU worker, with ``measure`` as the problem's
+    scheduled baseline job; returns (job, the evaluator's waits)."""
+    ev._prefetch = BaselinePrefetch(measure, workers=1)
+    ev._prefetch.schedule([(problem.source_hash, problem)])
+    waits: dict[str, float] = {}
+    job = ev._with_baselines(problem, {}, {"gpu": True, "device": GPU}, waits=waits)
+    return job, waits
+
+
+def test_a_candidate_waits_for_its_baseline_job_then_carries_every_figure(tmp_path):
+    from multiminddev.env import Evaluator
+    from tests.env._fixtures import problem_named
+
+    problem = problem_named("1_relu")
+    with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
+        def measure(item):
+            time.sleep(0.3)
+            _record_all(ev._baselines, item)
+
+        job, waits = _candidate_job(ev, problem, measure)
+    assert figures_to_measure(job, compile_baseline=True) == []  # its worker measures none
+    assert waits["baseline"] >= 0.25
+
+
+def test_a_candidate_whose_figures_are_cached_does_not_wait(tmp_path):
+    from multiminddev.env import Evaluator
+    from tests.env._fixtures import problem_named
+
+    problem = problem_named("1_relu")
+    release = threading.Event()
+    with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
+        _record_all(ev._baselines, problem)
+        job, waits = _candidate_job(ev, problem, lambda item: release.wait(10.0))
+        release.set()
+    assert figures_to_measure(job, compile_baseline=True) == [] and waits == {}
 
 
 # ------------------------------------------------------------------ the timing gate

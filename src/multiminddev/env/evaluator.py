@@ -133,6 +133,7 @@ class Evaluator:
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self._prefetch is not None:
             self._prefetch.close()
+        if self._baseline_pool is not None:
             self._baseline_pool.close()
         self.pool.close()
         if self._inline is not None:
