@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 MODEL=${1:-default}
 OUT=${OUT:-gpu-suite-$(date -u +%Y%m%dT%H%M%SZ)}
-PARTS=${PARTS:-tests-env tests-hacks tests-corpus tests-rest bench-eval bench-generation bench-sft-memory}
+PARTS=${PARTS:-tests-env tests-hacks tests-corpus tests-rest bench-eval bench-eval-dir bench-generation bench-sft-memory}
 mkdir -p "$OUT"
 case $MODEL in
   *.gguf) export MULTIMINDDEV_DEFAULT_GGUF=$(readlink -f "$MODEL") ;;
@@ -39,13 +39,14 @@ run_part() {
                    $PYTEST tests/tasks ;;
     tests-rest)  $PYTEST tests --ignore=tests/env --ignore=tests/cuda --ignore=tests/tasks ;;
     bench-eval)  python3 benchmarks/bench_eval.py --out "$OUT/bench_eval" ${QUICK:+--quick} ;;
+    bench-eval-dir) python3 benchmarks/bench_eval_dir.py --out "$OUT/bench_eval_dir" ;;
     bench-generation) python3 benchmarks/bench_generation.py --model "$MODEL" --batch 16 \
                    --new-tokens 512 --repeats 1 --compiled-decoding off on \
                    --out "$OUT/generation.jsonl" ;;
     bench-sft-memory) python3 benchmarks/bench_sft_memory.py --model "$MODEL" --batch 4 8 \
                    --out "$OUT/sft_memory" ;;
     *) echo "unknown part '$1'; parts: tests-env tests-hacks tests-corpus tests-rest" \
-            "bench-eval bench-generation bench-sft-memory" >&2; return 2 ;;
+            "bench-eval bench-eval-dir bench-generation bench-sft-memory" >&2; return 2 ;;
   esac
 }
 
