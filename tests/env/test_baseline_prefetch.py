@@ -254,6 +254,15 @@ def test_a_candidate_cannot_give_the_gate_back_before_its_job_ends():
     assert held == [True] and not gate.acquire(0.0)
 
 
+def test_candidate_code_asking_for_a_busy_gate_is_answered_at_once():
+    gate, held = TimingGate(), [False]
+    gate.acquire(0.0)  # a baseline is being timed
+    parent, child = multiprocessing.Pipe(duplex=True)
+    waited = WorkerPool._answer_gate(SimpleNamespace(conn=parent), gate, held, "acquire", 30.0,
+                                     candidate_loaded=True)
+    assert child.recv() == ("gate", "open") and waited < 1.0 and held == [False]
+
+
 def test_a_job_that_held_the_gate_through_its_candidate_phase_frees_it_at_its_end():
     gate = TimingGate()
     _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("begin", "compile"),

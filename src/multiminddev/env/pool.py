@@ -402,7 +402,10 @@ class WorkerPool:
                      request: Any, wait_s: float, *, candidate_loaded: bool = False) -> float:
         """Grant ("acquire") or take back ("release") the gate; returns the seconds waited.
         Without a gate, or past ``wait_s``, the answer is "open": the worker goes on ungated.
-        Once the candidate loaded, a release is ignored: the job keeps the gate to its end."""
+        Once the candidate loaded, a release is ignored (the job keeps the gate to its end) and
+        an acquire never waits (a wait would extend the candidate's time limits)."""
+        if candidate_loaded:
+            wait_s = 0.0
         if request == "release":
             if held[0] and gate is not None and not candidate_loaded:
                 gate.release()
