@@ -1,7 +1,7 @@
 """`eval-dir` throughput over the exported fast solutions, cold and warm: run on a GPU machine.
 
     PYTHONPATH=src python3 benchmarks/bench_eval_dir.py --out $OUT [--tier 0 1]
-        [--baseline-workers 0 3] [--workers 1] [--runs cold warm] [--limit N]
+        [--baseline-workers 0 3] [--workers 1] [--runs cold warm] [--limit N] [--work DIR]
 
 Exports the built-in corpus with its solutions (one shape per family), gathers the fast
 solutions into one folder and runs `multiminddev eval-dir` over them as a user would (a fresh
@@ -9,6 +9,10 @@ process each time), once per (baseline workers, slots) setting and run:
 
   cold  a fresh cache directory (MULTIMINDDEV_CACHE): every baseline is measured on first sight
   warm  the same cache directory again: every baseline comes from the authenticated disk cache
+
+A cold run starts from an empty cache folder (one per setting, removed first); a warm run reuses
+it, so with --work DIR a warm run can be a separate command after the cold one (the export,
+--tier and --limit are those of the first command on DIR).
 
 For each run it reports candidates per minute over the whole command (interpreter and worker
 start-up included) and over the steady part (first result to last), the status counts, and
@@ -175,21 +179,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per eval-dir run, seconds")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="keep the export and the caches here (reused if present), so a "
+                             "warm run can follow a cold one in another command; default: a "
+                             "temporary folder removed at the end")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"machine": _machine(), "runs": []}
     with tempfile.TemporaryDirectory(prefix="mmd-bench-eval-dir-") as tmp:
-        work = Path(tmp)
-        corpus, candidates = export_fast_solutions(work, args.tier)
-        if args.limit is not None:
-            for path in sorted(candidates.glob("*.py"))[args.limit:]:
-                path.unlink()
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        corpus, candidates = work / "corpus", work / "candidates"
+        if not candidates.is_dir():
+            corpus, candidates = export_fast_solutions(work, args.tier)
+            if args.limit is not None:
+                for path in sorted(candidates.glob("*.py"))[args.limit:]:
+                    path.unlink()
         report["candidate_files"] = sorted(p.name for p in candidates.glob("*.py"))
         for baseline_workers in args.baseline_workers:
             for workers in args.workers:
                 cache = work / f"cache-b{baseline_workers}-w{workers}"
                 for run in args.runs:
+                    if run == "cold":
+                        shutil.rmtree(cache, ignore_errors=True)
+                        cache.with_name(cache.name + ".key").unlink(missing_ok=True)
                     out = work / f"results-b{baseline_workers}-w{workers}-{run}.jsonl"
+                    out.unlink(missing_ok=True)
                     result = run_eval_dir(corpus, candidates, out, cache,
                                           baseline_workers=baseline_workers, workers=workers,
                                           timeout_s=args.timeout)
