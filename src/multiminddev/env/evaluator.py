@@ -168,7 +168,8 @@ class Evaluator:
             time.sleep(self.config.infra_retry_delay_s * (attempt + 1))
         if result.status is EvalStatus.INFRA_ERROR and attempt:
             result.message = f"{result.message} (after {attempt + 1} attempts)"
-        result.seconds = time.perf_counter() - start
+        # The evaluation's own time: a wait for a free slot (behind other evaluations) is not.
+        result.seconds = time.perf_counter() - start - result.timings.get("parent.wait.slot", 0.0)
         return result
 
     def _evaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
