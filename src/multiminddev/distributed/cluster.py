@@ -111,3 +111,21 @@ def cluster_nodes() -> list[dict[str, Any]]:
         nodes.append({"node_id": node.get("NodeID", ""), "address": node.get("NodeManagerAddress", ""),
                       "cpus": resources.get("CPU", 0), "gpus": resources.get("GPU", 0)})
     return nodes
+
+
+def add_ray_argument(parser: Any) -> None:
+    """``--ray [ADDRESS]`` on a command's parser (``args.ray``: None without the flag)."""
+    parser.add_argument(
+        "--ray", nargs="?", const=LOCAL, default=None, metavar="ADDRESS", type=_address_arg,
+        help="evaluate on a Ray cluster: one evaluation actor per GPU of every node; no value "
+             "starts a local cluster, 'auto' joins the one running here (ray start --head), "
+             "HOST:PORT another (needs the ray extra)")
+
+
+def _address_arg(value: str) -> str:
+    import argparse
+
+    try:
+        return validate_address(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

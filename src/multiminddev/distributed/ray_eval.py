@@ -149,8 +149,10 @@ class ClusterBaselines(TrustedBaselines):
     def _put(self, key: str, value: dict[str, Any]) -> None:
         with self._lock:
             self._memory[key] = value
+        # Waited for, so an evaluation that starts after this one returned finds the figure
+        # on any actor (the store serves calls concurrently, in no promised order).
         try:
-            self._store.put.remote(key, value)
+            import_ray().get(self._store.put.remote(key, value), timeout=self._timeout_s)
         except Exception:  # noqa: BLE001 - as above
             pass
 
