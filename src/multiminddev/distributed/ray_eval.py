@@ -65,6 +65,10 @@ class RayEvalConfig:
     # Evaluation actors where the cluster has no GPU (compile-only results); None: 2.
     cpu_actors: int | None = None
     actor_cpus: float = 1.0  # CPUs each evaluation actor reserves (static checks, its workers)
+    # Torch threads in a GPU actor (it verifies outputs on the host). Ray would leave it one
+    # thread per reserved CPU; None: its node's CPUs divided by the node's GPUs. Reserving that
+    # many instead would leave no CPU on the node for other actors (rollout workers).
+    actor_threads: int | None = None
     # Evaluations sent to one actor at a time: 2 keeps its next job queued behind the running
     # one (its spare workers are already warm) without hoarding work a faster actor could take.
     in_flight_per_actor: int = 2
@@ -83,6 +87,8 @@ class RayEvalConfig:
             raise ValueError(f"cpu_actors must be >= 1 or None (2), got {self.cpu_actors}")
         if self.actor_cpus < 0:
             raise ValueError(f"actor_cpus must be >= 0, got {self.actor_cpus}")
+        if self.actor_threads is not None and self.actor_threads < 1:
+            raise ValueError(f"actor_threads must be >= 1 or None, got {self.actor_threads}")
         if self.in_flight_per_actor < 1 or self.max_attempts < 1:
             raise ValueError("in_flight_per_actor and max_attempts must be >= 1 (1 attempt: "
                              "no retry after a lost actor)")
@@ -160,12 +166,16 @@ class ClusterBaselines(TrustedBaselines):
 class EvaluationActor:
     """One local ``Evaluator`` in a Ray actor: one slot (the actor's one GPU, or compile-only)."""
 
-    def __init__(self, config: dict[str, Any], store: Any):
+    def __init__(self, config: dict[str, Any], store: Any, threads: int | None = None):
         from multiminddev.env.evaluator import Evaluator
 
         cfg = replace(EvalConfig.from_dict(config), num_workers=1)
         baselines = ClusterBaselines(store) if (cfg.benchmark and store is not None) else None
         self._evaluator = Evaluator(cfg, baselines=baselines)
+        if self._evaluator.pool.gpu_count:
+            import torch
+
+            torch.set_num_threads(threads or _node_cpus_per_gpu())
 
     def ready(self) -> dict[str, Any]:
         """Where this actor runs; called once before it gets work."""
@@ -183,6 +193,17 @@ class EvaluationActor:
 
     def close(self) -> None:
         self._evaluator.close()
+
+
+def _node_cpus_per_gpu() -> int:
+    """This node's CPUs divided by its GPUs (at least 1)."""
+    ray = import_ray()
+    here = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node.get("NodeID") == here:
+            resources = node.get("Resources", {})
+            return max(1, int(resources.get("CPU", 1) // max(1, resources.get("GPU", 0))))
+    return 1
 
 
 @functools.cache
@@ -320,7 +341,8 @@ class RayEvaluator:
         }
         if self.gpu_actors:
             options["num_gpus"] = 1
-        handle = actor_cls.options(**options).remote(self.config.to_dict(), self._store)
+        handle = actor_cls.options(**options).remote(self.config.to_dict(), self._store,
+                                                     self.ray_config.actor_threads)
         return _Actor(handle=handle, ready_ref=handle.ready.remote())
 
     def _poll_ready_locked(self) -> None:
