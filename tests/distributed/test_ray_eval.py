@@ -10,13 +10,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from multiminddev.distributed.cluster import (  # noqa: E402
+from multiminddev.distributed.cluster import (
     RAY_NAMESPACE,
     LocalClusterConfig,
     cluster_gpus,
     validate_address,
 )
-from multiminddev.distributed.ray_eval import (  # noqa: E402
+from multiminddev.distributed.ray_eval import (
     ClusterBaselines,
     RayEvalConfig,
     RayEvaluator,
@@ -24,10 +24,10 @@ from multiminddev.distributed.ray_eval import (  # noqa: E402
     call_limit_s,
     make_evaluator,
 )
-from multiminddev.env import EvalConfig, EvalStatus, Evaluator  # noqa: E402
-from multiminddev.env.benchmark import TrustedBaselines  # noqa: E402
-from tests.conftest import gpu_available  # noqa: E402
-from tests.env._fixtures import FIXTURES, problem_named  # noqa: E402
+from multiminddev.env import EvalConfig, EvalStatus, Evaluator
+from multiminddev.env.benchmark import TrustedBaselines
+from tests.conftest import gpu_available
+from tests.env._fixtures import FIXTURES, problem_named
 
 CONFIG = EvalConfig(benchmark=False, compile_timeout_s=30)
 CANDIDATES = [("1_relu", "honest/relu_basic.py"), ("3_softmax", "honest/softmax_block.py"),
@@ -81,6 +81,16 @@ def test_call_limit_covers_every_stage_and_retry():
 def test_ray_eval_config_refuses_zero_attempts():
     with pytest.raises(ValueError, match="max_attempts"):
         RayEvalConfig(max_attempts=0)
+
+
+def test_commands_import_without_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys, multiminddev.distributed, multiminddev.commands.eval, "
+            "multiminddev.commands.bench; print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_make_evaluator_without_address_is_the_local_evaluator():

@@ -20,7 +20,8 @@ _EXPORTS = {
     "disconnect": "multiminddev.distributed.cluster",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["LocalClusterConfig", "RayEvalConfig", "RayEvaluator", "RayUnavailableError",
+           "connect", "disconnect", "make_evaluator"]
 
 
 def __getattr__(name: str) -> Any:

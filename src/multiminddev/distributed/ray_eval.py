@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
 import functools
 import threading
 import time
@@ -157,10 +158,8 @@ class ClusterBaselines(TrustedBaselines):
             self._memory[key] = value
         # Waited for, so an evaluation that starts after this one returned finds the figure
         # on any actor (the store serves calls concurrently, in no promised order).
-        try:
+        with contextlib.suppress(Exception):  # as above: a lost store costs a measurement
             import_ray().get(self._store.put.remote(key, value), timeout=self._timeout_s)
-        except Exception:  # noqa: BLE001 - as above
-            pass
 
 
 class EvaluationActor:
@@ -325,7 +324,7 @@ class RayEvaluator:
     def __enter__(self) -> RayEvaluator:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------ actors
@@ -404,10 +403,8 @@ class RayEvaluator:
         self._kill(actor.handle)
 
     def _kill(self, handle: Any) -> None:
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self._ray.kill(handle, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
 
     # ------------------------------------------------------------------ one submission
 
