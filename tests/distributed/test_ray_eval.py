@@ -177,6 +177,16 @@ class TestLocalCluster:
         assert on_disk == {"median_ms": 1.5}
         ray.kill(store)
 
+    def test_eval_dir_evaluates_on_the_cluster(self, cluster, tmp_path):
+        from multiminddev.cli import main
+
+        problems, cands = _eval_dir_dirs(tmp_path)
+        out = tmp_path / "results.jsonl"
+        assert main(["eval-dir", str(problems), str(cands), "--no-benchmark", "--workers", "1",
+                     "--out", str(out), "--ray", "auto"]) == 0
+        assert '"status": "no_gpu"' in out.read_text()
+        assert ray.is_initialized()  # a connection it found open is left open
+
 
 
 # ----------------------------------------------------------------------------- two nodes

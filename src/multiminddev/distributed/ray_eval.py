@@ -319,6 +319,10 @@ class RayEvaluator:
             self._ray.wait(closing, num_returns=len(closing), timeout=30)
         for a in actors:
             self._kill(a.handle)
+        # No actor handle may outlive the connection: one released after Ray shut down can
+        # crash the interpreter as it exits.
+        actors.clear()
+        self._store = None
         disconnect(self._owns_ray)
 
     def __enter__(self) -> RayEvaluator:
