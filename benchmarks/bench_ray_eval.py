@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +99,25 @@ def run_passes(evaluator: Any, pairs: list[tuple[Any, str]], passes: int) -> lis
     return out
 
 
+@contextlib.contextmanager
+def fresh_compile_caches() -> Iterator[None]:
+    """torch.compile's own caches start empty for each run (set before its processes start), so
+    a later run does not reuse the kernels an earlier one compiled for the same baselines."""
+    dirs = {name: tempfile.mkdtemp(prefix=f"mmd-bench-{name.lower()}-", dir="/tmp")
+            for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ.update(dirs)
+    try:
+        yield
+    finally:
+        for path in dirs.values():
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def run_ray(pairs: list[tuple[Any, str]], gpus: int, args: argparse.Namespace) -> dict[str, Any]:
     from multiminddev.distributed import LocalClusterConfig, RayEvalConfig, RayEvaluator
     from multiminddev.env import EvalConfig
 
-    with tempfile.TemporaryDirectory(prefix="mmd-ray-bench-") as cache:
+    with fresh_compile_caches(), tempfile.TemporaryDirectory(prefix="mmd-ray-bench-") as cache:
         config = EvalConfig(cache_dir=cache, compile_baseline=not args.no_compile_baseline)
         ray_config = RayEvalConfig(local=LocalClusterConfig(num_gpus=gpus,
                                                             num_cpus=os.cpu_count() or 4))
@@ -119,7 +136,7 @@ def run_ray(pairs: list[tuple[Any, str]], gpus: int, args: argparse.Namespace) -
 def run_local(pairs: list[tuple[Any, str]], args: argparse.Namespace) -> dict[str, Any]:
     from multiminddev.env import EvalConfig, Evaluator
 
-    with tempfile.TemporaryDirectory(prefix="mmd-local-bench-") as cache:
+    with fresh_compile_caches(), tempfile.TemporaryDirectory(prefix="mmd-local-bench-") as cache:
         config = EvalConfig(cache_dir=cache, num_workers=1,
                             compile_baseline=not args.no_compile_baseline)
         start = time.perf_counter()
@@ -129,6 +146,15 @@ def run_local(pairs: list[tuple[Any, str]], args: argparse.Namespace) -> dict[st
             print(f"local Evaluator, 1 GPU: ready in {startup:.1f} s", file=sys.stderr)
             passes = run_passes(evaluator, pairs, args.passes)
     return {"mode": "local", "gpus": 1, "startup_s": round(startup, 2), "passes": passes}
+
+
+def add_speedups(runs: list[dict[str, Any]]) -> None:
+    """Each run's candidates per minute over the first Ray run's, pass by pass."""
+    first = next((r for r in runs if r["mode"] == "ray"), None)
+    for run in runs if first is not None else []:
+        run["speedup_vs_first_ray_run"] = [
+            round(p["candidates_per_min"] / f["candidates_per_min"], 3)
+            for p, f in zip(run["passes"], first["passes"], strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,22 +177,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{len(pairs)} {args.variant} solutions, {args.passes} pass(es) per run",
           file=sys.stderr)
-    runs = [run_local(pairs, args)] if args.local else []
-    runs += [run_ray(pairs, n, args) for n in args.gpus]
-    first = next(r for r in runs if r["mode"] == "ray")
-    for run in runs:
-        run["speedup_vs_first_ray_run"] = [
-            round(p["candidates_per_min"] / f["candidates_per_min"], 3)
-            for p, f in zip(run["passes"], first["passes"], strict=True)]
     report = {
         "benchmark": "bench_ray_eval", "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "gpu": torch.cuda.get_device_name(0) if visible else "", "torch": torch.__version__,
         "variant": args.variant, "shapes_per_family": args.shapes_per_family,
-        "candidates": len(pairs), "runs": runs,
+        "candidates": len(pairs), "runs": [],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps({r["mode"] + str(r["gpus"]): r["speedup_vs_first_ray_run"] for r in runs}))
+    # Written after every run, so a run cut short by a time limit keeps the ones before it.
+    todo = [("local", 1)] if args.local else []
+    for mode, gpus in todo + [("ray", n) for n in args.gpus]:
+        report["runs"].append(run_local(pairs, args) if mode == "local"
+                              else run_ray(pairs, gpus, args))
+        add_speedups(report["runs"])
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({r["mode"] + str(r["gpus"]): r.get("speedup_vs_first_ray_run")
+                      for r in report["runs"]}))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
