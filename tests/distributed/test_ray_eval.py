@@ -35,6 +35,9 @@ CANDIDATES = [("1_relu", "honest/relu_basic.py"), ("3_softmax", "honest/softmax_
               ("adv_matmul_rand_f32", "hacks/adv_c6_cublas_via_torch_ctypes.py"),
               ("2_sum_dim", "honest/sum_dim_shared.py"), ("1_relu", "honest/relu_vec4.py")]
 cpu_only = pytest.mark.skipif(gpu_available(), reason="compile-only results need a CPU machine")
+# Ray kills workers when the whole machine's memory passes 95%; on a shared test machine that is
+# other processes' doing, and would turn these clusters' actors into unplanned losses.
+NO_MEMORY_MONITOR = {"memory_monitor_refresh_ms": 0}
 
 
 def workload() -> list[tuple[object, str]]:
@@ -132,7 +135,8 @@ class TestLocalCluster:
     @pytest.fixture(scope="class")
     def cluster(self):
         ray.init(num_cpus=4, include_dashboard=False, namespace=RAY_NAMESPACE,
-                 object_store_memory=100 * 1024 * 1024, log_to_driver=False)
+                 object_store_memory=100 * 1024 * 1024, log_to_driver=False,
+                 _system_config=NO_MEMORY_MONITOR)
         yield
         ray.shutdown()
 
@@ -200,7 +204,8 @@ class TestTwoNodeCluster:
 
         args = {"num_cpus": 1, "object_store_memory": 80 * 1024 * 1024}
         cluster = Cluster(initialize_head=True,
-                          head_node_args={**args, "include_dashboard": False})
+                          head_node_args={**args, "include_dashboard": False,
+                                          "_system_config": NO_MEMORY_MONITOR})
         worker = cluster.add_node(**args)
         ray.init(address=cluster.address, namespace=RAY_NAMESPACE, log_to_driver=False)
         cluster.wait_for_nodes()
