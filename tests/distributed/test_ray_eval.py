@@ -134,7 +134,7 @@ def test_eval_dir_refuses_a_malformed_ray_address(tmp_path, capsys):
 class TestLocalCluster:
     @pytest.fixture(scope="class")
     def cluster(self):
-        ray.init(num_cpus=4, include_dashboard=False, namespace=RAY_NAMESPACE,
+        ray.init(address="local", num_cpus=4, include_dashboard=False, namespace=RAY_NAMESPACE,
                  object_store_memory=100 * 1024 * 1024, log_to_driver=False,
                  _system_config=NO_MEMORY_MONITOR)
         yield
