@@ -45,6 +45,8 @@ LAYERS: dict[str, int] = {
     # of a run, so it sits right under train.
     "report": 8,
     "train": 9,
+    # distributed runs the evaluator and the trainer on Ray actors: above both, below commands.
+    "distributed": 10,
     "integrations": 10,
     # commands are the bodies of the cli's subcommands; they drive train, report and env,
     # and cli.py only parses arguments and dispatches to them.

@@ -28,6 +28,7 @@ from typing import Any
 
 from multiminddev.commands._io import InputError, dir_problem, fail, file_problem, warn
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
+from multiminddev.distributed.cluster import RayUnavailableError, add_ray_argument
 from multiminddev.policy.model import PolicyError
 from multiminddev.report.files import describe_bad_lines, read_jsonl_rows, write_atomic
 
@@ -58,6 +59,7 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
     bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_ray_argument(bench)
     bench.add_argument("--compare", nargs="+", type=Path, default=None, metavar="RUN_DIR",
                        help="run nothing: print train runs' held-out figures side by side (a "
                             "train --seeds folder's seeds.json, mean +- std over seeds, or a "
@@ -111,8 +113,8 @@ def run_bench(args: argparse.Namespace) -> int:
     try:
         episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
                                   group_size=args.samples, out_dir=args.out,
-                                  progress=not args.quiet)
-    except PolicyError as exc:
+                                  progress=not args.quiet, ray_address=args.ray)
+    except (PolicyError, RayUnavailableError) as exc:
         return fail(" ".join(str(exc).split()))
     from multiminddev.report.html import write_report
 
@@ -167,19 +169,21 @@ def bench_policies(
     group_size: int,
     out_dir: Path,
     progress: bool = False,
+    ray_address: str | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run episodes for each policy config, one model in memory at a time; write episodes JSONL.
 
     Returns {label: episode dicts}. One evaluator serves every run (its baselines are cached).
     ``progress``: a line on stderr per generation batch and per evaluated candidate.
+    ``ray_address``: evaluate on that Ray cluster (``distributed.make_evaluator``).
     """
-    from multiminddev.env import Evaluator
+    from multiminddev.distributed.ray_eval import make_evaluator
     from multiminddev.episode.runner import run_episodes
     from multiminddev.episode.state import episode_to_dict
     from multiminddev.policy import HFGenerationBackend, load_policy
 
     out: dict[str, list[dict[str, Any]]] = {}
-    with Evaluator(eval_config) as evaluator:
+    with make_evaluator(eval_config, ray_address) as evaluator:
         for label, policy_cfg in runs.items():
             print(f"[{label}] loading {policy_cfg.model}", file=sys.stderr)
             policy = load_policy(policy_cfg)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import InputError, dir_problem, fail, read_text, warn
+from multiminddev.distributed.cluster import add_ray_argument
 from multiminddev.report.files import read_jsonl_rows, write_atomic
 from multiminddev.report.metrics import geometric_mean
 
@@ -48,6 +49,7 @@ def register(subparsers: Any) -> None:
                       help="trusted processes measuring baselines ahead of the candidates "
                            "(default: EvalConfig's; 0: each evaluation measures its own)")
     _common_options(many)
+    add_ray_argument(many)
     many.set_defaults(handler=run_eval_dir)
 
 
@@ -243,13 +245,17 @@ def run_eval_dir(args: argparse.Namespace) -> int:
         return fail(" ".join(str(exc).split()))
     done = read_results(args.out) if args.resume else {}
     todo = [(p, c) for p, c in pairs if c.name not in done]
+    try:
+        evaluator = _evaluator(config, args.ray) if todo else None
+    except (RuntimeError, ValueError) as exc:  # RayUnavailableError is a RuntimeError
+        return fail(" ".join(str(exc).split()))
     if args.out:
         # Rewritten with the kept results only (atomically), so a line torn by a crash cannot
         # glue onto the next one appended.
         write_atomic(args.out, "".join(_jsonl_line(name, r) for name, r in done.items()))
     if done:
         print(f"resuming: {len(pairs) - len(todo)} of {len(pairs)} candidates already in {args.out}")
-    fresh = _evaluate_with_progress(todo, problems, config, args.out)
+    fresh = _evaluate_with_progress(todo, problems, evaluator, args.out)
     results = [done.get(c.name) or fresh[c.name] for _, c in pairs]
     _print_summary(pairs, results, summarize(results, unmatched))
     return 0
@@ -296,19 +302,26 @@ def read_results(path: Path | None) -> dict[str, Any]:
     return out
 
 
-def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, Any], config: Any,
-                            out: Path | None) -> dict[str, Any]:
-    """Evaluate concurrently; append each result to ``out`` as it completes (a crash or a
-    time limit loses only the candidates still running)."""
+def _evaluator(config: Any, ray_address: str | None) -> Any:
+    """The local Evaluator, or the Ray evaluation service with ``--ray``."""
+    from multiminddev.distributed.ray_eval import make_evaluator
+
+    return make_evaluator(config, ray_address)
+
+
+def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, Any],
+                            evaluator: Any, out: Path | None) -> dict[str, Any]:
+    """Evaluate concurrently with ``evaluator`` (closed here); append each result to ``out`` as
+    it completes (a crash or a time limit loses only the candidates still running)."""
     import concurrent.futures as cf
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from multiminddev.env import Evaluator
-
     results: dict[str, Any] = {}
     if not todo:
+        if evaluator is not None:
+            evaluator.close()
         return results
 
     def record(cand: Path, result: Any) -> None:
@@ -325,8 +338,9 @@ def _evaluate_with_progress(todo: list[tuple[Path, Path]], problems: dict[Path, 
             record(c, unreadable_result(problems[p], c, str(exc)))
     todo = [(p, c) for p, c in todo if c in sources]
     if not todo:
+        evaluator.close()
         return results
-    with Evaluator(config) as evaluator, Progress(
+    with evaluator, Progress(
             "[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), transient=True, console=Console(stderr=True)) as progress:
         task = progress.add_task("evaluating", total=len(todo))

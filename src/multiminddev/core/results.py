@@ -221,6 +221,9 @@ class EvalResult:
     # Where the seconds went: "stage.<stage>" as the parent saw it, "worker.<step>" measured in
     # the worker (reference setup, poisoning, forward, output copies, guards...), "parent.verify".
     timings: dict[str, float] = field(default_factory=dict)
+    # Evaluation services it was sent to: more than 1 when the one running it was lost (a Ray
+    # evaluation actor or its node died) and it ran again on another; ``message`` says so.
+    attempts: int = 1
 
     @property
     def compiled(self) -> bool:

@@ -48,7 +48,11 @@ from multiminddev.env.results import (
 
 
 class Evaluator:
-    def __init__(self, config: EvalConfig | None = None):
+    def __init__(self, config: EvalConfig | None = None, *,
+                 baselines: TrustedBaselines | None = None):
+        """``baselines``: the trusted store of figures to use instead of this process's own
+        (the Ray evaluation service passes one shared by the cluster); only this evaluator's
+        trusted path writes to it."""
         from multiminddev.env.pool import WorkerPool
 
         self.config = config or EvalConfig()
@@ -61,7 +65,7 @@ class Evaluator:
         self._inline = None
         self._baselines: TrustedBaselines | None = None
         if self.config.benchmark:
-            self._baselines = TrustedBaselines(self.config.cache_path)
+            self._baselines = baselines or TrustedBaselines(self.config.cache_path)
         self._baseline_pool: Any = None  # trusted baseline workers, started on first prefetch
         self._prefetch: Any = None  # prefetch.BaselinePrefetch
         self._prefetch_lock = threading.Lock()
