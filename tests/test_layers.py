@@ -46,6 +46,8 @@ LAYERS: dict[str, int] = {
     "report": 8,
     "train": 9,
     "integrations": 10,
+    # Ray rollout workers and evaluation actors drive train's trainer and env's evaluator.
+    "distributed": 10,
     # commands are the bodies of the cli's subcommands; they drive train, report and env,
     # and cli.py only parses arguments and dispatches to them.
     "commands": 11,
