@@ -67,6 +67,12 @@ def test_the_ray_run_trains_one_step(ray_run):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
+def test_the_workers_decoding_time_is_logged_within_the_rollouts(ray_run):
+    out, _ = ray_run
+    record = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0 < record["time_rollout_generate"] <= record["time_rollout"]
+
+
 def test_train_takes_ray_with_or_without_an_address():
     from multiminddev.cli import build_parser
 

@@ -564,7 +564,7 @@ class GRPOTrainer:
         tokens_before = self.rollouts.tokens_generated
         # The backend's cumulative seconds in model.generate and in the log-prob pass: their
         # share of time_rollout says whether a step waits on decoding or on kernel evaluations.
-        backend_before = self.rollouts.seconds
+        backend_before = dict(self.rollouts.seconds)
         start = time.perf_counter()
         episodes = self.run_episodes(problems, self.cfg.group_size)
         seconds = max(time.perf_counter() - start, 1e-9)
