@@ -92,6 +92,9 @@ def tiny_model_dir(tmp_path_factory):
 def cluster(tmp_path_factory):
     ray = pytest.importorskip("ray")
     cache = tmp_path_factory.mktemp("ray-mmd-cache")
+    # Ray's memory monitor kills actors when the whole machine is short of memory, whoever
+    # holds it; on a shared test machine that is other processes' doing, not these workers'.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     env = {"MULTIMINDDEV_CACHE": str(cache), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env},
              logging_level="ERROR")
