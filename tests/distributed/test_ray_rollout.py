@@ -96,7 +96,8 @@ def cluster(tmp_path_factory):
     # holds it; on a shared test machine that is other processes' doing, not these workers'.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     env = {"MULTIMINDDEV_CACHE": str(cache), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env},
+    # one GPU in Ray's books (none in torch's without one), for the learner's lease
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env},
              logging_level="ERROR")
     yield ray
     ray.shutdown()
@@ -187,3 +188,13 @@ def test_a_rollout_before_any_publish_is_refused(cluster):
     rollouts = RayRollouts([], layout_from_plan(plan(0)), [])
     with pytest.raises(StaleWeights, match="publish"):
         rollouts.run_episodes([], 2, None)
+
+
+def test_the_learners_lease_keeps_its_gpu_from_rollout_workers(cluster):
+    from multiminddev.distributed.grpo import RayScaleOut
+
+    scale_out = RayScaleOut()  # joins the running cluster
+    assert scale_out._lease_learner_gpu() == "0"
+    assert cluster.available_resources().get("GPU", 0) == 0  # no worker can be placed there
+    scale_out.close()
+    assert cluster.is_initialized()  # it joined the cluster, so it leaves it running
