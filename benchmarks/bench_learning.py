@@ -599,18 +599,19 @@ def evaluate_stage(trainer: Any, problems: list[Any], save: Path | None = None,
 
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, LogprobSource
+    from multiminddev.train.grpo import LocalRollouts
 
     # Evaluation trains nothing: the sampler's own log-probs spare the recomputation pass.
-    training_backend = trainer.backend
-    trainer.backend = HFGenerationBackend(trainer.policy, max_batch_size=max_batch_size,
-                                          logprob_source=LogprobSource.SAMPLER,
-                                          compiled_decoding=compiled_decoding,
-                                          sampling_dtype=(None if dtype == "same"
-                                                          else getattr(torch, dtype)))
+    training_rollouts = trainer.rollouts
+    backend = HFGenerationBackend(trainer.policy, max_batch_size=max_batch_size,
+                                  logprob_source=LogprobSource.SAMPLER,
+                                  compiled_decoding=compiled_decoding,
+                                  sampling_dtype=None if dtype == "same" else getattr(torch, dtype))
+    trainer.rollouts = LocalRollouts(backend, trainer.evaluator)
     try:
         episodes = trainer.run_episodes(problems, samples)
     finally:
-        trainer.backend = training_backend
+        trainer.rollouts = training_rollouts
     if save is not None:  # the full conversations, kernels and EvalResults, for inspection
         write_episodes_jsonl(episodes, save)
     return stage_rows(episodes, trainer.cfg)

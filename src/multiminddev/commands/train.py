@@ -149,6 +149,11 @@ def _register_train(subparsers) -> None:
                    help="a few-minute smoke test of every phase (--preset quick-test)")
     p.add_argument("--sft-steps", type=int, default=None,
                    help="SFT optimizer steps per role (default: the preset's)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="play GRPO's rollouts on Ray actors laid out from the GPU plan (one per "
+                        "GPU), the learner in this process: ADDRESS 'auto' (or ray://...) joins "
+                        "a running cluster, none starts a local one; the layout goes to "
+                        "RUN_DIR/layout.json (needs the ray extra)")
     p.set_defaults(handler=_run_train)
 
 
@@ -274,7 +279,8 @@ def folder_inputs_problem(output_dir: Path | None, resume: Path | None) -> str |
     return None
 
 
-def _run(settings) -> int:
+def _run(settings, ray: str | None = None) -> int:
+    """``ray``: None runs in this process; else the Ray address ("" for a local cluster)."""
     from multiminddev.policy import PolicyError
     from multiminddev.train.checkpoints import CheckpointError
     from multiminddev.train.pipeline import run_pipeline
@@ -283,7 +289,12 @@ def _run(settings) -> int:
         return fail(problem)
     try:
         check_model_inputs(settings)
-        run_pipeline(settings)
+        if ray is None:
+            run_pipeline(settings)
+        else:
+            from multiminddev.distributed.grpo import run_ray_pipeline
+
+            run_ray_pipeline(settings, ray or None)
     except (CheckpointError, PolicyError, ValueError) as exc:
         return fail(" ".join(str(exc).split()))
     return 0
@@ -309,7 +320,7 @@ def _run_train(args) -> int:
         return _list_recipes()
     if args.seeds is not None:
         return _run_seeds(args)
-    return _run(_settings(args))
+    return _run(_settings(args), ray=args.ray)
 
 
 def seeds_problem(args) -> str | None:
@@ -319,6 +330,8 @@ def seeds_problem(args) -> str | None:
     if getattr(args, "resume", None) is not None:
         return ("--seeds starts fresh runs; resume one seed with train --resume "
                 "OUTPUT_DIR/seed<N>")
+    if getattr(args, "ray", None) is not None:
+        return "--seeds runs one process per GPU itself; train each seed with --ray on its own"
     if len(set(args.seeds)) != len(args.seeds):
         return f"--seeds {' '.join(map(str, args.seeds))}: give each seed once"
     return None

@@ -1,4 +1,5 @@
-"""Scale-out on Ray: the evaluation service (``ray_eval``) and cluster connection (``cluster``).
+"""Scale-out on Ray: the evaluation service (``ray_eval``), cluster connection (``cluster``) and
+GRPO rollout workers (``rollout``, ``grpo``).
 
 Ray is an optional extra (``pip install 'multiminddev[ray]'``): nothing here imports it until a
 cluster is used, so importing this package costs nothing without it.
@@ -18,10 +19,12 @@ _EXPORTS = {
     "RayUnavailableError": "multiminddev.distributed.cluster",
     "connect": "multiminddev.distributed.cluster",
     "disconnect": "multiminddev.distributed.cluster",
+    "RayRollouts": "multiminddev.distributed.rollout",
+    "RayScaleOut": "multiminddev.distributed.grpo",
 }
 
-__all__ = ["LocalClusterConfig", "RayEvalConfig", "RayEvaluator", "RayUnavailableError",
-           "connect", "disconnect", "make_evaluator"]
+__all__ = ["LocalClusterConfig", "RayEvalConfig", "RayEvaluator", "RayRollouts", "RayScaleOut",
+           "RayUnavailableError", "connect", "disconnect", "make_evaluator"]
 
 
 def __getattr__(name: str) -> Any:

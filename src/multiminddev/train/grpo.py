@@ -14,6 +14,10 @@ One step (``GRPOTrainer.train_step``), each phase timed:
 5. log        metrics.jsonl / TensorBoard / W&B.
 6. checkpoint ``rl_checkpoints/latest`` (resumable) and ``best_model_episode_N``.
 
+Episodes come from a ``RolloutSource``: ``LocalRollouts`` plays them in this process with the
+learner's own model; ``multiminddev.distributed.rollout.RayRollouts`` plays them on Ray actors,
+which the update phase hands the new adapter weights (``publish``) before the next rollout.
+
 Without a GPU the kernels are compiled but not run: rewards are then compile-only, and every
 log line and record says so (``compile_only``).
 """
@@ -29,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.env.results import EvalStatus
@@ -214,6 +218,48 @@ class TurnSample:
     reward: float  # credit-assigned reward it is trained on
     advantage: float = 0.0
     handed_correct: bool | None = None  # an earlier agent turn passed; None on the first turn
+
+
+# --------------------------------------------------------------------------- rollout phase
+
+class RolloutSource(Protocol):
+    """Where a step's episodes come from. ``publish`` is called with the policy whenever its
+    adapters change (before the first rollout and after every update); ``version`` counts the
+    updates the weights include, so a source that samples elsewhere can prove it sampled with
+    the latest ones. ``tokens_generated`` and ``seconds`` (e.g. ``generate``, ``logprobs``) are
+    cumulative counters the trainer logs per step."""
+
+    tokens_generated: int
+    seconds: dict[str, float]
+
+    def run_episodes(self, problems: list[Any], group_size: int, config: Any) -> list[Any]: ...
+
+    def publish(self, policy: Any, version: int) -> None: ...
+
+
+class LocalRollouts:
+    """Episodes played in this process by ``backend`` (which samples from the learner's own
+    model, so ``publish`` has nothing to send) and scored by ``evaluator``."""
+
+    def __init__(self, backend: Any, evaluator: Any) -> None:
+        self.backend, self.evaluator = backend, evaluator
+
+    @property
+    def tokens_generated(self) -> int:
+        return getattr(self.backend, "tokens_generated", 0)
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        return dict(getattr(self.backend, "seconds", {}))
+
+    def run_episodes(self, problems: list[Any], group_size: int, config: Any) -> list[Any]:
+        from multiminddev.episode import run_episodes
+
+        out = run_episodes(problems, self.backend, self.evaluator, config, group_size=group_size)
+        return asyncio.run(out) if inspect.isawaitable(out) else out
+
+    def publish(self, policy: Any, version: int) -> None:
+        pass
 
 
 # --------------------------------------------------------------------------- reward phase
@@ -422,16 +468,18 @@ class GRPOTrainer:
                  heldout: list[Any] | None = None, metrics: Any = None,
                  compile_only: bool | None = None, console: Any = None,
                  sft_anchor: Mapping[AgentRole, Sequence[dict[str, list[int]]]] | None = None,
-                 ) -> None:
+                 rollouts: RolloutSource | None = None) -> None:
         """``sft_anchor``: per role, tokenized SFT examples (``train.sft.tokenize_chat``'s
         ``input_ids`` / ``labels``) for ``cfg.sft_coef``; a role without any trains on GRPO's
-        loss alone."""
+        loss alone. ``rollouts``: where episodes are played; None: in this process with
+        ``backend`` and ``evaluator`` (``LocalRollouts``)."""
         import torch
 
         from multiminddev.train.metrics import MetricsConfig, MetricsLogger
 
         self.cfg = config
         self.policy, self.backend, self.evaluator = policy, backend, evaluator
+        self.rollouts = rollouts if rollouts is not None else LocalRollouts(backend, evaluator)
         self.curriculum, self.episode_config = curriculum, episode_config
         self.heldout = list(heldout or [])
         self.output_dir = Path(output_dir)
@@ -468,6 +516,7 @@ class GRPOTrainer:
         from multiminddev.train.metrics import PhaseTimer
 
         self.freeze_start_reference()
+        self.rollouts.publish(self.policy, self.step)  # the weights as training (re)starts
         stop = self.cfg.num_steps if until is None else min(until, self.cfg.num_steps)
         while self.step < stop:
             timer = PhaseTimer()
@@ -483,6 +532,7 @@ class GRPOTrainer:
                 record_advantages(episodes, samples)
             with timer("update"):
                 update_stats = self.update(samples)
+                self.rollouts.publish(self.policy, self.step + 1)
             self.step += 1
             self.episodes_done += len(episodes)
             with timer("log"):
@@ -511,19 +561,19 @@ class GRPOTrainer:
     def rollout(self) -> tuple[list[Any], dict[str, float]]:
         self.check_rollout_temperatures()
         problems = self.curriculum.sample(self.cfg.problems_per_step, self.rng)
-        tokens_before = getattr(self.backend, "tokens_generated", 0)
+        tokens_before = self.rollouts.tokens_generated
         # The backend's cumulative seconds in model.generate and in the log-prob pass: their
         # share of time_rollout says whether a step waits on decoding or on kernel evaluations.
-        backend_before = dict(getattr(self.backend, "seconds", {}))
+        backend_before = dict(self.rollouts.seconds)
         start = time.perf_counter()
         episodes = self.run_episodes(problems, self.cfg.group_size)
         seconds = max(time.perf_counter() - start, 1e-9)
-        tokens = getattr(self.backend, "tokens_generated", 0) - tokens_before
+        tokens = self.rollouts.tokens_generated - tokens_before
         if not tokens:
             tokens = sum(len(t.response_ids or []) for e in episodes for t in e.turns)
         evals = sum(1 for e in episodes for t in e.turns if getattr(t, "eval_result", None))
         backend = {f"time_rollout_{k}": v - backend_before.get(k, 0.0)
-                   for k, v in getattr(self.backend, "seconds", {}).items()}
+                   for k, v in self.rollouts.seconds.items()}
         return episodes, {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
                           "tokens": float(tokens), **backend}
 
@@ -552,11 +602,7 @@ class GRPOTrainer:
             raise
 
     def run_episodes(self, problems: list[Any], group_size: int) -> list[Any]:
-        from multiminddev.episode import run_episodes
-
-        out = run_episodes(problems, self.backend, self.evaluator, self.episode_config,
-                           group_size=group_size)
-        return asyncio.run(out) if inspect.isawaitable(out) else out
+        return self.rollouts.run_episodes(problems, group_size, self.episode_config)
 
     def record_curriculum(self, episodes: list[Any]) -> None:
         """Each episode's best result counts once for its problem's tier."""

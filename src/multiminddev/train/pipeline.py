@@ -168,6 +168,9 @@ class Context:
         self.sft_problems: list[Any] = []  # SFT data only; GRPO draws from train_problems
         self.heldout: list[Any] = []
         self.sakana_sft: Any = None  # SakanaSFTData from --sft-data, read before the model loads
+        # Scale-out hooks (distributed.grpo.RayScaleOut): the GPUs to plan over, the learner's
+        # device in that plan, and GRPO's rollout source; None: this process does everything.
+        self.scale_out: Any = None
 
 
 # --------------------------------------------------------------------------- setup
@@ -238,11 +241,13 @@ def plan_and_load(ctx: Context) -> None:
     s = ctx.settings
     cfg = policy_config(ctx, "cpu")
     params = _model_params_hint(cfg.model)
-    ctx.plan = plan_gpus(detect_gpus(), params, num_gpus=s.num_gpus)
+    gpus = detect_gpus() if ctx.scale_out is None else ctx.scale_out.gpus()
+    ctx.plan = plan_gpus(gpus, params, num_gpus=s.num_gpus)
     render_plan(ctx.plan, ctx.console)
     if not ctx.plan.fits:
         ctx.console.print("[red]the plan does not fit in GPU memory; see the notes above[/red]")
-    cfg = dataclasses.replace(cfg, device=ctx.plan.policy_device)
+    device = ctx.plan.policy_device if ctx.scale_out is None else ctx.scale_out.place(ctx)
+    cfg = dataclasses.replace(cfg, device=device)
     ctx.console.print(f"loading model {cfg.model!r} on {cfg.device} ...")
     ctx.policy = load_policy(cfg)
 
@@ -365,7 +370,7 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
                           evaluator=evaluator, curriculum=grpo_curriculum(ctx),
                           episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
                           heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
-                          console=ctx.console)
+                          console=ctx.console, rollouts=_rollouts(ctx))
     if s.resume is not None:
         trainer.resume(s.resume)
         ctx.console.print(f"resumed from {s.resume} at step {trainer.step}, "
@@ -394,7 +399,8 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
     runner = trainer or GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
                                     evaluator=evaluator, curriculum=None,
                                     episode_config=episode_config(ctx, cfg),
-                                    output_dir=ctx.settings.output_dir, metrics=_NullMetrics())
+                                    output_dir=ctx.settings.output_dir, metrics=_NullMetrics(),
+                                    rollouts=_rollouts(ctx))
     episodes = runner.run_episodes(problems, 1)
     try:  # an evaluation that mostly failed on our side is an error, never a figure
         check_episodes(episodes, what="the held-out evaluation", max_share=cfg.max_infra_share)
@@ -409,6 +415,12 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
     path.write_text(json.dumps(out, indent=2))
     write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
     return out
+
+
+def _rollouts(ctx: Context) -> Any:
+    """GRPO's rollout source: the scale-out's (its workers hold the policy's current adapters),
+    or None for the trainer's in-process one."""
+    return None if ctx.scale_out is None else ctx.scale_out.rollouts(ctx)
 
 
 class _NullMetrics:
@@ -434,7 +446,10 @@ def _device_name() -> str:
 
 # --------------------------------------------------------------------------- the pipeline
 
-def run_pipeline(settings: TrainSettings, *, console: Any = None) -> PipelineResult:
+def run_pipeline(settings: TrainSettings, *, console: Any = None,
+                 scale_out: Any = None) -> PipelineResult:
+    """``scale_out``: hooks that plan over a cluster and play GRPO's rollouts there
+    (``distributed.grpo.RayScaleOut``); None: everything in this process."""
     from rich.console import Console
 
     from multiminddev.env import Evaluator
@@ -442,6 +457,7 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None) -> PipelineRes
     console = console or Console()
     start = time.perf_counter()
     ctx = Context(settings, console)
+    ctx.scale_out = scale_out
     settings.output_dir.mkdir(parents=True, exist_ok=True)
     _write_run_config(settings)
     banner(ctx, "start")

@@ -1,0 +1,323 @@
+"""GRPO rollouts on Ray actors (the ``ray`` extra, imported lazily).
+
+Each rollout worker (``RolloutWorker``: one Ray actor per GPU, or per CPU slot where there are
+no GPUs) loads the base model with every agent's LoRA adapter and plays the episodes it is
+handed with the same episode code as the in-process trainer (``run_episodes`` over an
+``HFGenerationBackend``), scored by its own evaluator: ``evaluator_factory()`` builds it in the
+worker (a local ``env.Evaluator`` on the worker's GPU, or any object with ``aevaluate`` and
+``close``, such as a client of a cluster's evaluation actors). Episodes come back with token
+ids and old log-probs, ready for the learner's loss.
+
+After each update the learner publishes the trained adapters (only the LoRA tensors: peft's
+``get_peft_model_state_dict``) once through the object store (``ray.put``); every worker loads
+them (``set_peft_model_state_dict``) before its next rollout. A batch of episodes carries the
+version of the weights it was sampled with, and ``RayRollouts`` refuses one that is not the
+version last published.
+
+Where workers and the learner go is ``layout_from_plan``, a pure function of the GPU planner's
+plan, so one machine with N GPUs and several machines take the same path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from multiminddev.train.planner import GPUPlan, PlanTier
+
+WORKER_START_TIMEOUT_S = 900.0  # loading a model on a fresh node can take minutes
+
+
+class StaleWeights(RuntimeError):
+    """A rollout worker sampled with other adapter weights than the learner's latest."""
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutLayout:
+    """Where the rollout workers and the learner run. GPU indices are the plan's."""
+
+    tier: str
+    rollout_workers: int
+    gpus_per_worker: int  # 1: one GPU each; 0: CPU workers (compile-only rewards)
+    worker_gpus: tuple[int, ...]  # the plan's GPUs that host a worker, one each
+    learner_gpu: int | None  # the plan's GPU for the learner (the driver process); None: CPU
+    learner_exclusive: bool  # no worker shares the learner's GPU (it is reserved from Ray)
+    evaluation: str  # where kernels are evaluated
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.rollout_workers < 1:
+            raise ValueError(f"RolloutLayout needs at least one rollout worker, got "
+                             f"{self.rollout_workers}")
+        if self.gpus_per_worker not in (0, 1):
+            raise ValueError("RolloutLayout.gpus_per_worker is 1 (a GPU per worker) or 0 (CPU)")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["worker_gpus"], out["notes"] = list(self.worker_gpus), list(self.notes)
+        return out
+
+
+def layout_from_plan(plan: GPUPlan, *, cpu_workers: int = 2) -> RolloutLayout:
+    """The actor layout of ``plan``.
+
+    Rule: the learner (both agents' adapters and optimizers, in the driver) runs on the plan's
+    Generator-training GPU. Every other GPU hosts one rollout worker, which decodes and also
+    evaluates its own episodes' kernels on its GPU; so the plan's rollout and evaluation GPUs,
+    and an Optimizer-training GPU the one learner does not need, all sample. When the plan
+    gives the learner's GPU rollout or evaluation work too (1 or 2 GPUs), a worker shares it:
+    rollout and update alternate, so the two never run at once. Without GPUs,
+    ``cpu_workers`` CPU workers sample and rewards are compile-only."""
+    if plan.tier is PlanTier.CPU:
+        return RolloutLayout(
+            tier=plan.tier.value, rollout_workers=cpu_workers, gpus_per_worker=0, worker_gpus=(),
+            learner_gpu=None, learner_exclusive=False,
+            evaluation="in each rollout worker (compile only: no GPU)",
+            notes=("no GPU: CPU rollout workers; kernels are compiled but not run, so rewards "
+                   "are compile-only",))
+    learner = plan.generator_gpu if plan.generator_gpu is not None else 0
+    sampling = set(plan.rollout_gpus) | set(plan.evaluation_gpus)
+    exclusive = learner not in sampling and plan.num_gpus > 1
+    workers = tuple(i for i in range(plan.num_gpus) if not (exclusive and i == learner))
+    notes = []
+    if plan.optimizer_gpu is not None and plan.optimizer_gpu != learner:
+        notes.append(f"the learner trains both agents on GPU {learner}; GPU {plan.optimizer_gpu}, "
+                     "the plan's Optimizer-training GPU, runs a rollout worker instead")
+    if not exclusive:
+        notes.append(f"the learner shares GPU {learner} with a rollout worker: rollout and "
+                     "update alternate")
+    return RolloutLayout(
+        tier=plan.tier.value, rollout_workers=len(workers), gpus_per_worker=1,
+        worker_gpus=workers, learner_gpu=learner, learner_exclusive=exclusive,
+        evaluation="in each rollout worker, on its own GPU", notes=tuple(notes))
+
+
+def shard_episodes(num_problems: int, group_size: int,
+                   num_workers: int) -> list[list[tuple[int, int]]]:
+    """Each worker's episodes as (problem index, sample index) slots: the ``num_problems *
+    group_size`` episodes, problem by problem, cut into ``num_workers`` contiguous runs whose
+    sizes differ by at most one (a worker may get none). A group may span two workers: its
+    episodes are sampled with the same weights, so it stays one GRPO group."""
+    if num_problems < 0 or group_size < 1 or num_workers < 1:
+        raise ValueError("shard_episodes needs num_problems >= 0, group_size >= 1 and "
+                         "num_workers >= 1")
+    slots = [(p, g) for p in range(num_problems) for g in range(group_size)]
+    base, extra = divmod(len(slots), num_workers)
+    shards, start = [], 0
+    for worker in range(num_workers):
+        size = base + (1 if worker < extra else 0)
+        shards.append(slots[start : start + size])
+        start += size
+    return shards
+
+
+# --------------------------------------------------------------------------- adapter weights
+
+
+def adapter_weights(policy: Any) -> dict[str, dict[str, Any]]:
+    """Every agent's LoRA tensors (peft's state dict of the adapter, on the CPU), by role."""
+    from peft import get_peft_model_state_dict
+
+    if policy.separate:
+        raise ValueError("distributed rollouts send LoRA adapters to the workers; full "
+                         "fine-tuning (separate models) is not supported there: drop "
+                         "--full-finetune")
+    return {role.value: {k: v.detach().to("cpu", copy=True) for k, v in
+                         get_peft_model_state_dict(policy.peft_model, adapter_name=role.value).items()}
+            for role in policy.roles}
+
+
+def load_adapter_weights(policy: Any, weights: dict[str, dict[str, Any]]) -> None:
+    """Write ``adapter_weights``' tensors into ``policy``'s adapters of the same roles."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    for role, state in weights.items():
+        mine = get_peft_model_state_dict(policy.peft_model, adapter_name=role)
+        if set(mine) != set(state):
+            raise ValueError(f"the published {role} adapter does not match this worker's LoRA "
+                             f"layout (rank or target modules differ): "
+                             f"{sorted(set(mine) ^ set(state))[:3]}")
+        set_peft_model_state_dict(policy.peft_model, state, adapter_name=role)
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+@dataclass(kw_only=True)
+class RolloutBatch:
+    """One worker's episodes of a rollout and the weights they were sampled with."""
+
+    worker: int
+    version: int
+    episodes: list[Any]
+    tokens: int
+    seconds: dict[str, float] = field(default_factory=dict)  # in decoding, in log-prob passes
+
+
+class RolloutWorker:
+    """A Ray actor's state: the policy (base + every agent's adapter), a generation backend
+    and an evaluator. Wrapped by ``ray.remote`` in ``RayRollouts.start``."""
+
+    def __init__(self, index: int, policy_config: Any,
+                 evaluator_factory: Callable[[], Any], *, max_batch_size: int = 16) -> None:
+        from multiminddev.policy import HFGenerationBackend, load_policy
+
+        self.index = index
+        self.policy = load_policy(policy_config)
+        self.backend = HFGenerationBackend(self.policy, max_batch_size=max_batch_size)
+        self.evaluator = evaluator_factory()
+        self.version: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        import socket
+
+        import ray
+
+        return {"worker": self.index, "host": socket.gethostname(),
+                "node": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()], "device": str(self.policy.device)}
+
+    def load_adapters(self, weights: dict[str, dict[str, Any]], version: int) -> int:
+        load_adapter_weights(self.policy, weights)
+        self.version = version
+        return version
+
+    def adapter_weights(self) -> dict[str, dict[str, Any]]:
+        """The adapters this worker samples with (tests compare them with the learner's)."""
+        return adapter_weights(self.policy)
+
+    def run(self, problems: Sequence[Any], slots: Sequence[tuple[int, int]],
+            config: Any) -> RolloutBatch:
+        """One episode per slot; ``problems[i]`` is slot i's problem. Each episode's group is
+        its problem's index in the whole rollout, so the learner sees the usual groups."""
+        from multiminddev.episode import run_episodes
+
+        if self.version is None:
+            raise StaleWeights(f"rollout worker {self.index} has no published weights yet")
+        tokens, seconds = self.backend.tokens_generated, dict(self.backend.seconds)
+        episodes = run_episodes(list(problems), self.backend, self.evaluator, config)
+        for episode, (group, sample) in zip(episodes, slots):
+            episode.group = group
+            episode.episode_id = f"{episode.problem.name}-{group}-{sample}"
+        return RolloutBatch(
+            worker=self.index, version=self.version, episodes=episodes,
+            tokens=self.backend.tokens_generated - tokens,
+            seconds={k: v - seconds.get(k, 0.0) for k, v in self.backend.seconds.items()})
+
+    def close(self) -> None:
+        from multiminddev.policy import release_compiled_decoding
+
+        close = getattr(self.evaluator, "close", None)
+        if close is not None:
+            close()
+        release_compiled_decoding()
+
+
+# --------------------------------------------------------------------------- the source
+
+
+def worker_policy_config(policy_config: Any) -> Any:
+    """The learner's policy settings for a worker: its own device (Ray hands it one GPU, or
+    none), no adapter files (the learner publishes the adapters' weights)."""
+    if policy_config.separate_models:
+        raise ValueError("distributed rollouts send LoRA adapters to the workers; full "
+                         "fine-tuning (separate models) is not supported there: drop "
+                         "--full-finetune")
+    return dataclasses.replace(policy_config, device="auto", adapter_paths={})
+
+
+class RayRollouts:
+    """A ``RolloutSource`` (train.grpo) whose episodes are played by Ray actors."""
+
+    def __init__(self, workers: list[Any], layout: RolloutLayout,
+                 placements: list[dict[str, Any]]) -> None:
+        self.workers, self.layout, self.placements = workers, layout, placements
+        self.version: int | None = None
+        self.tokens_generated = 0
+        self.seconds: dict[str, float] = {}
+        self.publish_seconds = 0.0
+        self.last_batches: list[dict[str, int]] = []  # worker, episodes, version per batch
+
+    @classmethod
+    def start(cls, layout: RolloutLayout, policy_config: Any,
+              evaluator_factory: Callable[[], Any], *, max_batch_size: int = 16,
+              start_timeout_s: float = WORKER_START_TIMEOUT_S) -> RayRollouts:
+        """Start ``layout.rollout_workers`` actors (Ray must be initialised) and wait until each
+        has loaded its model."""
+        import ray
+
+        if not ray.is_initialized():
+            raise RuntimeError("RayRollouts.start needs a Ray connection: call ray.init first")
+        config = worker_policy_config(policy_config)
+        options = {"num_cpus": 1, "num_gpus": layout.gpus_per_worker}
+        actor = ray.remote(RolloutWorker)
+        workers = [actor.options(**options).remote(i, config, evaluator_factory,
+                                                   max_batch_size=max_batch_size)
+                   for i in range(layout.rollout_workers)]
+        try:
+            placements = ray.get([w.describe.remote() for w in workers], timeout=start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            for w in workers:
+                ray.kill(w)
+            raise RuntimeError(
+                f"{layout.rollout_workers} rollout workers ({options}) did not start within "
+                f"{start_timeout_s:.0f}s; the cluster has {ray.available_resources()} free: add "
+                "nodes or lower --num-gpus") from None
+        return cls(workers, layout, placements)
+
+    def publish(self, policy: Any, version: int) -> None:
+        """Send the learner's adapters to every worker once through the object store."""
+        import ray
+
+        start = time.perf_counter()
+        ref = ray.put(adapter_weights(policy))
+        loaded = ray.get([w.load_adapters.remote(ref, version) for w in self.workers])
+        if any(v != version for v in loaded):
+            raise StaleWeights(f"workers loaded versions {loaded}, not {version}")
+        self.version = version
+        self.publish_seconds += time.perf_counter() - start
+
+    def run_episodes(self, problems: list[Any], group_size: int, config: Any) -> list[Any]:
+        """``group_size`` episodes per problem, problem by problem, spread over the workers."""
+        import ray
+
+        if self.version is None:
+            raise StaleWeights("publish the learner's adapters before the first rollout")
+        shards = shard_episodes(len(problems), group_size, len(self.workers))
+        calls = [w.run.remote([problems[p] for p, _ in shard], shard, config)
+                 for w, shard in zip(self.workers, shards) if shard]
+        batches: list[RolloutBatch] = ray.get(calls)
+        stale = [(b.worker, b.version) for b in batches if b.version != self.version]
+        if stale:
+            raise StaleWeights(f"workers sampled with weight versions {stale}, but the learner "
+                               f"published version {self.version}")
+        self.tokens_generated += sum(b.tokens for b in batches)
+        # workers decode at the same time: a rollout's decoding time is its slowest worker's
+        for key in {k for b in batches for k in b.seconds}:
+            self.seconds[key] = (self.seconds.get(key, 0.0)
+                                 + max(b.seconds.get(key, 0.0) for b in batches))
+        self.last_batches = [{"worker": b.worker, "episodes": len(b.episodes),
+                              "version": b.version} for b in batches]
+        return [e for b in batches for e in b.episodes]
+
+    def worker_adapter_weights(self) -> list[dict[str, dict[str, Any]]]:
+        import ray
+
+        return ray.get([w.adapter_weights.remote() for w in self.workers])
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.get([w.close.remote() for w in self.workers], timeout=60)
+        except Exception:  # noqa: BLE001 - a dead worker has nothing left to close
+            pass
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

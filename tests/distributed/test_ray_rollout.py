@@ -1,0 +1,200 @@
+"""Distributed GRPO rollouts on a real local Ray cluster: two CPU rollout workers over a tiny
+real Llama (the SmolLM2 tokenizer), compile-only evaluation, one GRPO step."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+
+from multiminddev.distributed.rollout import (
+    RolloutLayout,
+    StaleWeights,
+    layout_from_plan,
+    shard_episodes,
+)
+from multiminddev.train.planner import GPUInfo, plan_gpus
+
+H100 = GPUInfo(index=0, name="H100", total_memory_bytes=80 * 1024**3)
+
+
+def plan(n: int):
+    return plan_gpus([dataclass_replace(H100, index=i) for i in range(n)], 135_000_000)
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+# --------------------------------------------------------------------------- pure layout
+
+
+def test_shards_cover_every_episode_once_in_order_and_balanced():
+    for problems, group, workers in [(1, 4, 2), (3, 4, 2), (5, 2, 3), (2, 2, 8)]:
+        shards = shard_episodes(problems, group, workers)
+        flat = [slot for shard in shards for slot in shard]
+        assert flat == [(p, g) for p in range(problems) for g in range(group)]
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_without_gpus_the_layout_is_cpu_workers_and_a_cpu_learner():
+    layout = layout_from_plan(plan(0), cpu_workers=3)
+    assert (layout.rollout_workers, layout.gpus_per_worker, layout.learner_gpu) == (3, 0, None)
+
+
+@pytest.mark.parametrize("gpus, workers, learner, exclusive", [
+    (1, (0,), 0, False),  # one GPU: everything shares it
+    (2, (0, 1), 1, False),  # the plan's GPU 1 trains and evaluates: a worker shares it
+    (3, (0, 2), 1, True),  # GPU 1 only trains: the learner has it alone
+    (4, (0, 2, 3), 1, True),  # the Optimizer-training GPU samples (one learner trains both)
+    (8, (0, 1, 3, 4, 5, 6, 7), 2, True),
+])
+def test_every_gpu_but_an_exclusive_learners_hosts_one_worker(gpus, workers, learner, exclusive):
+    layout = layout_from_plan(plan(gpus))
+    assert layout.worker_gpus == workers and layout.rollout_workers == len(workers)
+    assert layout.learner_gpu == learner and layout.learner_exclusive is exclusive
+
+
+def test_layout_rejects_zero_workers():
+    with pytest.raises(ValueError, match="at least one rollout worker"):
+        RolloutLayout(tier="cpu", rollout_workers=0, gpus_per_worker=0, worker_gpus=(),
+                      learner_gpu=None, learner_exclusive=False, evaluation="")
+
+
+# --------------------------------------------------------------------------- a real cluster
+
+RELU = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.randn(1024)]
+def get_init_inputs():
+    return []
+'''
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_base_model().save_pretrained(path)
+    gguf_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    ray = pytest.importorskip("ray")
+    cache = tmp_path_factory.mktemp("ray-mmd-cache")
+    # Ray's memory monitor kills actors when the whole machine is short of memory, whoever
+    # holds it; on a shared test machine that is other processes' doing, not these workers'.
+    os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    env = {"MULTIMINDDEV_CACHE": str(cache), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    # one GPU in Ray's books (none in torch's without one), for the learner's lease
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": env},
+             logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_step(cluster, tiny_model_dir, tmp_path_factory):
+    """One GRPO step of a learner in this process with two CPU rollout workers; returns the
+    trainer, the learner's adapters before the step and the versions seen."""
+    import torch
+
+    from multiminddev.distributed.rollout import RayRollouts, adapter_weights
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import PolicyConfig, SamplingParams, load_policy
+    from multiminddev.tasks.curriculum import Curriculum
+    from multiminddev.tasks.problem import load_problem_source
+    from multiminddev.train.grpo import GRPOConfig, GRPOTrainer
+
+    policy_config = PolicyConfig(model=str(tiny_model_dir), lora_rank=4, lora_alpha=8)
+    learner = load_policy(policy_config)
+    # peft starts LoRA B at zero (each adapter = the base); random B gives the workers'
+    # fresh adapters something to catch up with, and the KL term a gradient
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in learner.peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.5)
+    layout = layout_from_plan(plan(0), cpu_workers=2)
+    rollouts = RayRollouts.start(layout, policy_config,
+                                 functools.partial(Evaluator, EvalConfig(num_workers=1)))
+    config = GRPOConfig(num_steps=1, problems_per_step=2, group_size=2, max_turns=1,
+                        max_new_tokens=4, mini_batch_size=4, learning_rate=1e-2, eval_every=0)
+    episode_config = EpisodeConfig(max_turns=1, patience=0, max_format_failures=5,
+                                   sampling=SamplingParams(temperature=1.0, max_new_tokens=4))
+    problems = [load_problem_source(RELU, name=f"relu_{i}", tier=0) for i in range(2)]
+    out = tmp_path_factory.mktemp("run")
+    trainer = GRPOTrainer(config, policy=learner, backend=None, evaluator=None,
+                          curriculum=Curriculum.from_problems(problems), rollouts=rollouts,
+                          episode_config=episode_config, output_dir=out, compile_only=True)
+    before = adapter_weights(learner)
+    trainer.train()
+    yield {"trainer": trainer, "rollouts": rollouts, "before": before}
+    rollouts.close()
+
+
+def test_the_rollout_comes_from_both_workers(one_step):
+    batches = one_step["rollouts"].last_batches
+    assert sorted(b["worker"] for b in batches) == [0, 1]
+    assert all(b["episodes"] == 2 for b in batches)
+
+
+def test_episodes_carry_token_ids_and_old_logprobs_in_their_groups(one_step):
+    import json
+
+    lines = (one_step["trainer"].output_dir / "episodes.jsonl").read_text().splitlines()
+    episodes = [json.loads(line) for line in lines]
+    assert [e["group"] for e in episodes] == [0, 0, 1, 1]
+    for turn in (t for e in episodes for t in e["turns"]):
+        assert turn["response_ids"] and len(turn["logprobs"]) == len(turn["response_ids"])
+
+
+def test_after_the_update_the_workers_hold_the_learners_adapters(one_step):
+    import torch
+
+    from multiminddev.distributed.rollout import adapter_weights
+
+    learner = adapter_weights(one_step["trainer"].policy)
+    moved = [not torch.equal(learner[r][k], one_step["before"][r][k])
+             for r in learner for k in learner[r]]
+    assert any(moved), "the update changed no adapter tensor; the comparison proves nothing"
+    for worker in one_step["rollouts"].worker_adapter_weights():
+        assert worker.keys() == learner.keys()
+        for role, tensors in learner.items():
+            assert worker[role].keys() == tensors.keys()
+            assert all(torch.equal(worker[role][k], v) for k, v in tensors.items())
+
+
+def test_the_weight_version_advances_with_the_update(one_step):
+    rollouts = one_step["rollouts"]
+    assert [b["version"] for b in rollouts.last_batches] == [0, 0]  # sampled before the update
+    assert rollouts.version == one_step["trainer"].step == 1
+
+
+def test_a_rollout_before_any_publish_is_refused(cluster):
+    from multiminddev.distributed.rollout import RayRollouts
+
+    rollouts = RayRollouts([], layout_from_plan(plan(0)), [])
+    with pytest.raises(StaleWeights, match="publish"):
+        rollouts.run_episodes([], 2, None)
+
+
+def test_the_learners_lease_keeps_its_gpu_from_rollout_workers(cluster):
+    from multiminddev.distributed.grpo import RayScaleOut
+
+    scale_out = RayScaleOut()  # joins the running cluster
+    assert scale_out._lease_learner_gpu() == "0"
+    assert cluster.available_resources().get("GPU", 0) == 0  # no worker can be placed there
+    scale_out.close()
+    assert cluster.is_initialized()  # it joined the cluster, so it leaves it running
