@@ -32,9 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--num-generations", type=int, default=4, help="episodes per problem (group)")
     p.add_argument("--prompts-per-step", type=int, default=2)
-    p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=768, help="per reply")
-    p.add_argument("--max-completion-length", type=int, default=4096,
+    p.add_argument("--max-turns", type=int, default=2)
+    p.add_argument("--max-new-tokens", type=int, default=512, help="per reply")
+    p.add_argument("--max-completion-length", type=int, default=3072,
                    help="all replies and Tester reports of an episode together")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--learning-rate", type=float, default=1e-5)
@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
-    problems = load_problems(args.problems)
+    try:
+        problems = load_problems(args.problems)
+    except ValueError as exc:  # ProblemError: an unknown spec or a malformed problem
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     problems = problems[: args.limit] if args.limit else problems
     if not problems:
         print(f"error: no problems in {args.problems!r}", file=sys.stderr)

@@ -50,5 +50,6 @@ def env_config(*, max_turns: int = 2, max_new_tokens: int = 4, max_response_toke
 
 
 def broken_then_fixed(role: AgentRole, call: int, prompt: int) -> str:
-    """Replies for ReplayBackend: a kernel that fails to compile, then one that compiles."""
-    return fenced(BROKEN_KERNEL if role is G else RELU_KERNEL)
+    """Replies for ReplayBackend: a kernel that fails to compile (the first generate call: the
+    first turn), then one that compiles. By call, not role: verl's servers are not told it."""
+    return fenced(BROKEN_KERNEL if call == 0 else RELU_KERNEL)

@@ -117,3 +117,26 @@ def test_rollout_func_on_the_embedded_model(evaluator):
         assert len(turns) == 2 and sum(mask) <= 8  # two replies of at most 4 tokens
         assert all(math.isfinite(lp) and lp <= 0.0 for lp, m in zip(lps, mask) if m)
     assert all(math.isfinite(r) for r in batch["kernel_reward"])
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_example_script_trains_the_embedded_model_on_a_gpu(tmp_path):
+    """examples/trl_grpo.py: two GRPO steps of the embedded model (LoRA) on real evaluations;
+    every step logs a finite reward."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "trl_grpo.py"
+    spec = importlib.util.spec_from_file_location("trl_grpo_example", script)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    rc = example.main(["--steps", "2", "--limit", "2", "--num-generations", "2",
+                       "--prompts-per-step", "1", "--max-new-tokens", "128",
+                       "--output-dir", str(tmp_path)])
+    assert rc == 0
+    history = json.loads((tmp_path / "log_history.json").read_text())
+    rewards = [e["rewards/kernel_reward/mean"] for e in history
+               if "rewards/kernel_reward/mean" in e]
+    assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)

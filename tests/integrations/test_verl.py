@@ -50,7 +50,9 @@ class BackendServer:
                                   top_p=sampling_params["top_p"],
                                   max_new_tokens=sampling_params["max_tokens"], seed=0)
         (out,) = await self.backend.generate([prompt_ids], sampling, AgentRole.GENERATOR)
-        return TokenOutput(token_ids=out.token_ids, log_probs=out.logprobs,
+        # log-probs only when asked (verl's rollout.calculate_log_probs), as vLLM answers
+        return TokenOutput(token_ids=out.token_ids,
+                           log_probs=out.logprobs if sampling_params.get("logprobs") else None,
                            stop_reason="completed")
 
 
@@ -79,11 +81,11 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty":
             "logprobs": True}
 
 
-def run_loop(loop, problem) -> AgentLoopOutput:
+def run_loop(loop, problem, sampling=SAMPLING) -> AgentLoopOutput:
     from multiminddev.integrations.verl_data import verl_row
 
     row = verl_row(problem, 0)
-    return asyncio.run(loop.run(dict(SAMPLING), raw_prompt=row["prompt"],
+    return asyncio.run(loop.run(dict(sampling), raw_prompt=row["prompt"],
                                 extra_info=row["extra_info"], data_source=row["data_source"]))
 
 
@@ -112,7 +114,7 @@ def test_output_masks_the_tester_report(replayed_output):
     mask = out.response_mask
     first_zero = mask.index(0)
     assert mask[0] == 1 and 0 in mask and mask[-1] == 1 and 1 in mask[first_zero:]
-    assert out.num_turns == 3  # the user prompt, two replies and one report between them
+    assert out.num_turns == 4  # the user prompt, two replies and the report between them
 
 
 def test_reward_comes_from_compile_only_evaluations(replayed_output):
@@ -140,6 +142,13 @@ def test_sampling_follows_verl_with_the_turn_token_cap(replayed_output):
     for _, params in server.requests:
         assert params["temperature"] == SAMPLING["temperature"] and params["top_k"] == -1
         assert params["max_tokens"] <= 1024
+
+
+def test_no_server_logprobs_leave_them_to_verl(evaluator):
+    server = BackendServer(ReplayBackend(gguf_tokenizer(), broken_then_fixed))
+    loop = agent_loop(server, gguf_tokenizer(), max_turns=1, eval_workers=1, eval_trials=2)
+    out = run_loop(loop, relu_problem(), {**SAMPLING, "logprobs": False})
+    assert out.response_logprobs is None and out.response_ids
 
 
 def test_embedded_model_through_the_server_interface(evaluator):
@@ -177,6 +186,7 @@ def test_example_command_composes_with_verl_config():
     """Every override of examples/verl/run_qwen_grpo.sh is a key of verl's own trainer config."""
     import os
     import re
+    import shlex
     from pathlib import Path
 
     import verl
@@ -184,9 +194,8 @@ def test_example_command_composes_with_verl_config():
 
     root = Path(__file__).resolve().parents[2]
     body = (root / "examples/verl/run_qwen_grpo.sh").read_text().split("verl.trainer.main_ppo")[1]
-    overrides = [re.sub(r'"?\$[A-Z]+"?', "x", m.group(1))
-                 for m in (re.match(r"\s+([A-Za-z_.]+=\S+?)\s*\\?$", line)
-                           for line in body.splitlines()) if m]
+    words = shlex.split(body.replace("\\\n", " "))  # as the shell splits the command
+    overrides = [re.sub(r"\$[A-Z]+", "x", w) for w in words if "=" in w and not w.startswith("$")]
     assert len(overrides) > 30
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):

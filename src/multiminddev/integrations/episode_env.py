@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import enum
 import time
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,6 +128,9 @@ class KernelRollout:
     reward: float = 0.0
     episode: Episode | None = None
     budget_exhausted: bool = False  # stopped because the next turn did not fit the budget
+    # the backend returned no log-probs for some reply (their places hold 0.0): a trainer must
+    # recompute them instead of reading response_logprobs
+    logprobs_missing: bool = False
     generate_seconds: float = 0.0
     eval_seconds: float = 0.0
 
@@ -347,8 +351,9 @@ async def _step(index: int, active: list[_State], backend: GenerationBackend,
         begin = len(rollout.response_ids)
         rollout.response_ids += turn.response_ids
         rollout.response_mask += [1] * len(turn.response_ids)
-        logprobs = turn.logprobs if len(turn.logprobs) == len(turn.response_ids) else (
-            [0.0] * len(turn.response_ids))
+        logprobs = turn.logprobs
+        if len(logprobs) != len(turn.response_ids):
+            logprobs, rollout.logprobs_missing = [0.0] * len(turn.response_ids), True
         rollout.response_logprobs += [float(x) for x in logprobs]
         rollout.turn_spans.append((begin, len(rollout.response_ids)))
         rollout.generate_seconds += seconds
@@ -454,8 +459,7 @@ class SharedModelPolicy:
     def __init__(self, model: Any, tokenizer: Any):
         self.model = model
         self.tokenizer = tokenizer  # the backend pads by itself (left), with EOS if no pad token
-        self.config = dataclasses.make_dataclass("SharedModelConfig",
-                                                 [("compiled_decoding", bool, False)])()
+        self.config = types.SimpleNamespace(compiled_decoding=False)  # the backend reads it
         self.roles = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
 
     @property

@@ -192,7 +192,8 @@ def agent_loop_output(rollout: KernelRollout, response_length: int) -> AgentLoop
     within it; the cut is verl's own rule for loops that do not)."""
     n = response_length
     metrics = rollout.metrics()
-    logprobs = rollout.response_logprobs[:n] if any(rollout.response_mask) else None
+    # no log-probs from the servers (rollout.calculate_log_probs off): verl recomputes them
+    logprobs = None if rollout.logprobs_missing else rollout.response_logprobs[:n]
     return AgentLoopOutput(
         prompt_ids=list(rollout.prompt_ids),
         response_ids=rollout.response_ids[:n],
