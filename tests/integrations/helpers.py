@@ -39,6 +39,17 @@ def embedded_model():
     return _embedded()
 
 
+def embedded_backend():
+    """The GenerationBackend the integration tests generate with: our in-process HF backend on
+    the embedded model. (An OpenAI-compatible server on the same model,
+    ``policy.remote.OpenAIGenerationBackend``, can take its place here.)"""
+    from multiminddev.integrations.episode_env import SharedModelPolicy
+    from multiminddev.policy import HFGenerationBackend
+
+    model, tokenizer = embedded_model()
+    return HFGenerationBackend(SharedModelPolicy(model, tokenizer))
+
+
 def env_config(*, max_turns: int = 2, max_new_tokens: int = 4, max_response_tokens: int = 4096,
                **kwargs) -> KernelEnvConfig:
     """Tiny episodes: few turns, few tokens per reply, every turn run (patience 0)."""

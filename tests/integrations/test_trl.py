@@ -4,19 +4,19 @@ import pytest
 
 trl = pytest.importorskip("trl")
 
-from multiminddev.env import EvalConfig, Evaluator  # noqa: E402
-from multiminddev.integrations.episode_env import run_rollouts  # noqa: E402
-from multiminddev.integrations.trl import (  # noqa: E402
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.integrations.episode_env import run_rollouts
+from multiminddev.integrations.trl import (
     KernelReward,
     KernelRolloutFunc,
     kernel_dataset,
     prompt_key,
     rollout_batch,
 )
-from multiminddev.rewards import RewardConfig  # noqa: E402
-from tests.episode.helpers import ReplayBackend, relu_problem  # noqa: E402
-from tests.integrations.helpers import broken_then_fixed, embedded_model, env_config  # noqa: E402
-from tests.policy.helpers import gguf_tokenizer, tiny_base_model  # noqa: E402
+from multiminddev.rewards import RewardConfig
+from tests.episode.helpers import ReplayBackend, relu_problem
+from tests.integrations.helpers import broken_then_fixed, embedded_backend, env_config
+from tests.policy.helpers import gguf_tokenizer, tiny_base_model
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +101,8 @@ def test_dataset_prompts_are_the_rollout_keys():
 def test_rollout_func_on_the_embedded_model(evaluator):
     """The rollout function generating with our HF backend on the embedded model: one
     completion per prompt row, TRL's keys aligned, log-probs of the policy's tokens finite."""
-    from multiminddev.integrations.episode_env import SharedModelPolicy
-    from multiminddev.policy import HFGenerationBackend
-
-    model, tokenizer = embedded_model()
     problem = relu_problem()
-    backend = HFGenerationBackend(SharedModelPolicy(model, tokenizer))
+    backend = embedded_backend()
     rollout = KernelRolloutFunc([problem], evaluator, env_config(), backend=backend)
     (row,) = kernel_dataset([problem])
     batch = rollout([row["prompt"], row["prompt"]], trainer=None)

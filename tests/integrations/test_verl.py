@@ -9,28 +9,27 @@ import pytest
 
 pytest.importorskip("verl")
 
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     DictConfigWrap,
     _agent_loop_registry,
 )
-from verl.utils.dataset.rl_dataset import RLHFDataset  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
 
-from multiminddev.agents.roles import AgentRole  # noqa: E402
-from multiminddev.integrations.episode_env import SharedModelPolicy  # noqa: E402
-from multiminddev.integrations.verl import KernelAgentLoop, shared_evaluator  # noqa: E402
-from multiminddev.integrations.verl_data import (  # noqa: E402
+from multiminddev.agents.roles import AgentRole
+from multiminddev.integrations.verl import KernelAgentLoop, shared_evaluator
+from multiminddev.integrations.verl_data import (
     AGENT_NAME,
     problem_from_extra_info,
     write_verl_dataset,
 )
-from multiminddev.policy import HFGenerationBackend, SamplingParams  # noqa: E402
-from multiminddev.rewards import RewardConfig  # noqa: E402
-from tests.episode.helpers import ReplayBackend, relu_problem  # noqa: E402
-from tests.integrations.helpers import broken_then_fixed, embedded_model  # noqa: E402
-from tests.policy.helpers import gguf_tokenizer  # noqa: E402
+from multiminddev.policy import SamplingParams
+from multiminddev.rewards import RewardConfig
+from tests.episode.helpers import ReplayBackend, relu_problem
+from tests.integrations.helpers import broken_then_fixed, embedded_backend
+from tests.policy.helpers import gguf_tokenizer
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 2048
 
@@ -152,9 +151,9 @@ def test_no_server_logprobs_leave_them_to_verl(evaluator):
 
 
 def test_embedded_model_through_the_server_interface(evaluator):
-    model, tokenizer = embedded_model()
-    server = BackendServer(HFGenerationBackend(SharedModelPolicy(model, tokenizer)))
-    loop = agent_loop(server, tokenizer, max_turns=2, max_new_tokens=4, patience=0,
+    backend = embedded_backend()
+    server = BackendServer(backend)
+    loop = agent_loop(server, backend.tokenizer, max_turns=2, max_new_tokens=4, patience=0,
                       eval_workers=1, eval_trials=2)
     out = run_loop(loop, relu_problem())
     assert sum(out.response_mask) <= 8  # two replies of at most 4 tokens
