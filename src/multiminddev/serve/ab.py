@@ -365,8 +365,8 @@ class ABStore:
                   weight=weight)
         with self._transaction() as db:
             if db.execute("SELECT 1 FROM arms WHERE name = ?", (name,)).fetchone():
-                raise ArmExistsError(f"an arm named {name!r} exists; pick another name or change "
-                                 "its weight with set_weights")
+                raise ArmExistsError(f"an arm named {name!r} exists; pick another name, or change "
+                                 "its weight (`multiminddev ab weights NAME=W`)")
             position = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM arms").fetchone()[0]
             db.execute("INSERT INTO arms VALUES (?, ?, ?, ?, ?)",
                        (name, json.dumps(arm.adapters), float(weight), position, time.time()))
