@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from pydantic import BaseModel
 
@@ -42,7 +42,7 @@ class UvicornThread:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> UvicornThread:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -101,7 +101,8 @@ def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: A
         start, best = time.monotonic(), None
         for index, candidate in enumerate(candidates):
             result = await evaluator.aevaluate(problem, candidate)
-            turn = Turn(index=index, role=AgentRole.GENERATOR if index == 0 else AgentRole.OPTIMIZER,
+            role = AgentRole.GENERATOR if index == 0 else AgentRole.OPTIMIZER
+            turn = Turn(index=index, role=role,
                         candidate_source=candidate, eval_result=result,
                         feedback=tester_feedback(result, candidate))
             if result.compiled:
@@ -180,7 +181,7 @@ class Chromium:
         self.session = ""
         self._next_id = 0
 
-    def __enter__(self) -> Chromium:
+    def __enter__(self) -> Self:
         from websockets.sync.client import connect
 
         self.proc = subprocess.Popen(

@@ -3,17 +3,16 @@ by the real evaluator (compile-only on a machine without a GPU)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("websockets")
 
-from multiminddev.env import EvalConfig, Evaluator  # noqa: E402
-from multiminddev.serve.ab import ABStore  # noqa: E402
-from tests.episode.helpers import BROKEN_KERNEL, RELU_KERNEL, RELU_PROBLEM  # noqa: E402
-from tests.serve.helpers import CHROMIUM, Chromium, UvicornThread, job_app, save_artifact  # noqa: E402
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.serve.ab import ABStore
+from tests.episode.helpers import BROKEN_KERNEL, RELU_KERNEL, RELU_PROBLEM
+from tests.serve.helpers import CHROMIUM, Chromium, UvicornThread, job_app, save_artifact
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -54,7 +53,8 @@ def test_pasted_module_shows_turns_feedback_and_result(server, browser, tmp_path
     assert len(turns) == 2
     assert "compile error" in turns[0] and "Tester's feedback" in turns[0]
     assert "compile-only" in turns[1]
-    assert "kernels.relu(" in browser.evaluate("document.getElementById('result-kernel').textContent")
+    kernel = browser.evaluate("document.getElementById('result-kernel').textContent")
+    assert "kernels.relu(" in kernel
     assert browser.evaluate("document.getElementById('result-arm').textContent") == "base"
     assert shot.stat().st_size > 10_000
 

@@ -30,7 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -339,7 +339,7 @@ class ABStore:
         with self._lock:
             self._db.close()
 
-    def __enter__(self) -> ABStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -365,8 +365,8 @@ class ABStore:
                   weight=weight)
         with self._transaction() as db:
             if db.execute("SELECT 1 FROM arms WHERE name = ?", (name,)).fetchone():
-                raise ArmExistsError(f"an arm named {name!r} exists; pick another name, or change "
-                                 "its weight (`multiminddev ab weights NAME=W`)")
+                raise ArmExistsError(f"an arm named {name!r} exists; pick another name, or "
+                                     "change its weight (`multiminddev ab weights NAME=W`)")
             position = db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM arms").fetchone()[0]
             db.execute("INSERT INTO arms VALUES (?, ?, ?, ?, ?)",
                        (name, json.dumps(arm.adapters), float(weight), position, time.time()))
