@@ -1,10 +1,11 @@
 """Real servers and a real browser for the serve tests.
 
 - :class:`UvicornThread`: a uvicorn server on a free port in a background thread.
-- :func:`job_app`: a FastAPI app holding the A/B, metrics and web routers plus the kernel job
-  contract the page uses (``POST /v1/kernels/optimize`` -> ``{"job_id"}``,
-  ``GET /v1/kernels/jobs/{id}``, ``GET /v1/kernels/jobs/{id}/events`` as server-sent events:
-  ``event: turn`` per turn, then ``event: done``). Its jobs are real but cheap: the submitted
+- :func:`job_app`: a FastAPI app holding the A/B, metrics and web routers plus the server's
+  kernel job contract the page uses (``POST /v1/kernels/optimize`` ``{"module", "turns"}`` ->
+  ``{"id"}``, ``GET /v1/kernels/jobs/{id}`` -> the summary with ``best_source`` and
+  ``best_result``, ``GET /v1/kernels/jobs/{id}/events`` as server-sent events: ``started``, one
+  ``turn`` per turn with its result's status flat on it, then ``done``). Its jobs are real but cheap: the submitted
   module is loaded as a problem, then a fixed list of candidate kernels is judged one per turn
   by the real evaluator (compile-only here) and reported with the real Tester's feedback;
   each finished job is recorded on its A/B arm.
@@ -28,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 CHROMIUM = Path("/usr/bin/chromium")
 
@@ -65,7 +66,10 @@ class UvicornThread:
 
 
 class OptimizeRequest(BaseModel):
-    source: str
+    model_config = ConfigDict(extra="forbid")
+
+    module: str
+    turns: int = 3
 
 
 class _Job:
@@ -73,11 +77,25 @@ class _Job:
         self.id, self.arm = job_id, arm
         self.status = "running"
         self.turns: list[dict[str, Any]] = []
-        self.result: dict[str, Any] | None = None
+        self.best: tuple[str, Any] | None = None
         self.changed = asyncio.Event()
 
-    def view(self) -> dict[str, Any]:
-        return {"job_id": self.id, "status": self.status, "arm": self.arm, "result": self.result}
+    def summary(self) -> dict[str, Any]:
+        best = self.best
+        return {"id": self.id, "status": self.status, "arm": self.arm, "error": None,
+                "turns": self.turns, "best_source": best[0] if best else None,
+                "best_result": best[1].to_dict() if best else None}
+
+
+def turn_event(turn: Any) -> dict[str, Any]:
+    """A turn as the server's events carry it: its result's status flat on the turn."""
+    result = turn.eval_result
+    return {"index": turn.index, "role": turn.role.value, "text": turn.text,
+            "candidate_source": turn.candidate_source, "feedback": turn.feedback,
+            "status": result.status.value if result is not None else None,
+            "compiled": bool(result.compiled) if result is not None else False,
+            "correct": bool(result.correct) if result is not None else False,
+            "speedup": float(result.speedup) if result is not None and result.correct else None}
 
 
 def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: Any = None) -> Any:
@@ -86,7 +104,7 @@ def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: A
 
     from multiminddev.agents.roles import AgentRole
     from multiminddev.agents.tester import tester_feedback
-    from multiminddev.episode.state import Turn, turn_to_dict
+    from multiminddev.episode.state import Turn
     from multiminddev.serve.ab import outcome_from_result
     from multiminddev.serve.ab_routes import ab_router
     from multiminddev.serve.metrics import install_metrics
@@ -97,39 +115,35 @@ def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: A
     jobs: dict[str, _Job] = {}
     tasks: set[asyncio.Task] = set()
 
-    async def run(job: _Job, problem: Any, source: str) -> None:
-        start, best = time.monotonic(), None
-        for index, candidate in enumerate(candidates):
+    async def run(job: _Job, problem: Any, source: str, turns: int) -> None:
+        start = time.monotonic()
+        for index, candidate in enumerate(candidates[:turns]):
             result = await evaluator.aevaluate(problem, candidate)
             role = AgentRole.GENERATOR if index == 0 else AgentRole.OPTIMIZER
-            turn = Turn(index=index, role=role,
-                        candidate_source=candidate, eval_result=result,
+            turn = Turn(index=index, role=role, candidate_source=candidate, eval_result=result,
                         feedback=tester_feedback(result, candidate))
             if result.compiled:
-                best = (candidate, result)
-            job.turns.append(turn_to_dict(turn))
+                job.best = (candidate, result)
+            job.turns.append(turn_event(turn))
             job.changed.set()
-        job.result = {"best_source": best[0] if best else None,
-                      "best_result": best[1].to_dict() if best else None,
-                      "turns": job.turns}
-        store.record(outcome_from_result(arm=job.arm, source=source,
-                                         result=best[1] if best else None, reward=None,
+        best = job.best[1] if job.best else None
+        store.record(outcome_from_result(arm=job.arm, source=source, result=best, reward=None,
                                          latency_s=time.monotonic() - start, job_id=job.id))
-        job.status = "done"
+        job.status = "succeeded"
         job.changed.set()
 
     @app.post("/v1/kernels/optimize", status_code=202)
     async def optimize(body: OptimizeRequest) -> dict[str, Any]:
         try:
-            problem = load_problem_source(body.source, name="submitted")
+            problem = load_problem_source(body.module, name="module")
         except ProblemError as exc:
             raise HTTPException(400, str(exc)) from None
         job_id = uuid.uuid4().hex
         job = jobs[job_id] = _Job(job_id, store.assign(job_id).name)
-        task = asyncio.create_task(run(job, problem, body.source))
+        task = asyncio.create_task(run(job, problem, body.module, body.turns))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        return {"job_id": job_id}
+        return {"id": job_id, "status": job.status, "arm": job.arm}
 
     def get(job_id: str) -> _Job:
         if job_id not in jobs:
@@ -138,21 +152,22 @@ def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: A
 
     @app.get("/v1/kernels/jobs/{job_id}")
     async def job_status(job_id: str) -> dict[str, Any]:
-        return get(job_id).view()
+        return get(job_id).summary()
 
     @app.get("/v1/kernels/jobs/{job_id}/events")
     async def events(job_id: str) -> StreamingResponse:
         job = get(job_id)
 
         async def stream():
+            yield f"event: started\ndata: {json.dumps({'event': 'started'})}\n\n"
             sent = 0
             while True:
                 job.changed.clear()
                 for turn in job.turns[sent:]:
-                    yield f"event: turn\ndata: {json.dumps(turn)}\n\n"
+                    yield f"event: turn\ndata: {json.dumps({'event': 'turn', **turn})}\n\n"
                 sent = len(job.turns)
-                if job.status == "done":
-                    yield f"event: done\ndata: {json.dumps(job.view())}\n\n"
+                if job.status == "succeeded":
+                    yield f"event: done\ndata: {json.dumps(job.summary())}\n\n"
                     return
                 # A short wait bounds a wake-up lost to another stream's clear().
                 with contextlib.suppress(TimeoutError):
@@ -252,6 +267,13 @@ class Chromium:
 
     def click(self, selector: str) -> None:
         self.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+
+    def upload(self, selector: str, path: Path) -> None:
+        """Choose ``path`` in the file input ``selector`` (the page sees a change event)."""
+        root = self.call("DOM.getDocument", session=True)["root"]["nodeId"]
+        node = self.call("DOM.querySelector", session=True, nodeId=root, selector=selector)
+        self.call("DOM.setFileInputFiles", session=True, files=[str(path)],
+                  nodeId=node["nodeId"])
 
     def screenshot(self, path: Path) -> Path:
         data = self.call("Page.captureScreenshot", session=True, format="png",

@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from multiminddev.core.results import (
     EvalStatus,
     StageStatus,
 )
+from multiminddev.episode.state import Episode, Turn
 from multiminddev.serve.ab import (
     ABStore,
     ArmExistsError,
@@ -27,6 +29,7 @@ from multiminddev.serve.ab import (
     bootstrap_mean_interval,
     msprt,
     outcome_from_result,
+    record_job,
     wilson_interval,
 )
 
@@ -272,3 +275,42 @@ def test_outcome_from_result(status, compiled, correct, speedup):
 def test_a_job_without_a_kernel_counts_as_a_failure():
     o = outcome_from_result(arm="a", source="src", result=None, reward=None, latency_s=1.0)
     assert (o.compiled, o.correct) == (False, False)
+
+
+@dataclass(kw_only=True)
+class _FinishedJob:
+    """The fields a job manager's job exposes to its on_finished callbacks."""
+
+    id: str
+    arm: str | None
+    source: str
+    status: str
+    episode: Episode | None
+    latency_s: float | None
+
+
+def _episode(result: EvalResult | None, rewards: list[float]) -> Episode:
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.tasks.problem import load_problem_source
+    from tests.episode.helpers import RELU_PROBLEM
+
+    turns = [Turn(index=i, role=AgentRole.GENERATOR, reward=r) for i, r in enumerate(rewards)]
+    return Episode(problem=load_problem_source(RELU_PROBLEM, name="relu"), turns=turns,
+                   best_result=result)
+
+
+def test_record_job_stores_the_episode_outcome(store):
+    job = _FinishedJob(id="j1", arm="new", source="src", status="succeeded",
+                       episode=_episode(_result(EvalStatus.OK, 3.0), [0.25, 1.0]), latency_s=4.0)
+    record_job(store, job)
+    (o,) = store.outcomes()
+    assert (o.arm, o.correct, o.speedup, o.reward, o.latency_s, o.job_id) == \
+           ("new", True, 3.0, 1.25, 4.0, "j1")
+
+
+def test_record_job_skips_jobs_outside_the_test(store):
+    record_job(store, _FinishedJob(id="a", arm=None, source="s", status="succeeded",
+                                   episode=None, latency_s=1.0))
+    record_job(store, _FinishedJob(id="b", arm="base", source="s", status="failed",
+                                   episode=None, latency_s=1.0))
+    assert store.outcomes() == []

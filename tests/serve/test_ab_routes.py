@@ -88,7 +88,7 @@ def test_server_restart_mid_ab_keeps_every_outcome(tmp_path):
     # No candidate kernels: each job ends at once with a "no kernel" outcome on its arm.
     with UvicornThread(job_app(store, evaluator=None, candidates=[])) as srv:
         ids = [httpx.post(srv.url + "/v1/kernels/optimize",
-                          json={"source": _problem_source()}).json()["job_id"]
+                          json={"module": _problem_source()}).json()["id"]
                for _ in range(12)]
         jobs = [_wait_done(srv.url, i) for i in ids]
     store.close()
@@ -112,7 +112,7 @@ def _wait_done(url: str, job_id: str) -> dict:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         job = httpx.get(f"{url}/v1/kernels/jobs/{job_id}").json()
-        if job["status"] == "done":
+        if job["status"] == "succeeded":
             return job
         time.sleep(0.05)
     raise TimeoutError(f"job {job_id} did not finish")

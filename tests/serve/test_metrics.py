@@ -42,8 +42,8 @@ def _samples(url: str) -> dict[tuple[str, tuple], float]:
 
 
 def _run_job(url: str) -> str:
-    response = httpx.post(url + "/v1/kernels/optimize", json={"source": RELU_PROBLEM})
-    job_id = response.json()["job_id"]
+    response = httpx.post(url + "/v1/kernels/optimize", json={"module": RELU_PROBLEM})
+    job_id = response.json()["id"]
     with httpx.stream("GET", f"{url}/v1/kernels/jobs/{job_id}/events") as events:
         assert "event: done" in "".join(events.iter_text())
     return job_id
@@ -77,7 +77,7 @@ def test_unknown_paths_share_one_label(served):
 
 def test_bad_requests_are_counted_with_their_status(served):
     srv, _ = served
-    assert httpx.post(srv.url + "/v1/kernels/optimize", json={"source": "("}).status_code == 400
+    assert httpx.post(srv.url + "/v1/kernels/optimize", json={"module": "("}).status_code == 400
     key = ("mmd_http_requests_total",
            (("endpoint", "/v1/kernels/optimize"), ("method", "POST"), ("status", "400")))
     assert _samples(srv.url)[key] == 1.0
@@ -95,7 +95,7 @@ def test_jobs_by_status(served):
     srv, _ = served
     _run_job(srv.url)
     _run_job(srv.url)
-    assert _samples(srv.url)[("mmd_jobs", (("status", "done"),))] == 2.0
+    assert _samples(srv.url)[("mmd_jobs", (("status", "succeeded"),))] == 2.0
 
 
 def test_per_arm_outcome_counters(served):

@@ -94,3 +94,12 @@ def test_ab_tab_shows_recorded_outcomes(server, browser, tmp_path):
     save_artifact(browser.screenshot(tmp_path / "web-ab.png"))
     assert cells[0] == "base (control)"
     assert cells[2] == str(recorded)
+
+
+def test_uploaded_file_fills_the_editor(server, browser, tmp_path):
+    srv, _ = server
+    module = tmp_path / "relu_module.py"
+    module.write_text(RELU_PROBLEM)
+    browser.navigate(srv.url + "/")
+    browser.upload("#file", module)
+    assert browser.wait_for("document.getElementById('source').value") == RELU_PROBLEM

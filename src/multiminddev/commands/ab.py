@@ -170,8 +170,9 @@ def _remote(args: argparse.Namespace, method: str, path: str,
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")
-        try:
-            detail = json.loads(detail).get("detail", detail)
+        try:  # {"error": {"message"}} (the server's shape) or {"detail"} (FastAPI's)
+            body = json.loads(detail)
+            detail = (body.get("error") or {}).get("message") or body.get("detail") or detail
         except (ValueError, AttributeError):
             pass
         raise InputError(f"{url}: HTTP {exc.code}: {detail}") from None

@@ -539,3 +539,25 @@ def outcome_from_result(*, arm: str, source: str, result: EvalResult | None,
     return Outcome(arm=arm, problem_hash=source_hash(source), compiled=compiled,
                    correct=correct, speedup=speedup, reward=reward, latency_s=latency_s,
                    job_id=job_id)
+
+
+def record_job(store: ABStore, job: Any) -> Outcome | None:
+    """A job manager's ``on_finished`` callback: record a finished job on its arm.
+
+    Reads ``job.arm``, ``job.source``, ``job.status``, ``job.episode`` (its ``best_result`` and
+    turns' rewards), ``job.latency_s`` and ``job.id``. Jobs without an arm are not part of the
+    test; a job that failed to run (model or evaluator down) says nothing about its agents and
+    is left out too. The reward is the episode's return (the sum of its turns' rewards).
+    """
+    if job.arm is None or str(getattr(job.status, "value", job.status)) != "succeeded":
+        return None
+    episode = job.episode
+    rewards = [t.reward for t in (episode.turns if episode is not None else [])
+               if t.reward is not None]
+    outcome = outcome_from_result(
+        arm=job.arm, source=job.source,
+        result=episode.best_result if episode is not None else None,
+        reward=float(sum(rewards)) if rewards else None,
+        latency_s=float(job.latency_s or 0.0), job_id=str(job.id))
+    store.record(outcome)
+    return outcome

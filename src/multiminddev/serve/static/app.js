@@ -35,8 +35,16 @@ function showTab(name) {
 
 // ---------------------------------------------------------------- results
 
-function evalOf(obj) {
-  return (obj && (obj.eval_result || obj.best_result || obj.result)) || null;
+// A turn carries either its whole EvalResult (eval_result) or, as the server's turn events
+// do, its status and speedup flat on the turn.
+function evalOf(turn) {
+  if (!turn || typeof turn !== "object") return null;
+  const full = turn.eval_result || turn.best_result;
+  if (full && typeof full === "object") return full;
+  if (typeof turn.status === "string" && turn.role !== undefined) {
+    return { status: turn.status, benchmark: { speedup_vs_eager: turn.speedup } };
+  }
+  return null;
 }
 
 // {label, kind}: kind is ok / bad / unknown, for the badge colour.
@@ -88,7 +96,7 @@ function addTurn(turn) {
 }
 
 function showResult(job) {
-  const episode = (job && (job.result || job.episode)) || job || {};
+  const episode = (job && job.result && typeof job.result === "object") ? job.result : job;
   const best = episode.best_result || null;
   const verdict = episode.best_source ? describeResult(best) : { label: "no kernel", kind: "bad" };
   $("result-status").textContent = job.error ? `${verdict.label}: ${job.error}` : verdict.label;
@@ -101,6 +109,13 @@ function showResult(job) {
 }
 
 // ---------------------------------------------------------------- jobs
+
+// The server's error shapes: {"error": {"message"}} (OpenAI's) or {"detail"} (FastAPI's).
+function errorMessage(body) {
+  if (body && body.error && typeof body.error.message === "string") return body.error.message;
+  if (body && typeof body.detail === "string") return body.detail;
+  return body && body.detail ? JSON.stringify(body.detail) : "";
+}
 
 function parseData(text) {
   try { return JSON.parse(text); } catch (_) { return null; }
@@ -132,8 +147,9 @@ function followEvents(id) {
       if (turn.role !== undefined) {
         addTurn(turn);
         setStatus(`job ${id}: turn ${$("turns").children.length} done`);
+      } else if (TERMINAL.has(String(data.status))) {
+        finish();
       }
-      if (TERMINAL.has(String(data.status))) finish();
     };
     source.onmessage = onData;
     source.addEventListener("turn", onData);
@@ -155,14 +171,11 @@ async function submit(event) {
     const response = await fetch("/v1/kernels/optimize", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ source: text }),
+      body: JSON.stringify({ module: text, turns: Number($("turns-option").value) || 3 }),
     });
     const body = await response.json().catch(() => ({}));
-    if (!response.ok) {
-      const detail = typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail);
-      throw new Error(detail || `HTTP ${response.status}`);
-    }
-    const id = body.job_id || body.id;
+    if (!response.ok) throw new Error(errorMessage(body) || `HTTP ${response.status}`);
+    const id = body.id || body.job_id;
     setStatus(`job ${id}: running`);
     await followEvents(id);
     const job = await waitForJob(id);
