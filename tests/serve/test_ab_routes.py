@@ -171,3 +171,8 @@ def test_cli_add_arm_reads_the_checkpoint_folder(tmp_path, capsys):
     assert main(["ab", "add-arm", "run7", str(ck), "--state-dir", str(tmp_path / "s")]) == 0
     with ABStore.in_state_dir(tmp_path / "s") as store:
         assert sorted(store.arm("run7").adapters) == ["generator", "optimizer"]
+
+
+def test_cli_promote_on_a_wrong_state_dir_writes_nothing(tmp_path, capsys):
+    assert main(["ab", "promote", "base", "--state-dir", str(tmp_path / "typo")]) == 2
+    assert not (tmp_path / "typo").exists()

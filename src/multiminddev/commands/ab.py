@@ -144,11 +144,12 @@ def _local(args: argparse.Namespace, method: str, *call_args: Any, **kwargs: Any
     from multiminddev.serve.ab import AB_DB_NAME, ABStore
 
     state = args.state_dir
-    if method == "summary" and not (state / AB_DB_NAME).is_file():
-        raise InputError(f"{state / AB_DB_NAME} does not exist: no A/B arms yet (add one "
-                         f"with `multiminddev ab add-arm NAME [PATH] --state-dir {state}`)")
     if state.exists() and not state.is_dir():
         raise InputError(f"{state} is a file; give the server's state folder")
+    # Only add-arm creates the file: a typo in --state-dir must not leave an empty one behind.
+    if method != "add_arm" and not (state / AB_DB_NAME).is_file():
+        raise InputError(f"{state / AB_DB_NAME} does not exist: no A/B arms yet (add one "
+                         f"with `multiminddev ab add-arm NAME [PATH] --state-dir {state}`)")
     with ABStore.in_state_dir(state) as store:
         return _checked(getattr(store, method), *call_args, **kwargs)
 
