@@ -35,20 +35,21 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 class UvicornThread:
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, *, lifespan: str = "off", start_timeout_s: float = 30.0):
         import uvicorn
 
         config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                lifespan="off")
+                                lifespan=lifespan)
         self.server = uvicorn.Server(config)
+        self.start_timeout_s = start_timeout_s
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Self:
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.start_timeout_s
         while not self.server.started:
             if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start within 30 s")
+                raise RuntimeError(f"uvicorn did not start within {self.start_timeout_s} s")
             time.sleep(0.02)
         return self
 
