@@ -176,3 +176,34 @@ def test_cli_add_arm_reads_the_checkpoint_folder(tmp_path, capsys):
 def test_cli_promote_on_a_wrong_state_dir_writes_nothing(tmp_path, capsys):
     assert main(["ab", "promote", "base", "--state-dir", str(tmp_path / "typo")]) == 2
     assert not (tmp_path / "typo").exists()
+
+
+def test_install_ab_records_each_finished_job(tmp_path):
+    from dataclasses import dataclass, field
+
+    from multiminddev.serve.ab_routes import install_ab
+
+    @dataclass
+    class Jobs:  # the job manager's hook list, which install_ab appends to
+        on_finished: list = field(default_factory=list)
+
+    @dataclass
+    class Job:
+        id: str = "j1"
+        arm: str = "base"
+        source: str = "src"
+        status: str = "succeeded"
+        episode: object = None
+        latency_s: float = 2.0
+
+    app = FastAPI()
+    app.state.jobs = Jobs()
+    with ABStore.in_state_dir(tmp_path) as store:
+        store.add_arm("base")
+        install_ab(app, store)
+        for callback in app.state.jobs.on_finished:
+            callback(Job())
+        assert [(o.arm, o.job_id, o.compiled) for o in store.outcomes()] == [("base", "j1", False)]
+        from fastapi.testclient import TestClient
+
+        assert TestClient(app).get("/v1/ab/status").json()["outcomes"] == 1

@@ -11,10 +11,10 @@ import hmac
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Header, HTTPException
+from fastapi import APIRouter, FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
-from multiminddev.serve.ab import ABStore, ArmExistsError
+from multiminddev.serve.ab import ABStore, ArmExistsError, record_job
 
 
 class AddArmRequest(BaseModel):
@@ -107,3 +107,10 @@ def ab_router(store: ABStore, *, admin_token: str | None = None) -> APIRouter:
         return store.summary()
 
     return router
+
+
+def install_ab(app: FastAPI, store: ABStore, *, admin_token: str | None = None) -> None:
+    """Serve the A/B routes on ``app`` and record every finished job of its job manager
+    (``app.state.jobs.on_finished``) on the job's arm."""
+    app.include_router(ab_router(store, admin_token=admin_token))
+    app.state.jobs.on_finished.append(lambda job: record_job(store, job))
