@@ -48,8 +48,8 @@ LAYERS: dict[str, int] = {
     # distributed runs the evaluator and the trainer on Ray actors: above both, below commands.
     "distributed": 10,
     "integrations": 10,
-    # Ray rollout workers and evaluation actors drive train's trainer and env's evaluator.
-    "distributed": 10,
+    # serve runs episodes (train's policy and env) behind HTTP; only commands sit above it.
+    "serve": 10,
     # commands are the bodies of the cli's subcommands; they drive train, report and env,
     # and cli.py only parses arguments and dispatches to them.
     "commands": 11,

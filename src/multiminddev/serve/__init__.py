@@ -1,0 +1,1 @@
+"""Serving: the HTTP server, its kernel-optimization jobs, A/B rollout, metrics and web page."""
