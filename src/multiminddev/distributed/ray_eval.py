@@ -289,6 +289,11 @@ class RayEvaluator:
     async def aevaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
         return await asyncio.wrap_future(self.submit(problem, candidate))
 
+    def prefetch_baselines(self, problems: Any) -> int:
+        """Baselines on the cluster are measured by each actor's trusted stage and shared
+        through the ``BaselineStore``; nothing is scheduled ahead here (0 jobs)."""
+        return 0
+
     def warm_up(self) -> None:
         """Wait until every evaluation actor is placed and its workers have started."""
         with self._cond:
