@@ -109,6 +109,8 @@ class TrainSettings:
     review_fraction: float = 0.2  # share of a step's problems drawn from earlier tiers
     rl_eval_every: int | None = None  # held-out evaluations during GRPO; 0: none, None: preset's
     generator_max_new_tokens: int | None = None  # the Generator's cap; None: see episode_config
+    # the Tester's report on a verified kernel adds its Nsight Compute figures (env/profile.py)
+    profiler_feedback: bool = False
     # --- held-out evaluation (and early stopping's select@ evaluations)
     eval_after_sft: bool = False  # also evaluate the SFT agents (sft_eval_results.json)
     eval_temperature: float | None = None  # None: the rollouts' sampling; 0: greedy
@@ -427,6 +429,7 @@ def episode_config(ctx: Context, grpo: Any) -> Any:
     return EpisodeConfig(max_turns=grpo.max_turns, reward=None,
                          max_new_tokens_by_role={"generator": cap} if cap else {},
                          temperature_by_role=greedy, element_type=s.element_type_line,
+                         profiler_feedback=s.profiler_feedback,
                          sampling=SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p,
                                                  max_new_tokens=grpo.max_new_tokens))
 
