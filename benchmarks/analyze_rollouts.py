@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_learning import rows_by_problem, turn_status  # a sibling script, not a package
+from learning_rows import rows_by_problem, turn_status  # a sibling script, not a package
 
 _KERNEL_RE = re.compile(r"__global__\s+void\s+(\w+)")
 
