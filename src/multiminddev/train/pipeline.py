@@ -362,7 +362,22 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
                            "loss_after": result.loss_after, "steps": result.steps,
                            "examples": result.num_examples, "seconds": result.seconds,
                            "output_dir": str(result.output_dir)}
+        write_sft_results(s.output_dir, out)  # after each role: a cut run keeps what finished
     return out
+
+
+SFT_RESULTS_FILE = "sft_results.json"  # per agent: loss before and after, steps, examples
+
+
+def write_sft_results(output_dir: Path, results: dict[str, Any]) -> None:
+    """``sft_results.json``: the SFT results of this run's agents, joined to those an earlier
+    part of the run (before a resume) recorded."""
+    path = Path(output_dir) / SFT_RESULTS_FILE
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        earlier = {}
+    write_json_atomically(path, {**earlier, **results})
 
 
 def sft_example_options(ctx: Context, role: AgentRole) -> dict[str, Any]:
