@@ -237,6 +237,7 @@ def test_the_optimizer_recipe_gives_sft_and_evaluation_the_measured_run_settings
     ev = eval_config(ctx)
     assert (ev.num_workers, ev.num_trials, ev.compile_baseline) == (2, 3, False)
     assert (s.eval_dtype, s.eval_compiled_decoding, s.eval_after_sft) == ("float32", False, True)
+    assert s.generation_batch_size == 64
 
 
 def test_the_grpo_defaults_of_the_settings_are_grpo_configs():

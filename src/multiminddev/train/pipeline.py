@@ -111,6 +111,7 @@ class TrainSettings:
     generator_max_new_tokens: int | None = None  # the Generator's cap; None: see episode_config
     # the Tester's report on a verified kernel adds its Nsight Compute figures (env/profile.py)
     profiler_feedback: bool = False
+    generation_batch_size: int = 16  # sequences decoded together (HFGenerationBackend)
     # --- held-out evaluation (and early stopping's select@ evaluations)
     eval_after_sft: bool = False  # also evaluate the SFT agents (sft_eval_results.json)
     eval_temperature: float | None = None  # None: the rollouts' sampling; 0: greedy
@@ -184,7 +185,7 @@ class TrainSettings:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         for name in ("sft_grad_accum", "grad_accum", "select_count", "select_also_count",
-                     "select_every"):
+                     "select_every", "generation_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.rl_temperature <= 0:
@@ -471,6 +472,7 @@ def evaluation_backend(ctx: Context) -> Any:
 
     s = ctx.settings
     return HFGenerationBackend(ctx.policy, logprob_source=LogprobSource.SAMPLER,
+                               max_batch_size=s.generation_batch_size,
                                compiled_decoding=s.eval_compiled_decoding,
                                sampling_dtype=(None if s.eval_dtype == "same"
                                                else getattr(torch, s.eval_dtype)))
@@ -528,7 +530,9 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
     cfg = grpo_config(ctx)
     metrics = MetricsLogger(MetricsConfig(output_dir=s.output_dir, wandb=s.wandb,
                                           run_name=s.output_dir.name), run_config=cfg.to_dict())
-    trainer = GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
+    trainer = GRPOTrainer(cfg, policy=ctx.policy,
+                          backend=HFGenerationBackend(
+                              ctx.policy, max_batch_size=s.generation_batch_size),
                           evaluator=evaluator, curriculum=grpo_curriculum(ctx),
                           episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
                           heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
@@ -635,7 +639,9 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
     problems = ctx.heldout[: ctx.size.final_eval_problems]
     # evaluation only: no SFT anchor (GRPOTrainer asks for its examples when sft_coef > 0)
     runner = trainer or GRPOTrainer(dataclasses.replace(cfg, sft_coef=0.0), policy=ctx.policy,
-                                    backend=HFGenerationBackend(ctx.policy),
+                                    backend=HFGenerationBackend(
+                                        ctx.policy,
+                                        max_batch_size=ctx.settings.generation_batch_size),
                                     evaluator=evaluator, curriculum=None,
                                     episode_config=episode_config(ctx, cfg),
                                     output_dir=ctx.settings.output_dir, metrics=_NullMetrics())
