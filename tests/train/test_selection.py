@@ -55,3 +55,24 @@ def test_a_sample_of_trained_problems_only_is_refused():
     problems = load_problems("builtin:tier0:train")
     with pytest.raises(SelectionError, match="every problem of it is trained on"):
         selection_sample(problems, 3, trained=problems)
+
+
+def test_the_agents_grpo_started_from_come_back_when_step_0_is_chosen(tmp_path):
+    import torch
+
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.train.selection import load_chosen, save_if_best
+    from tests.policy.helpers import tiny_policy
+
+    policy, roles = tiny_policy(0), (AgentRole.OPTIMIZER,)
+    start = {n: p.detach().clone() for n, p in policy.peft_model.named_parameters()
+             if ".optimizer." in n and "lora_" in n}
+    assert save_if_best({0: 0.5}, 0, 4, policy, roles, tmp_path, 0.01)
+    with torch.no_grad():  # GRPO's steps move the adapter
+        for name, p in policy.peft_model.named_parameters():
+            if name in start:
+                p.add_(1.0)
+    assert not save_if_best({0: 0.5, 4: 0.505}, 4, 4, policy, roles, tmp_path, 0.01)
+    load_chosen(policy, 0, 4, tmp_path, roles)
+    now = dict(policy.peft_model.named_parameters())
+    assert all(torch.equal(now[name], value) for name, value in start.items())

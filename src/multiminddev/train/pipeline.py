@@ -586,7 +586,6 @@ def train_with_selection(ctx: Context, trainer: Any, progress: Any, task: Any) -
     go to ``select.json``; a resumed run reads the earlier rewards back."""
     from multiminddev.episode.infra import check_episodes
     from multiminddev.train import selection
-    from multiminddev.train.checkpoints import SFT_DIR
     from multiminddev.train.grpo import score_episodes
 
     s, cfg = ctx.settings, trainer.cfg
@@ -618,8 +617,7 @@ def train_with_selection(ctx: Context, trainer: Any, progress: Any, task: Any) -
         trainer.train(progress, task, until=mark)
         measure(mark)
     chosen = selection.chosen_step(rewards, s.select_min_gain)
-    selection.load_chosen(ctx.policy, chosen, cfg.num_steps, s.output_dir / SFT_DIR,
-                          s.output_dir, cfg.train_roles)
+    selection.load_chosen(ctx.policy, chosen, cfg.num_steps, s.output_dir, cfg.train_roles)
     ctx.console.print(f"early stopping kept the agents of step {chosen} of {cfg.num_steps} "
                       f"(select@ rewards {rewards})")
 

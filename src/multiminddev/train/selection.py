@@ -80,11 +80,12 @@ def selection_sample(problems: Sequence[Any], count: int, *, also: Sequence[Any]
 def save_if_best(rewards: Mapping[int, float], step: int, num_steps: int, policy: Any,
                  roles: Any, output_dir: Path, min_gain: float) -> bool:
     """After step ``step``'s select@ evaluation: saves ``roles``' adapters to
-    ``output_dir/select_best`` when the step is the chosen one so far. Step 0 (SFT's adapters
-    are saved already) and the last step (the trainer ends holding its agents) are not."""
+    ``output_dir/select_best`` when the step is the chosen one so far. Step 0 is saved too (the
+    agents GRPO started from: SFT's, or checkpoints given to the run); the last step is not (the
+    trainer ends holding its agents)."""
     from multiminddev.train import checkpoints as ck
 
-    if not 0 < step < num_steps or chosen_step(rewards, min_gain) != step:
+    if not 0 <= step < num_steps or chosen_step(rewards, min_gain) != step:
         return False
     best = Path(output_dir) / BEST_DIR
     # step.txt goes first and comes back last: a save cut halfway leaves no step to trust
@@ -94,14 +95,10 @@ def save_if_best(rewards: Mapping[int, float], step: int, num_steps: int, policy
     return True
 
 
-def load_chosen(policy: Any, step: int, num_steps: int, sft_dir: Path, output_dir: Path,
-                roles: Any) -> None:
-    """Puts the adapters of GRPO step ``step`` back into ``policy`` for ``roles`` (0: SFT's;
-    the last step's are the ones it holds)."""
+def load_chosen(policy: Any, step: int, num_steps: int, output_dir: Path, roles: Any) -> None:
+    """Puts the adapters of GRPO step ``step`` back into ``policy`` for ``roles`` (the last
+    step's are the ones it holds)."""
     if step == num_steps:
-        return
-    if step == 0:
-        policy.load_adapters({role.value: str(Path(sft_dir) / role.value) for role in roles})
         return
     best = Path(output_dir) / BEST_DIR
     saved = (best / "step.txt").read_text().strip() if (best / "step.txt").is_file() else None
