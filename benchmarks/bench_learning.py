@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import learning_rows  # noqa: E402 - a sibling script, not a package
+import learning_rows  # a sibling script, not a package
 
 DEFAULT_RECIPE = "optimizer-grpo-greedy-generator"
 # stage -> the product's episode file of it in a seed's run folder

@@ -83,14 +83,13 @@ def _policy_config(args: argparse.Namespace, shipped: Any = None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from multiminddev.agents.shipped import shipped_agents
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
     from multiminddev.episode.state import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
     from multiminddev.policy.model import resolve_model_source
     from multiminddev.tasks.problem import ProblemError, load_problem
-
-    from multiminddev.agents.shipped import shipped_agents
 
     try:
         read_text(args.problem, "problem file")

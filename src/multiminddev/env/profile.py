@@ -104,7 +104,7 @@ def parse_ncu_csv(text: str) -> list[KernelFigures]:
         name, value = row.get("Metric Name") or "", (row.get("Metric Value") or "").strip()
         if not name:
             continue
-        kernel, metrics = launches.setdefault(launch, (row.get("Kernel Name") or "", {}))
+        _, metrics = launches.setdefault(launch, (row.get("Kernel Name") or "", {}))
         try:
             number = float(value.replace(",", ""))
         except ValueError:

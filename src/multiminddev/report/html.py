@@ -295,8 +295,8 @@ def _heldout_section(training_run: Path) -> list[str]:
     return ["<h2>Held-out evaluation</h2>",
             _table(["agents", "problems", "compile rate", "correct", "mean reward", "fast_1",
                     "measured on"], rows),
-            "<p class='note'>Rates over evaluated turns; fast_1 is not measured without a GPU "
-            "(compile-only).</p>"]
+            ("<p class='note'>Rates over evaluated turns; fast_1 is not measured without a GPU "
+             "(compile-only).</p>")]
 
 
 def _warnings(summaries: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[str]:

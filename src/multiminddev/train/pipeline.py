@@ -335,8 +335,8 @@ def _model_params_hint(model: str) -> int:
 # --------------------------------------------------------------------------- phases
 
 def sft_phase(ctx: Context) -> dict[str, Any]:
-    from multiminddev.train.sft_data import build_sft_dataset
     from multiminddev.train.sft import SFTConfig, run_sft
+    from multiminddev.train.sft_data import build_sft_dataset
 
     s, size = ctx.settings, ctx.size
     cfg = SFTConfig(output_dir=s.output_dir, max_steps=s.sft_steps or size.sft_max_steps,
