@@ -8,7 +8,10 @@ Order, as in the worker (env/worker.py): read the inputs, isolate (namespaces, r
 compile caches into a private directory, install the sandbox, and only then load the candidate
 and run ``ModelNew`` once inside the NVTX range that ``ncu`` profiles. A step that fails before
 the candidate loads exits with a status of ``EXIT_REASONS``; the candidate's own failure exits
-``CANDIDATE_EXIT``.
+``CANDIDATE_EXIT``. Where the namespaces cannot be set up (a worker falls back to the sandbox
+alone with ``EvalConfig.isolation='auto'``), the harness stops before the candidate: a profile
+is an extra and gets the whole boundary or none (``isolation='none'`` switches that check off
+with the rest).
 """
 
 from __future__ import annotations
@@ -44,12 +47,22 @@ def main(argv: list[str]) -> int:
         worker_readable_paths,
     )
 
+    from multiminddev.env.config import Isolation
+
     try:  # first: namespaces need a single-threaded process (torch is not imported yet)
-        isolate_worker(make_private_dir(), [], IsolationPolicy(mode=cfg.isolation,
-                                                               tmpfs_mib=cfg.isolation_tmpfs_mib),
-                       hidden=worker_hidden_paths(cfg), readable=worker_readable_paths(cfg))
+        report = isolate_worker(make_private_dir(), [],
+                                IsolationPolicy(mode=cfg.isolation,
+                                                tmpfs_mib=cfg.isolation_tmpfs_mib),
+                                hidden=worker_hidden_paths(cfg),
+                                readable=worker_readable_paths(cfg))
     except IsolationError as exc:
         print(f"IsolationError: {exc}", file=sys.stderr)
+        return ISOLATION_EXIT
+    if cfg.isolation is not Isolation.NONE and not report.active:
+        # A worker that cannot isolate falls back to the sandbox alone (isolation 'auto'); a
+        # profile is an extra, so it asks for the whole boundary and is skipped without it.
+        print(f"isolation is {report.boundary}: the profile needs the worker's namespaces "
+              f"({'; '.join(report.warnings)})", file=sys.stderr)
         return ISOLATION_EXIT
     import tempfile
 
