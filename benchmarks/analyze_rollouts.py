@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_learning import rows_by_problem, turn_status  # a sibling script, not a package
+from learning_rows import rows_by_problem, turn_status  # a sibling script, not a package
 
 _KERNEL_RE = re.compile(r"__global__\s+void\s+(\w+)")
 
@@ -186,7 +186,7 @@ def family_signal(episodes: list[dict[str, Any]]) -> dict[str, dict[str, float]]
 def family_counts(episodes: list[dict[str, Any]]) -> dict[str, list[int]]:
     """family -> [episodes with a correct turn, episodes]: what GRPO's curriculum records of
     each episode (its best turn), pooled; the file ``--family-counts-out`` writes, which
-    ``bench_learning.py --family-warm-start`` starts the family windows from."""
+    the ``family_warm_start`` setting starts the family windows from."""
     counts: dict[str, list[int]] = {}
     for e in episodes:
         family = e["problem"].get("family") or e["problem"]["name"]
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="held-out stages (episodes_<stage>.jsonl) whose Optimizer turns to count")
     p.add_argument("--family-counts-out", type=Path, metavar="FILE",
                    help="also write each family's correct and total GRPO episodes, pooled over "
-                        "the seeds, as JSON for bench_learning.py --family-warm-start")
+                        "the seeds, as JSON for the family_warm_start setting")
     args = p.parse_args(argv)
     from multiminddev.tasks.builtin import practice_by_name
 

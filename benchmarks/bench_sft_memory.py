@@ -29,11 +29,14 @@ DEFAULT_SFT_PROBLEMS = ("builtin:tier0:train:allshapes:resized4+builtin:tier1:tr
 def longest_examples(tokenizer: Any, role: Any, problems: list[Any], count: int,
                      max_len: int) -> list[dict[str, list[int]]]:
     """The role's ``count`` longest SFT examples, tokenized as SFT tokenizes them."""
-    from bench_learning import sft_anchor_examples
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.train.sft import tokenize_chat
+    from multiminddev.train.sft_data import sft_examples
 
-    examples = sft_anchor_examples(tokenizer, (role,), problems, seed=0,
-                                   generator_variants=["naive"], strip_comments=True,
-                                   max_len=max_len)[role]
+    options = ({"variants": ("naive",)} if AgentRole(role) is AgentRole.GENERATOR
+               else {"strip_comments": True})
+    examples = [tokenize_chat(tokenizer, e.messages, max_len)
+                for e in sft_examples(role, problems, **options)]
     return sorted(examples, key=lambda e: len(e["input_ids"]), reverse=True)[:count]
 
 

@@ -1,7 +1,8 @@
 """Replay a learning run's GRPO rollouts under another turn credit, on the CPU.
 
 Re-scores each GRPO step's episodes (``seed<N>/episodes.jsonl``, one batch of
-``--episodes-per-step``) with bench_learning's held-out scoring config plus the given options,
+``--episodes-per-step``) with GRPOConfig's defaults plus the given options (KEY=VALUE of a
+GRPOConfig field, ``credit.KEY=VALUE`` of its CreditConfig),
 recomputes the group-relative advantages, and sums the Optimizer's advantages per kind of turn:
 turns that broke a correct Generator kernel, kept it correct, fixed a failing one, left it
 failing, and (``--pattern``) turns whose kernel contains a given string, e.g. one mutation.
@@ -19,9 +20,6 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning
 
 KINDS = ("broke", "kept", "fixed", "still_failing", "no_kernel")
 
@@ -65,9 +63,28 @@ def summed_advantages(episodes: list[Any], cfg: Any, per_step: int,
 
 
 def config_with(options: Iterable[str]) -> Any:
+    """GRPOConfig with ``options`` (KEY=VALUE; ``credit.KEY=VALUE`` for its CreditConfig), each
+    value read by its field's type as a config file's is; a bad one stops the script."""
+    from multiminddev.rewards.credit import CreditConfig
+    from multiminddev.train.config_files import ConfigError, settings_values
     from multiminddev.train.grpo import GRPOConfig
 
-    return dataclasses.replace(GRPOConfig(), **bench_learning.grpo_overrides(list(options)))
+    plain: dict[str, str] = {}
+    credit: dict[str, str] = {}
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--grpo-option {option!r}: write KEY=VALUE, e.g. kl_coef=0.1")
+        key = key.strip()
+        (credit if key.startswith("credit.") else plain)[key.removeprefix("credit.")] = value
+    try:
+        values = settings_values(GRPOConfig, plain, where="--grpo-option")
+        if credit:
+            values["credit"] = CreditConfig(**settings_values(CreditConfig, credit,
+                                                              where="--grpo-option credit"))
+        return dataclasses.replace(GRPOConfig(), **values)
+    except (ConfigError, ValueError) as exc:
+        raise SystemExit(f"--grpo-option: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes-per-step", type=int, default=24)
     p.add_argument("--pattern", default=None, help="also sum turns whose kernel contains this")
     p.add_argument("--grpo-option", dest="options", action="append", default=[],
-                   help="the run's own GRPO options (KEY=VALUE, as bench_learning takes them)")
+                   help="the run's own GRPO options (KEY=VALUE of a GRPOConfig field)")
     p.add_argument("--compare", action="append", default=[],
                    help="options added for the replay to compare with (KEY=VALUE)")
     args = p.parse_args(argv)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_learning  # a sibling script, not a package
+import learning_rows  # a sibling script, not a package
 
 MEASUREMENTS = "rescore_measurements.jsonl"
 Key = tuple[str, str]  # (problem name, kernel source)
@@ -191,9 +191,9 @@ def rescore(output_dir: Path, seeds: list[int], measured: dict[Key, list[Any]]) 
             missing += n
         after = [t.eval_result.correct for e in rescored for t in e.turns if t.eval_result]
         changed += sum(b != a for b, a in zip(before, after))
-        per_seed[seed]["rows"][stage] = bench_learning.stage_rows(rescored, cfg)
+        per_seed[seed]["rows"][stage] = learning_rows.stage_rows(rescored, cfg)
     seeds_with_sft = [per_seed[s] for s in seeds if "sft" in per_seed[s]["rows"]]
-    summary = bench_learning.aggregate_partial(seeds_with_sft, compile_only=False)
+    summary = learning_rows.aggregate_partial(seeds_with_sft, compile_only=False)
     return {"summary": summary, "per_seed": {s: per_seed[s]["rows"] for s in seeds},
             "turns_not_remeasured": missing, "turns_no_longer_correct": changed,
             "speed_spread": speed_spread(measured)}
@@ -201,7 +201,7 @@ def rescore(output_dir: Path, seeds: list[int], measured: dict[Key, list[Any]]) 
 
 def markdown(result: dict[str, Any], note: str) -> str:
     summary = result["summary"]
-    metrics = bench_learning.METRICS
+    metrics = learning_rows.METRICS
     lines = [f"Re-measured: {note}", "", "| stage | " + " | ".join(metrics) + " |",
              "|---|" + "---|" * len(metrics)]
     for stage in summary["stages"]:
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             if done % 10 == 0 or done == total:
                 print(f"  {done}/{total} measured, {time.perf_counter() - start:.0f} s", flush=True)
 
-        with Evaluator(bench_learning.heldout_eval_config(args.workers)) as evaluator:
+        with Evaluator(learning_rows.heldout_eval_config(args.workers)) as evaluator:
             measure(remaining, problems, path, evaluator.evaluate, progress)
         measured = read_measurements(path)
     result = rescore(args.output_dir, args.seeds, measured)

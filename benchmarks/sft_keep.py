@@ -4,9 +4,9 @@ SFT with its evaluations takes about 10 of a seed's 25 minutes on an H100. Every
 recipe, seeds and data) can skip that part: ``pack`` writes each seed's SFT adapters and its SFT
 record (``partial.json`` reduced to the stages measured before GRPO) into one tar, split into
 chunks of a fixed size (easy to copy between machines); ``restore`` checks the chunks against the
-manifest, joins them and unpacks them into a fresh output folder. ``bench_learning.py`` then loads the adapters instead of
-training, checks that its SFT flags match the record, and reuses the SFT evaluations only when
-its evaluation settings (GPU included) match those they were measured with.
+manifest, joins them and unpacks them into a fresh output folder. ``multiminddev train --resume
+SEED_DIR`` (with the run's settings) then loads the finished SFT adapters instead of training
+them again; the held-out evaluations are measured again.
 
     python3 benchmarks/sft_keep.py pack /root/learning /root/sft_keep --seeds 0 1 2
     python3 benchmarks/sft_keep.py restore /root/stage_sft /root/learning

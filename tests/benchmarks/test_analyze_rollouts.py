@@ -272,8 +272,8 @@ def test_family_signal_counts_pass_rates_and_mixed_groups(analyze):
 
 def test_family_counts_pool_each_familys_correct_episodes_and_feed_the_warm_start(analyze,
                                                                                   tmp_path):
-    """The counts file analyze_rollouts writes is the one bench_learning's --family-warm-start
-    reads, and an episode counts as correct when any of its turns is (the curriculum's rule)."""
+    """The counts file analyze_rollouts writes is the one the family_warm_start setting reads,
+    and an episode counts as correct when any of its turns is (the curriculum's rule)."""
     episodes = [_family_episode("relu_1", "relu", 0, 0, "k", "ok", 0.0),
                 _family_episode("relu_2", "relu", 0, 1, "k", "incorrect", 0.0),
                 _family_episode("cumsum_1", "cumsum", 1, 2, None, None, 0.0)]
@@ -288,8 +288,9 @@ def test_family_counts_pool_each_familys_correct_episodes_and_feed_the_warm_star
     out = tmp_path / "counts.json"
     assert analyze.main([str(tmp_path), "--seeds", "0", "--stages", "--family-counts-out",
                          str(out)]) in (0, None)
-    bench = load_script("bench_learning")
-    assert bench.read_family_counts(out) == {"cumsum": (1, 2), "relu": (1, 2)}
+    from multiminddev.tasks.curriculum import load_family_counts
+
+    assert load_family_counts(out) == {"cumsum": (1, 2), "relu": (1, 2)}
 
 
 def test_reference_templates_cover_the_practice_and_breadth_families(analyze):

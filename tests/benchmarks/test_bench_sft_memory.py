@@ -19,8 +19,11 @@ def test_longest_examples_are_sfts_own_longest_tokenized_examples(bench):
 
     tokenizer = gguf_tokenizer()
     problems = load_problems("builtin:relu+builtin:cumsum")
-    every = load_script("bench_learning").sft_anchor_examples(
-        tokenizer, (AgentRole.OPTIMIZER,), problems, 0, ["naive"], True, 2048)[AgentRole.OPTIMIZER]
+    from multiminddev.train.sft import tokenize_chat
+    from multiminddev.train.sft_data import sft_examples
+
+    every = [tokenize_chat(tokenizer, e.messages, 2048)
+             for e in sft_examples(AgentRole.OPTIMIZER, problems, strip_comments=True)]
     longest = bench.longest_examples(tokenizer, AgentRole.OPTIMIZER, problems, 3, 2048)
     lengths = [len(e["input_ids"]) for e in longest]
     assert len(longest) == 3 and lengths == sorted(lengths, reverse=True)

@@ -428,7 +428,7 @@ def test_training_paused_at_a_step_goes_on_as_if_never_paused(tmp_path):
     straight.train()
     paused = _trainer(tmp_path / "b", tiny_policy(), num_steps=2)
     paused.train(until=1)
-    assert paused.step == 1  # a caller evaluates here (bench_learning --grpo-eval-every)
+    assert paused.step == 1  # a caller evaluates here (the pipeline's early stopping)
     paused.train()
     assert paused.step == 2
     for a, b in zip(_params(straight.policy), _params(paused.policy)):

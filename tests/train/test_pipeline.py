@@ -234,13 +234,11 @@ def test_episode_config_caps_the_generator_unless_tokens_are_set():
 
     size = run_size(Preset.QUICKSTART, gpu=True)
     grpo = GRPOConfig(max_new_tokens=size.max_new_tokens)
-    preset_ctx = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=None, rl_greedy_roles=()),
-                                 size=size)
+    preset_ctx = SimpleNamespace(settings=TrainSettings(), size=size)
     config = episode_config(preset_ctx, grpo)
     assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == size.generator_max_new_tokens
     assert config.sampling_for(AgentRole.OPTIMIZER).max_new_tokens == size.max_new_tokens
-    explicit = SimpleNamespace(settings=SimpleNamespace(max_new_tokens=300, rl_greedy_roles=()),
-                               size=size)
+    explicit = SimpleNamespace(settings=TrainSettings(max_new_tokens=300), size=size)
     config = episode_config(explicit, GRPOConfig(max_new_tokens=300))
     assert config.sampling_for(AgentRole.GENERATOR).max_new_tokens == 300
 

@@ -78,7 +78,7 @@ def test_an_unknown_recipe_names_the_nearest_one():
 def test_the_recipe_table_lists_every_recipe_and_what_it_is_missing():
     table = recipe_table()
     assert all(name in table for name in RECIPES)
-    assert "not yet in the product" in table and "element-type line" in table
+    assert "differs from the measured run in" in table and "time budget" in table
 
 
 # --------------------------------------------------------------------------- reachability
@@ -93,6 +93,11 @@ def _sample(name: str, hint: typing.Any, default: typing.Any, tmp_path: Path):
         "resume": (tmp_path / "run", {}),
         "output_dir": (tmp_path / "out", {}),
         "sft_data": (f"sakana:{tmp_path}", {}),  # validated: the archive's path must exist
+        "sft_anchor_problems": ("builtin:tier0:train", {"sft_anchor": 0.1}),
+        "select_also": ("builtin:tier0:train", {"select_problems": "builtin:tier1:train"}),
+        "eval_dtype": ("float32", {}),
+        "rl_temperature": (0.8, {}),
+        "review_fraction": (0.25, {}),
     }
     if name in special:
         return special[name]
@@ -173,3 +178,71 @@ def test_every_setting_is_reachable_from_a_config_file(tmp_path, capsys):
 
 def test_the_exclusion_list_names_real_fields():
     assert set(NOT_CONFIGURABLE) <= set(field_types(TrainSettings))
+
+
+# --------------------------------------------------------------------------- the measured run
+
+def _run_m_context(tmp_path):
+    from rich.console import Console
+
+    from multiminddev.train.pipeline import Context
+
+    settings = TrainSettings(output_dir=tmp_path,
+                             **get_recipe("optimizer-grpo-greedy-generator").settings_for())
+    return Context(settings, Console(quiet=True))
+
+
+def test_the_optimizer_recipe_gives_grpo_the_measured_run_settings(tmp_path):
+    from multiminddev.train.pipeline import grpo_config
+
+    cfg = grpo_config(_run_m_context(tmp_path))
+    assert (cfg.num_steps, cfg.problems_per_step, cfg.group_size, cfg.max_turns,
+            cfg.max_new_tokens, cfg.learning_rate, cfg.kl_reference.value, cfg.kl_coef,
+            cfg.normalize_std, cfg.temperature, cfg.mini_batch_size, cfg.grad_accum,
+            cfg.eval_every, cfg.sft_coef, cfg.train_roles) == (
+        12, 3, 8, 2, 800, 5e-5, "start", 0.1, False, 0.8, 24, 3, 0, 0.0,
+        (AgentRole.OPTIMIZER,))
+
+
+def test_the_optimizer_recipe_gives_episodes_and_curriculum_the_measured_run_settings(tmp_path):
+    from multiminddev.train.pipeline import (
+        curriculum_config,
+        episode_config,
+        grpo_config,
+        heldout_episode_config,
+    )
+
+    ctx = _run_m_context(tmp_path)
+    rollouts = episode_config(ctx, grpo_config(ctx))
+    assert rollouts.element_type and rollouts.max_new_tokens_by_role == {"generator": 512}
+    assert rollouts.temperature_by_role == {"generator": 0.0}
+    assert rollouts.sampling.temperature == 0.8
+    heldout = heldout_episode_config(ctx, grpo_config(ctx))
+    assert heldout.sampling.temperature == 0.0 and heldout.temperature_by_role == {}
+    curriculum = curriculum_config(ctx)
+    assert (curriculum.start_tier, curriculum.review_fraction) == (1, 0.0)
+
+
+def test_the_optimizer_recipe_gives_sft_and_evaluation_the_measured_run_settings(tmp_path):
+    from multiminddev.train.pipeline import eval_config, sft_example_options
+
+    ctx = _run_m_context(tmp_path)
+    options = sft_example_options(ctx, AgentRole.OPTIMIZER)
+    assert options["strip_comments"] and options["operation_line"]
+    assert options["prompt"].keywords == {"element_type": True}
+    assert sft_example_options(ctx, AgentRole.GENERATOR)["operation_line"]
+    s = ctx.settings
+    assert (s.sft_batch_size, s.sft_grad_accum, s.sft_max_seq_length, s.sft_steps) == (
+        4, 2, 2176, 300)
+    ev = eval_config(ctx)
+    assert (ev.num_workers, ev.num_trials, ev.compile_baseline) == (2, 3, False)
+    assert (s.eval_dtype, s.eval_compiled_decoding, s.eval_after_sft) == ("float32", False, True)
+    assert s.generation_batch_size == 64
+
+
+def test_the_grpo_defaults_of_the_settings_are_grpo_configs():
+    from multiminddev.train.grpo import GRPOConfig
+
+    s, g = TrainSettings(), GRPOConfig()
+    assert (s.rl_temperature, s.kl_coef, s.normalize_std, s.grad_accum, s.sft_anchor) == (
+        g.temperature, g.kl_coef, g.normalize_std, g.grad_accum, g.sft_coef)

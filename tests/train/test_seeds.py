@@ -222,3 +222,15 @@ def test_a_failing_seed_does_not_stop_the_others(tmp_path):
     assert outcome[1].startswith("exit code 3")
     assert (tmp_path / "seed2" / "train.log").read_text() == "seed 2\n"
     assert "seed 1 FAILED: exit code 3" in log.getvalue()
+
+
+def test_a_run_with_an_sft_evaluation_gives_the_gain_over_sft(tmp_path):
+    from multiminddev.train.seeds import GAIN_STAGE, SFT_STAGE
+
+    figures = {"compile_rate": 1.0, "pass_rate": 0.5, "reward_mean": 0.25, "fast_1": 0.0}
+    (tmp_path / "sft_eval_results.json").write_text(json.dumps(figures))
+    (tmp_path / "eval_results.json").write_text(json.dumps({**figures, "reward_mean": 0.5}))
+    rows = {row.stage: row for row in final_eval_rows(1, tmp_path)}
+    assert set(rows) == {SFT_STAGE, FINAL_STAGE, GAIN_STAGE}
+    assert rows[GAIN_STAGE].metrics == {"compile_rate": 0.0, "correct_rate": 0.0,
+                                        "reward_mean": 0.25, "fast_1": 0.0}

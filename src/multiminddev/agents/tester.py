@@ -310,14 +310,18 @@ def _status_section(result: EvalResult, cuda: list[str]) -> str:
     return ""
 
 
-def tester_feedback(result: EvalResult, source: str | None, *, max_chars: int = 1500) -> str:
-    """Feedback text for the next turn, most important first, at most ``max_chars``."""
+def tester_feedback(result: EvalResult, source: str | None, *, max_chars: int = 1500,
+                    profile: Any = None) -> str:
+    """Feedback text for the next turn, most important first, at most ``max_chars``.
+    ``profile``: the kernel's Nsight Compute figures (``env.profile.KernelProfile``), reported
+    after the status when they were measured."""
     try:
         cuda = extract_cuda_sources(source)
         kernels = result.compile.kernels if result.compiled else []
         sections = [
             _header(result),
             _status_section(result, cuda),
+            profiler_feedback(profile) if profile is not None else "",
             _resources_section(kernels, threads_per_block_in(source)),
             _pitfalls_section(cuda),
         ]
@@ -347,6 +351,77 @@ def fit_sections(sections: list[str], max_chars: int) -> str:
         else:
             break
     return out
+
+
+# --------------------------------------------------------------------------- profiler figures
+
+# Thresholds of the one-line reading of the figures: a kernel that moves memory at over 60% of
+# peak is bound by memory, and below 40% with most time stalled on memory it waits on latency.
+MEMORY_BOUND_PCT = 60.0
+LOW_THROUGHPUT_PCT = 40.0
+LOW_OCCUPANCY_PCT = 50.0
+WARP_SIZE = 32
+
+
+def profiler_feedback(profile: Any, *, top_stalls: int = 3) -> str:
+    """The Tester's report of a kernel's Nsight Compute figures (``env.profile.KernelProfile``):
+    for its longest kernel launch, achieved occupancy, memory throughput as % of peak, warp
+    execution efficiency and the top stall reasons, then one line reading them. Empty when the
+    profile has no figures (not measured, or it failed)."""
+    from multiminddev.env import profile as p
+
+    if profile is None or profile.status is not p.ProfileStatus.OK or not profile.kernels:
+        return ""
+    main = max(profile.kernels, key=lambda k: k.metrics.get(p.DURATION, 0.0))
+    m = main.metrics
+    many = (f", the longest of {len(profile.kernels)} launches" if len(profile.kernels) > 1
+            else "")
+    took = f", {m[p.DURATION] / 1e3:.1f} us" if p.DURATION in m else ""
+    lines = [f"Profiler (Nsight Compute, kernel {main.kernel}{many}{took}):"]
+    if p.OCCUPANCY in m:
+        lines.append(f"- achieved occupancy: {m[p.OCCUPANCY]:.1f}% of the SM's warp slots")
+    memory = [v for v in (m.get(p.MEMORY_THROUGHPUT), m.get(p.DRAM_THROUGHPUT)) if v is not None]
+    if memory:
+        dram = f" (DRAM {m[p.DRAM_THROUGHPUT]:.1f}%)" if p.DRAM_THROUGHPUT in m else ""
+        lines.append(f"- memory throughput: {max(memory):.1f}% of peak{dram}")
+    if p.THREADS_PER_WARP_INSTRUCTION in m:
+        threads = m[p.THREADS_PER_WARP_INSTRUCTION]
+        lines.append(f"- warp execution efficiency: {100 * threads / WARP_SIZE:.0f}% "
+                     f"({threads:.1f} of {WARP_SIZE} threads active per instruction)")
+    stalls = stall_reasons(m)
+    if stalls:
+        shown = ", ".join(f"{reason} {cycles:.1f}" for reason, cycles in stalls[:top_stalls])
+        lines.append(f"- top stall reasons (cycles per issued instruction): {shown}")
+    reading = _profile_reading(max(memory) if memory else None, m.get(p.OCCUPANCY),
+                               stalls[0][0] if stalls else None)
+    if reading:
+        lines.append(reading)
+    return "\n".join(lines)
+
+
+def stall_reasons(metrics: Any) -> list[tuple[str, float]]:
+    """(reason, stall cycles per issued instruction), largest first; "selected" (the cycle a
+    warp issues) is no stall and is left out."""
+    from multiminddev.env import profile as p
+
+    found = [(name[len(p.STALL_PREFIX):-len(p.STALL_SUFFIX)], value)
+             for name, value in metrics.items()
+             if name.startswith(p.STALL_PREFIX) and name.endswith(p.STALL_SUFFIX)]
+    return sorted([(r, v) for r, v in found if r != "selected" and v > 0],
+                  key=lambda rv: (-rv[1], rv[0]))
+
+
+def _profile_reading(memory: float | None, occupancy: float | None, top: str | None) -> str:
+    if memory is not None and memory >= MEMORY_BOUND_PCT:
+        return ("Reading: memory-bound; fewer bytes moved (fusion, wider loads, reuse through "
+                "shared memory) is what can make it faster.")
+    if memory is not None and memory < LOW_THROUGHPUT_PCT and top == "long_scoreboard":
+        return ("Reading: far from peak bandwidth and waiting on global memory loads; more "
+                "loads in flight per thread (vector loads, more independent work) would help.")
+    if occupancy is not None and occupancy < LOW_OCCUPANCY_PCT:
+        return ("Reading: low occupancy; check registers and shared memory per block, and the "
+                "block and grid sizes.")
+    return ""
 
 
 # --------------------------------------------------------------------------- deep profile

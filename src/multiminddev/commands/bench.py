@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
                             "(repeat to compare several)")
     bench.add_argument("--adapters", action="append", default=[], type=Path, metavar="DIR",
                        help="checkpoint dir with generator/ and optimizer/ adapters, on the first "
-                            "--model (repeat to compare checkpoints)")
+                            "--model (repeat to compare checkpoints); default without --model: "
+                            "the agents the package ships, if any; 'none': the model alone")
     bench.add_argument("--problems", default="builtin:heldout",
                        help="builtin:heldout | builtin:tier1 | kernelbench:PATH | jsonl:PATH | ...")
     bench.add_argument("--samples", type=int, default=1, help="episodes per problem (pass@k)")
@@ -58,6 +59,9 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
     bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
     bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
+    bench.add_argument("--profile-feedback", action="store_true",
+                       help="the Tester's report on a verified kernel adds its Nsight Compute "
+                            "figures (needs ncu and a GPU; seconds per kernel)")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_ray_argument(bench)
     bench.add_argument("--compare", nargs="+", type=Path, default=None, metavar="RUN_DIR",
@@ -97,14 +101,20 @@ def run_bench(args: argparse.Namespace) -> int:
             raise ValueError("--samples and --turns must be >= 1")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; give a folder")
-        for folder in args.adapters:
+        from multiminddev.agents.shipped import shipped_agents
+
+        adapters = [a for a in args.adapters if str(a).lower() != "none"]
+        for folder in adapters:
             if (problem := dir_problem(folder, "checkpoint folder")) is not None:
                 raise ValueError(f"--adapters {problem}")
-        runs = policy_runs(args.model, args.adapters)
+        shipped = (shipped_agents() if not args.adapters and not args.model else None)
+        runs = policy_runs(args.model, adapters, shipped)
         for cfg in runs.values():  # every model is checked before the first one loads
             resolve_model_source(cfg.model)
         problems = _load_problems(args.problems, args.limit)
-        episode_cfg = _episode_config(args)
+        # agents trained on prompts with the element-type line get it at inference too
+        episode_cfg = _episode_config(args, element_type=shipped is not None
+                                      and shipped.element_type_line)
         eval_cfg = _eval_config(args)
     except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:
         return fail(" ".join(str(exc).split()))
@@ -142,11 +152,20 @@ def run_compare(run_dirs: Sequence[Path]) -> int:
     return 0
 
 
-def policy_runs(models: Sequence[str], adapters: Sequence[Path]) -> dict[str, Any]:
-    """{label: PolicyConfig}: one per --model, then one per --adapters dir on the first model."""
+SHIPPED_LABEL = "shipped"
+
+
+def policy_runs(models: Sequence[str], adapters: Sequence[Path],
+                shipped: Any = None) -> dict[str, Any]:
+    """{label: PolicyConfig}: one per --model, then one per --adapters dir on the first model.
+    With neither, the ``shipped`` agents (``agents.shipped.ShippedAgents``) on their model where
+    the package ships them, else the default model alone."""
     from multiminddev.policy import PolicyConfig, PolicyError, adapter_paths_in
 
     runs: dict[str, Any] = {}
+    if not models and not adapters and shipped is not None:
+        return {SHIPPED_LABEL: PolicyConfig(model=shipped.model,
+                                            adapter_paths=shipped.adapter_paths())}
     base = models[0] if models else "default"
     for m in models or ([] if adapters else ["default"]):
         runs[_unique(runs, _label(m))] = PolicyConfig(model=m)
@@ -220,14 +239,16 @@ def _load_problems(spec: str, limit: int | None) -> list[Any]:
     return problems
 
 
-def _episode_config(args: argparse.Namespace) -> Any:
+def _episode_config(args: argparse.Namespace, element_type: bool = False) -> Any:
     from multiminddev.episode.runner import EpisodeConfig
     from multiminddev.policy import SamplingParams
     from multiminddev.rewards import RewardConfig
 
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
-    return EpisodeConfig(max_turns=args.turns, sampling=sampling, reward=RewardConfig())
+    return EpisodeConfig(max_turns=args.turns, sampling=sampling, reward=RewardConfig(),
+                         element_type=element_type,
+                         profiler_feedback=args.profile_feedback)
 
 
 def _eval_config(args: argparse.Namespace) -> Any:

@@ -27,7 +27,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M GGUF), hub id, local dir or .gguf file")
     p.add_argument("--adapters", type=Path, default=None,
-                   help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint)")
+                   help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint); "
+                        "default: the agents the package ships, if any, on their model; "
+                        "'none': the model alone")
     p.add_argument("--turns", type=int, default=5, help="Generator/Optimizer turns (default 5)")
     p.add_argument("--temperature", type=float, default=0.7,
                    help="sampling temperature (default 0.7)")
@@ -41,16 +43,39 @@ def register(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--device", default="auto",
                    help="where the model runs: auto (cuda if available), cuda, cpu")
+    p.add_argument("--profile-feedback", action="store_true",
+                   help="the Tester's report on a verified kernel adds its Nsight Compute "
+                        "figures (needs ncu and a GPU; seconds per kernel)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--save", type=Path, default=None, help="append the episode to this JSONL")
     p.add_argument("--json", action="store_true", help="print the whole episode as JSON")
     p.set_defaults(handler=run)
 
 
-def _policy_config(args: argparse.Namespace) -> Any:
+def no_adapters(value: Path | None) -> bool:
+    """``--adapters none``: the model alone, without the shipped agents."""
+    return value is not None and str(value).lower() == "none"
+
+
+def default_agents(model: str, adapters: Path | None, shipped: Any) -> Any:
+    """The shipped agents (``agents.shipped.ShippedAgents``) when the command uses them: no
+    ``--adapters`` given and ``--model`` is the model they were trained on; else None."""
+    if adapters is not None or shipped is None or model != shipped.model:
+        return None
+    return shipped
+
+
+def _policy_config(args: argparse.Namespace, shipped: Any = None) -> Any:
+    """The policy of the run: ``--adapters`` (a folder, or ``none``), else ``shipped``'s
+    adapters where ``default_agents`` takes them."""
     from multiminddev.policy import PolicyConfig, adapter_paths_in
 
-    adapters = adapter_paths_in(args.adapters) if args.adapters else {}
+    chosen = default_agents(args.model, args.adapters, shipped)
+    if chosen is not None:
+        return PolicyConfig(model=args.model, device=args.device,
+                            adapter_paths=chosen.adapter_paths())
+    adapters = (adapter_paths_in(args.adapters)
+                if args.adapters and not no_adapters(args.adapters) else {})
     separate = bool(adapters) and all(
         not (Path(p) / "adapter_config.json").exists() for p in adapters.values())
     return PolicyConfig(model=args.model, device=args.device, adapter_paths=adapters,
@@ -58,6 +83,7 @@ def _policy_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from multiminddev.agents.shipped import shipped_agents
     from multiminddev.env import EvalConfig, Evaluator
     from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
     from multiminddev.episode.state import write_episodes_jsonl
@@ -67,12 +93,18 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         read_text(args.problem, "problem file")
-        if args.adapters is not None and (problem := dir_problem(args.adapters, "checkpoint folder")):
+        if (args.adapters is not None and not no_adapters(args.adapters)
+                and (problem := dir_problem(args.adapters, "checkpoint folder"))):
             raise InputError(problem)
         if args.save is not None and args.save.is_dir():
             raise InputError(f"--save {args.save} is a directory; give a JSONL file")
         problem = load_problem(args.problem)
-        config = _policy_config(args)
+        shipped = default_agents(args.model, args.adapters,
+                                 None if args.adapters is not None else shipped_agents())
+        config = _policy_config(args, shipped)
+        if shipped is not None:
+            progress(f"agents: the shipped adapters ({shipped.root}; --adapters none for the "
+                     "model alone)", args.quiet)
         resolve_model_source(config.model)  # a bad --model fails here, before anything loads
         progress(f"loading model {config.model!r} ...", args.quiet)
         policy = load_policy(config)
@@ -85,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
         max_turns=args.turns, sampling=sampling, target_speedup=args.target_speedup,
         patience=args.patience,
         max_prompt_tokens=max(256, min(6144, window - args.max_new_tokens)),
+        # agents trained on prompts with the element-type line get it at inference too
+        element_type=shipped is not None and shipped.element_type_line,
+        profiler_feedback=args.profile_feedback,
     )
     backend: Any = HFGenerationBackend(policy)
     with Evaluator(EvalConfig()) as evaluator:

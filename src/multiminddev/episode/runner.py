@@ -75,6 +75,12 @@ class EpisodeConfig:
     # prompts end with a line naming the kernels' pointer type (agents.prompts.element_type_line);
     # agents must be trained (SFT) on the same prompts
     element_type: bool = False
+    # The Tester's report on a verified kernel adds its Nsight Compute figures (occupancy,
+    # memory throughput, warp efficiency, stall reasons; env/profile.py), measured inside the
+    # evaluation sandbox. Off by default: each profile takes seconds to tens of seconds, and
+    # agents trained without the figures have not seen such reports. Needs ncu and a GPU; where
+    # either is missing the report is the usual one.
+    profiler_feedback: bool = False
 
     def __post_init__(self) -> None:
         self.schedule = tuple(AgentRole(r) for r in self.schedule)
@@ -324,6 +330,19 @@ class _EvalCache:
     def __init__(self, evaluator: AsyncEvaluator):
         self.evaluator = evaluator
         self.tasks: dict[tuple[str, str], asyncio.Task[EvalResult]] = {}
+        self.profiles: dict[tuple[str, str], asyncio.Task[Any]] = {}
+
+    async def profile(self, problem: Problem, source: str) -> Any:
+        """The kernel's Nsight Compute figures (``env.profile.profile_kernel``, under the
+        evaluator's isolation settings), measured once per run and kernel, off the event loop."""
+        from multiminddev.env.profile import profile_kernel
+
+        key = (problem.source_hash + problem.name, source_hash(source))
+        if key not in self.profiles:
+            config = getattr(self.evaluator, "config", None)
+            self.profiles[key] = asyncio.ensure_future(
+                asyncio.to_thread(profile_kernel, problem, source, config))
+        return await self.profiles[key]
 
     async def get(self, problem: Problem, source: str) -> tuple[EvalResult, bool]:
         key = (problem.source_hash + problem.name, source_hash(source))
@@ -347,8 +366,12 @@ async def _evaluate_turn(episode: Episode, turn: Turn, cache: _EvalCache, config
         else:
             turn.eval_result, turn.cached = await cache.get(episode.problem, turn.candidate_source)
             episode.compile_cache[key] = turn.eval_result
+        profile = None
+        if config.profiler_feedback and turn.eval_result.status is EvalStatus.OK:
+            profile = await cache.profile(episode.problem, turn.candidate_source)
+            turn.profile = profile.to_dict()
         turn.feedback = tester_feedback(turn.eval_result, turn.candidate_source,
-                                        max_chars=config.feedback_chars)
+                                        max_chars=config.feedback_chars, profile=profile)
         if turn.repeat_of is not None:
             turn.feedback = repeat_note(turn.repeat_of) + "\n" + turn.feedback
     turn.eval_seconds = time.perf_counter() - start

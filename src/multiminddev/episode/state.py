@@ -50,6 +50,9 @@ class Turn:
     cached: bool = False  # eval_result reused from the episode's compile cache
     repeat_of: int | None = None  # index of an earlier turn of this episode with the same kernel
     feedback: str = ""  # the Tester's report on this turn's candidate
+    # the kernel's Nsight Compute figures (env.profile.KernelProfile.to_dict()), where
+    # EpisodeConfig.profiler_feedback measured them; None: not measured
+    profile: dict[str, Any] | None = None
     reward: float | None = None
     reward_breakdown: dict[str, float] = field(default_factory=dict)
     strategies: list[str] = field(default_factory=list)

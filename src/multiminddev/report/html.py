@@ -213,10 +213,12 @@ def _page(title: str, summaries: Mapping[str, Any], records: Sequence[Mapping[st
     parts += _warnings(summaries, records)
     training_images = {k: v for k, v in images.items() if k in TRAINING_IMAGES}
     if training_run is not None:
-        parts += _run_config_table(training_run)
+        parts += _run_config_table(training_run) + _sft_section(training_run)
     parts += [_image(name, path) for name, path in training_images.items()]
     if records:
         parts += _training_table(records, training_run)
+    if training_run is not None:
+        parts += _heldout_section(training_run)
     if summaries:
         parts += ["<h2>Summary</h2>", _summary_table(summaries), _SUMMARY_NOTE]
         parts += _pass_at_k_table(summaries) + _tier_table(summaries) + _turn_table(summaries)
@@ -247,6 +249,54 @@ def _run_config_table(training_run: Path) -> list[str]:
     rows = [[k, json.dumps(v) if isinstance(v, (list, dict)) else v]
             for k, v in config.items() if v not in (None, False, [], {}, "")]
     return ["<h2>Run configuration</h2>", _table(["setting", "value"], rows)]
+
+
+SFT_RESULTS_FILE = "sft_results.json"  # the train pipeline's SFT results per agent
+# the train pipeline's held-out evaluations: of the SFT agents (eval_after_sft), of the final ones
+HELDOUT_FILES = (("SFT agents", "sft_eval_results.json"), ("final agents", "eval_results.json"))
+
+
+def _read_json_object(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _sft_section(training_run: Path) -> list[str]:
+    """Each agent's SFT: examples, steps, the loss on the first examples before and after, time;
+    nothing where the run recorded no SFT."""
+    results = _read_json_object(Path(training_run) / SFT_RESULTS_FILE)
+    if not results:
+        return []
+    rows = [[role, r.get("status", "-"), r.get("examples", "-"), r.get("steps", "-"),
+             f"{_fmt(r.get('loss_before'))} -> {_fmt(r.get('loss_after'))}",
+             _fmt(r.get("seconds"))]
+            for role, r in results.items() if isinstance(r, dict)]
+    return ["<h2>SFT</h2>", _table(["agent", "status", "examples", "steps", "loss (first examples)",
+                                    "seconds"], rows)]
+
+
+def _heldout_section(training_run: Path) -> list[str]:
+    """The run's held-out evaluations, SFT agents first: compile and correct rates over
+    evaluated turns, mean episode reward, fast_1; nothing where there was none."""
+    rows = []
+    for name, file in HELDOUT_FILES:
+        e = _read_json_object(Path(training_run) / file)
+        if e is None:
+            continue
+        rows.append([name, e.get("problems", "-"), _pct(e.get("compile_rate")),
+                     _pct(e.get("pass_rate")), _fmt(e.get("reward_mean")),
+                     "-" if e.get("compile_only") else _pct(e.get("fast_1")),
+                     e.get("measured_on", "-")])
+    if not rows:
+        return []
+    return ["<h2>Held-out evaluation</h2>",
+            _table(["agents", "problems", "compile rate", "correct", "mean reward", "fast_1",
+                    "measured on"], rows),
+            ("<p class='note'>Rates over evaluated turns; fast_1 is not measured without a GPU "
+             "(compile-only).</p>")]
 
 
 def _warnings(summaries: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> list[str]:

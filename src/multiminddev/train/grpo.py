@@ -551,7 +551,7 @@ class GRPOTrainer:
         """With ``kl_reference="start"``, freeze the agents as they are now as the KL reference.
         Called when training starts and before a resume loads its adapters (a resumed run was
         started from the same checkpoints), not at construction: a caller may still run SFT
-        on the policy between the two (bench_learning.py does)."""
+        on the policy between the two (train/pipeline.py does)."""
         if (self.cfg.kl_reference is KLReference.START and self.cfg.kl_coef > 0
                 and not all(r in self.policy.start_references for r in self.roles)):
             self.policy.freeze_start_reference(self.roles)

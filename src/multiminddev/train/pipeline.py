@@ -89,6 +89,44 @@ class TrainSettings:
     # (EpisodeConfig.temperature_by_role = 0). With the Generator greedy, every Optimizer turn of
     # a group is handed the same kernel, so the group's reward differences are the Optimizer's own.
     rl_greedy_roles: tuple[AgentRole, ...] = ()
+    # --- SFT data and SFT (docs/training.md, "SFT")
+    sft_operation_line: bool = False  # both agents' replies start with the operation's line
+    sft_strip_comments: bool = False  # the Optimizer's targets without whole-line comments
+    # every prompt (SFT and episodes) ends with the kernels' pointer type (float*, __half*)
+    element_type_line: bool = False
+    sft_batch_size: int | None = None  # None: the preset's
+    sft_grad_accum: int = 1  # micro-batches per SFT optimizer step (memory, not maths)
+    sft_max_seq_length: int | None = None  # None: the preset's
+    # --- GRPO (GRPOConfig fields; docs/training.md, "GRPO")
+    rl_temperature: float = 1.0  # the trained agents' rollout sampling temperature
+    kl_coef: float = 0.02
+    normalize_std: bool = True  # False: Dr.GRPO, advantages not divided by the group's std
+    mini_batch_size: int | None = None  # agent turns per optimizer step; None: the preset's
+    grad_accum: int = 1  # micro-batches per GRPO optimizer step (memory, not maths)
+    sft_anchor: float = 0.0  # GRPOConfig.sft_coef: SFT's loss on the SFT data in each step
+    sft_anchor_problems: str | None = None  # the anchor's problems; None: the SFT problems
+    curriculum_start_tier: int | None = None  # GRPO's first tier; None: the lowest
+    review_fraction: float = 0.2  # share of a step's problems drawn from earlier tiers
+    rl_eval_every: int | None = None  # held-out evaluations during GRPO; 0: none, None: preset's
+    generator_max_new_tokens: int | None = None  # the Generator's cap; None: see episode_config
+    # the Tester's report on a verified kernel adds its Nsight Compute figures (env/profile.py)
+    profiler_feedback: bool = False
+    generation_batch_size: int = 16  # sequences decoded together (HFGenerationBackend)
+    # --- held-out evaluation (and early stopping's select@ evaluations)
+    eval_after_sft: bool = False  # also evaluate the SFT agents (sft_eval_results.json)
+    eval_temperature: float | None = None  # None: the rollouts' sampling; 0: greedy
+    eval_dtype: str = "same"  # "float32": decode from a float32 copy of the weights
+    eval_compiled_decoding: bool | None = None  # None: as in training
+    eval_workers: int | None = None  # evaluator processes; None: the preset's
+    eval_quick_timing: bool | None = None  # 3 trials, no torch.compile baseline; None: preset
+    # --- early stopping: evaluate the agents on problems neither SFT nor GRPO trained on
+    # after SFT and every select_every steps; keep the best step's agents (train/selection.py)
+    select_problems: str | None = None
+    select_count: int = 16
+    select_also: str | None = None  # a second spec joined to the sample
+    select_also_count: int = 6
+    select_every: int = 4
+    select_min_gain: float = 0.01  # a later step must beat the chosen one by more than this
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -138,6 +176,41 @@ class TrainSettings:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
         if self.group_size is not None and self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes), got {self.group_size}")
+        self._check_new_knobs()
+
+    def _check_new_knobs(self) -> None:
+        for name in ("sft_batch_size", "sft_max_seq_length", "mini_batch_size", "eval_workers",
+                     "generator_max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        for name in ("sft_grad_accum", "grad_accum", "select_count", "select_also_count",
+                     "select_every", "generation_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.rl_temperature <= 0:
+            raise ValueError(f"rl_temperature must be > 0 (GRPO samples), got {self.rl_temperature}")
+        if self.eval_temperature is not None and self.eval_temperature < 0:
+            raise ValueError(f"eval_temperature must be >= 0 (0: greedy), got "
+                             f"{self.eval_temperature}")
+        for name in ("kl_coef", "sft_anchor", "select_min_gain"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.review_fraction < 1:
+            raise ValueError(f"review_fraction must be in [0, 1), got {self.review_fraction}")
+        if self.rl_eval_every is not None and self.rl_eval_every < 0:
+            raise ValueError(f"rl_eval_every must be >= 0 (0: none), got {self.rl_eval_every}")
+        if self.eval_dtype not in ("same", "float32"):
+            raise ValueError(f"eval_dtype={self.eval_dtype!r}: use 'same' or 'float32'")
+        if self.eval_dtype != "same" and self.full_finetune:
+            raise ValueError("eval_dtype float32 decodes from a float32 copy of the adapters' "
+                             "base; with --full-finetune keep eval_dtype same")
+        if self.sft_anchor_problems is not None and not self.sft_anchor:
+            raise ValueError("sft_anchor_problems chooses the problems of the SFT anchor: give "
+                             "sft_anchor > 0 too (e.g. --set sft_anchor=0.1)")
+        if self.select_also is not None and self.select_problems is None:
+            raise ValueError("select_also adds to the select_problems sample: give "
+                             "select_problems too")
 
 
 @dataclass(kw_only=True)
@@ -148,6 +221,7 @@ class PipelineResult:
     rl_steps: int = 0
     final_model: Path | None = None
     evaluation: dict[str, Any] | None = None
+    sft_evaluation: dict[str, Any] | None = None  # eval_after_sft's
     seconds: float = 0.0
 
 
@@ -266,12 +340,14 @@ def _model_params_hint(model: str) -> int:
 # --------------------------------------------------------------------------- phases
 
 def sft_phase(ctx: Context) -> dict[str, Any]:
-    from multiminddev.train.sft_data import build_sft_dataset
     from multiminddev.train.sft import SFTConfig, run_sft
+    from multiminddev.train.sft_data import build_sft_dataset
 
     s, size = ctx.settings, ctx.size
     cfg = SFTConfig(output_dir=s.output_dir, max_steps=s.sft_steps or size.sft_max_steps,
-                    batch_size=size.sft_batch_size, max_seq_length=size.sft_max_seq_length,
+                    batch_size=s.sft_batch_size or size.sft_batch_size,
+                    grad_accum=s.sft_grad_accum,
+                    max_seq_length=s.sft_max_seq_length or size.sft_max_seq_length,
                     learning_rate=s.sft_learning_rate or size.sft_learning_rate,
                     full_finetune=s.full_finetune, loss_eval_examples=size.sft_loss_examples,
                     logging_steps=max(1, (s.sft_steps or size.sft_max_steps) // 4), seed=s.seed)
@@ -280,12 +356,10 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
         if role in s.roles_sft_done:
             ctx.console.print(f"SFT {role.value}: already done (resumed), skipping")
             continue
-        variants = ({"variants": ctx.size.generator_variants}
-                    if role is AgentRole.GENERATOR else {})
         extra = (ctx.sakana_sft.examples
                  if ctx.sakana_sft is not None and role is AgentRole.GENERATOR else ())
         dataset = build_sft_dataset(role, ctx.sft_problems, seed=s.seed, extra_examples=extra,
-                                    **variants)
+                                    **sft_example_options(ctx, role))
         ctx.console.rule(f"SFT {role.value}: {len(dataset)} examples, {cfg.max_steps} steps")
         result = run_sft(role, ctx.policy.config, dataset, cfg, policy=ctx.policy)
         ctx.console.print(f"SFT {role.value}: loss {result.loss_before:.3f} -> "
@@ -294,15 +368,72 @@ def sft_phase(ctx: Context) -> dict[str, Any]:
                            "loss_after": result.loss_after, "steps": result.steps,
                            "examples": result.num_examples, "seconds": result.seconds,
                            "output_dir": str(result.output_dir)}
+        write_sft_results(s.output_dir, out)  # after each role: a cut run keeps what finished
     return out
+
+
+SFT_RESULTS_FILE = "sft_results.json"  # per agent: loss before and after, steps, examples
+
+
+def write_sft_results(output_dir: Path, results: dict[str, Any]) -> None:
+    """``sft_results.json``: the SFT results of this run's agents, joined to those an earlier
+    part of the run (before a resume) recorded."""
+    path = Path(output_dir) / SFT_RESULTS_FILE
+    try:
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        earlier = {}
+    write_json_atomically(path, {**earlier, **results})
+
+
+def sft_example_options(ctx: Context, role: AgentRole) -> dict[str, Any]:
+    """``build_sft_dataset``'s options for ``role``: the preset's Generator variants, the
+    operation line, comment-free Optimizer targets, and prompts with the element-type line, as
+    the episodes' prompts have it (training sees what inference sees)."""
+    import functools
+
+    from multiminddev.agents.prompts import generator_messages, optimizer_messages
+
+    s = ctx.settings
+    if role is AgentRole.GENERATOR:
+        out: dict[str, Any] = {"variants": tuple(ctx.size.generator_variants),
+                               "prompt": functools.partial(generator_messages,
+                                                           element_type=s.element_type_line)}
+    else:
+        out = {"prompt": functools.partial(optimizer_messages, element_type=s.element_type_line)}
+        if s.sft_strip_comments:
+            out["strip_comments"] = True
+    if s.sft_operation_line:
+        out["operation_line"] = True
+    return out
+
+
+def sft_anchor_examples(ctx: Context, roles: Any) -> dict[AgentRole, list[Any]] | None:
+    """GRPO's SFT anchor (``sft_anchor`` > 0): per trained role, its SFT data tokenized as SFT
+    tokenizes it; None when the anchor is off."""
+    from multiminddev.tasks.loaders import load_problems
+    from multiminddev.train.sft import tokenize_chat
+    from multiminddev.train.sft_data import sft_examples
+
+    s = ctx.settings
+    if not s.sft_anchor:
+        return None
+    problems = (load_problems(s.sft_anchor_problems) if s.sft_anchor_problems
+                else ctx.sft_problems)
+    max_len = s.sft_max_seq_length or ctx.size.sft_max_seq_length
+    return {role: [tokenize_chat(ctx.policy.tokenizer, e.messages, max_len)
+                   for e in sft_examples(role, problems, **sft_example_options(ctx, role))]
+            for role in roles}
 
 
 def eval_config(ctx: Context) -> Any:
     from multiminddev.env import EvalConfig
 
     # Short runs skip the torch.compile baseline (tens of seconds per problem) and time briefly.
-    quick = ctx.settings.preset is not Preset.FULL
-    return EvalConfig(num_workers=ctx.size.eval_workers, num_trials=3 if quick else 5,
+    s = ctx.settings
+    quick = s.preset is not Preset.FULL if s.eval_quick_timing is None else s.eval_quick_timing
+    return EvalConfig(num_workers=s.eval_workers or ctx.size.eval_workers,
+                      num_trials=3 if quick else 5,
                       compile_baseline=not quick, bench_budget_s=0.5 if quick else 2.0)
 
 
@@ -310,14 +441,46 @@ def episode_config(ctx: Context, grpo: Any) -> Any:
     from multiminddev.episode import EpisodeConfig
     from multiminddev.policy import SamplingParams
 
-    # An explicit --max-new-tokens applies to every role; otherwise the preset's Generator cap.
-    cap = None if ctx.settings.max_new_tokens else ctx.size.generator_max_new_tokens
-    greedy = dict.fromkeys((r.value for r in ctx.settings.rl_greedy_roles), 0.0)
+    # generator_max_new_tokens caps the Generator; otherwise an explicit --max-new-tokens
+    # applies to every role, and without it the preset's Generator cap holds.
+    s = ctx.settings
+    cap = s.generator_max_new_tokens or (None if s.max_new_tokens
+                                         else ctx.size.generator_max_new_tokens)
+    greedy = dict.fromkeys((r.value for r in s.rl_greedy_roles), 0.0)
     return EpisodeConfig(max_turns=grpo.max_turns, reward=None,
                          max_new_tokens_by_role={"generator": cap} if cap else {},
-                         temperature_by_role=greedy,
+                         temperature_by_role=greedy, element_type=s.element_type_line,
+                         profiler_feedback=s.profiler_feedback,
                          sampling=SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p,
                                                  max_new_tokens=grpo.max_new_tokens))
+
+
+def heldout_episode_config(ctx: Context, grpo: Any) -> Any:
+    """The held-out (and select@) evaluations' episodes: the rollouts' settings, every agent
+    decoding at ``eval_temperature`` where it is given (0: greedy)."""
+    s = ctx.settings
+    cfg = episode_config(ctx, grpo)
+    if s.eval_temperature is None:
+        return cfg
+    return dataclasses.replace(cfg, temperature_by_role={},
+                               sampling=dataclasses.replace(cfg.sampling,
+                                                            temperature=s.eval_temperature))
+
+
+def evaluation_backend(ctx: Context) -> Any:
+    """The generation backend of evaluations: nothing is trained, so the sampler's own
+    log-probs spare the recomputation pass; ``eval_dtype`` float32 decodes from a float32 copy
+    of the weights, ``eval_compiled_decoding`` overrides the training's decoding."""
+    import torch
+
+    from multiminddev.policy import HFGenerationBackend, LogprobSource
+
+    s = ctx.settings
+    return HFGenerationBackend(ctx.policy, logprob_source=LogprobSource.SAMPLER,
+                               max_batch_size=s.generation_batch_size,
+                               compiled_decoding=s.eval_compiled_decoding,
+                               sampling_dtype=(None if s.eval_dtype == "same"
+                                               else getattr(torch, s.eval_dtype)))
 
 
 def grpo_config(ctx: Context) -> Any:
@@ -333,8 +496,11 @@ def grpo_config(ctx: Context) -> Any:
                       max_turns=s.max_turns or size.max_turns,
                       max_new_tokens=s.max_new_tokens or size.max_new_tokens,
                       learning_rate=s.learning_rate or size.learning_rate,
-                      mini_batch_size=size.mini_batch_size, eval_every=size.eval_every,
-                      eval_problems=max(1, size.eval_problems),
+                      mini_batch_size=s.mini_batch_size or size.mini_batch_size,
+                      grad_accum=s.grad_accum,
+                      eval_every=size.eval_every if s.rl_eval_every is None else s.rl_eval_every,
+                      eval_problems=max(1, size.eval_problems), temperature=s.rl_temperature,
+                      kl_coef=s.kl_coef, normalize_std=s.normalize_std, sft_coef=s.sft_anchor,
                       kl_reference=s.kl_reference, train_roles=s.rl_roles or s.roles,
                       seed=s.seed)
 
@@ -343,7 +509,10 @@ def curriculum_config(ctx: Context) -> Any:
     """GRPO's problem sampler settings: CurriculumConfig's defaults and the run's flags."""
     from multiminddev.tasks.curriculum import CurriculumConfig
 
-    return CurriculumConfig(family_sampling=ctx.settings.family_sampling)
+    s = ctx.settings
+    return CurriculumConfig(family_sampling=s.family_sampling,
+                            start_tier=s.curriculum_start_tier,
+                            review_fraction=s.review_fraction)
 
 
 def grpo_curriculum(ctx: Context) -> Any:
@@ -366,11 +535,14 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
     cfg = grpo_config(ctx)
     metrics = MetricsLogger(MetricsConfig(output_dir=s.output_dir, wandb=s.wandb,
                                           run_name=s.output_dir.name), run_config=cfg.to_dict())
-    trainer = GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
+    trainer = GRPOTrainer(cfg, policy=ctx.policy,
+                          backend=HFGenerationBackend(
+                              ctx.policy, max_batch_size=s.generation_batch_size),
                           evaluator=evaluator, curriculum=grpo_curriculum(ctx),
                           episode_config=episode_config(ctx, cfg), output_dir=s.output_dir,
                           heldout=ctx.heldout, metrics=metrics, compile_only=ctx.compile_only,
-                          console=ctx.console, rollouts=_rollouts(ctx))
+                          console=ctx.console, rollouts=_rollouts(ctx),
+                          sft_anchor=sft_anchor_examples(ctx, cfg.train_roles))
     if s.resume is not None:
         trainer.resume(s.resume)
         ctx.console.print(f"resumed from {s.resume} at step {trainer.step}, "
@@ -381,13 +553,88 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
     progress, task = progress_bar(cfg.num_steps, "GRPO")
     with progress:
         progress.update(task, completed=trainer.step)
-        trainer.train(progress, task)
+        if s.select_problems is None:
+            trainer.train(progress, task)
+        else:
+            train_with_selection(ctx, trainer, progress, task)
     return trainer
 
 
-def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, Any]:
-    """Held-out problems, one episode each, with the final adapters. Raises ``InfraFailure``
-    (its episodes written first) when most of them failed on the evaluator's side."""
+def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any]:
+    """One episode per problem with the agents the policy holds now, decoded as the held-out
+    evaluation decodes (``heldout_episode_config``, ``evaluation_backend``)."""
+    from multiminddev.train.grpo import LocalRollouts
+
+    # In this process, whatever GRPO's rollouts were: the policy here holds the agents judged.
+    rollouts, episodes_cfg = trainer.rollouts, trainer.episode_config
+    trainer.rollouts = LocalRollouts(evaluation_backend(ctx), trainer.evaluator)
+    trainer.episode_config = heldout_episode_config(ctx, trainer.cfg)
+    try:
+        return trainer.run_episodes(problems, 1)
+    finally:
+        trainer.rollouts, trainer.episode_config = rollouts, episodes_cfg
+
+
+def selection_problems(ctx: Context) -> list[Any]:
+    """The early-stopping sample (train/selection.py); a bad spec is a ``SelectionError``."""
+    from multiminddev.tasks.loaders import load_problems
+    from multiminddev.train.selection import selection_sample
+
+    s = ctx.settings
+    return selection_sample(load_problems(s.select_problems), s.select_count,
+                            also=load_problems(s.select_also) if s.select_also else (),
+                            also_count=s.select_also_count,
+                            trained=[*ctx.train_problems, *ctx.sft_problems],
+                            heldout=ctx.heldout)
+
+
+def train_with_selection(ctx: Context, trainer: Any, progress: Any, task: Any) -> None:
+    """GRPO paused after every ``select_every`` steps for a select@ evaluation; at the end the
+    policy holds the chosen step's agents (train/selection.py). The rewards and the chosen step
+    go to ``select.json``; a resumed run reads the earlier rewards back."""
+    from multiminddev.episode.infra import check_episodes
+    from multiminddev.train import selection
+    from multiminddev.train.grpo import score_episodes
+
+    s, cfg = ctx.settings, trainer.cfg
+    problems = selection_problems(ctx)
+    record_path = s.output_dir / selection.RECORD_FILE
+    rewards: dict[int, float] = {}
+    if trainer.step > 0 and record_path.is_file():
+        rewards = {int(k): v for k, v in json.loads(record_path.read_text())["rewards"].items()}
+    ctx.console.print(f"early stopping: {len(problems)} select@ problems: "
+                      + ", ".join(p.name for p in problems))
+
+    def measure(step: int) -> None:
+        episodes = evaluate_agents(ctx, trainer, problems)
+        check_episodes(episodes, what=f"the select@{step} evaluation",
+                       max_share=cfg.max_infra_share)
+        rewards[step] = score_episodes(episodes, cfg)[1]["reward_mean"]
+        selection.save_if_best(rewards, step, cfg.num_steps, ctx.policy, cfg.train_roles,
+                               s.output_dir, s.select_min_gain)
+        write_json_atomically(record_path, {
+            "problems": [p.name for p in problems], "rewards": rewards,
+            "chosen_step": selection.chosen_step(rewards, s.select_min_gain)})
+        ctx.console.print(f"select@{step}: reward {rewards[step]:+.3f}")
+
+    if trainer.step == 0 and 0 not in rewards:
+        measure(0)
+    for mark in selection.selection_marks(cfg.num_steps, s.select_every):
+        if mark in rewards or mark < trainer.step:  # measured, or its agents are gone
+            continue
+        trainer.train(progress, task, until=mark)
+        measure(mark)
+    chosen = selection.chosen_step(rewards, s.select_min_gain)
+    selection.load_chosen(ctx.policy, chosen, cfg.num_steps, s.output_dir, cfg.train_roles)
+    ctx.console.print(f"early stopping kept the agents of step {chosen} of {cfg.num_steps} "
+                      f"(select@ rewards {rewards})")
+
+
+def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
+                     stage: str = "") -> dict[str, Any]:
+    """Held-out problems, one episode each, with the agents the policy holds. Raises
+    ``InfraFailure`` (its episodes written first) when most of them failed on the evaluator's
+    side. ``stage`` prefixes the files (``sft_``: the SFT agents' evaluation)."""
     from multiminddev.episode import write_episodes_jsonl
     from multiminddev.episode.infra import InfraFailure, check_episodes
     from multiminddev.policy import HFGenerationBackend
@@ -396,24 +643,30 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any) -> dict[str, An
 
     cfg = trainer.cfg if trainer is not None else grpo_config(ctx)
     problems = ctx.heldout[: ctx.size.final_eval_problems]
-    runner = trainer or GRPOTrainer(cfg, policy=ctx.policy, backend=HFGenerationBackend(ctx.policy),
+    # evaluation only: no SFT anchor (GRPOTrainer asks for its examples when sft_coef > 0)
+    runner = trainer or GRPOTrainer(dataclasses.replace(cfg, sft_coef=0.0), policy=ctx.policy,
+                                    backend=HFGenerationBackend(
+                                        ctx.policy,
+                                        max_batch_size=ctx.settings.generation_batch_size),
                                     evaluator=evaluator, curriculum=None,
                                     episode_config=episode_config(ctx, cfg),
                                     output_dir=ctx.settings.output_dir, metrics=_NullMetrics(),
                                     rollouts=_rollouts(ctx))
-    episodes = runner.run_episodes(problems, 1)
+    episodes = evaluate_agents(ctx, runner, problems)
+    episodes_file = ctx.settings.output_dir / f"{stage}eval_episodes.jsonl"
     try:  # an evaluation that mostly failed on our side is an error, never a figure
-        check_episodes(episodes, what="the held-out evaluation", max_share=cfg.max_infra_share)
+        check_episodes(episodes, what=f"the {stage}held-out evaluation",
+                       max_share=cfg.max_infra_share)
     except InfraFailure:
-        write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
+        write_episodes_jsonl(episodes, episodes_file)
         raise
     _, rewards = score_episodes(episodes, cfg)
     out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
            "compile_only": ctx.compile_only, "measured_on": _device_name(),
            **rollout_metrics(episodes, compile_only=ctx.compile_only)}
-    path = ctx.settings.output_dir / "eval_results.json"
+    path = ctx.settings.output_dir / f"{stage}eval_results.json"
     path.write_text(json.dumps(out, indent=2))
-    write_episodes_jsonl(episodes, ctx.settings.output_dir / "eval_episodes.jsonl")
+    write_episodes_jsonl(episodes, episodes_file)
     return out
 
 
@@ -472,6 +725,9 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
             result.sft = sft_phase(ctx)
         trainer = None
         with Evaluator(eval_config(ctx)) as evaluator:
+            if settings.eval_after_sft and settings.resume is None and not settings.skip_eval:
+                console.rule("held-out evaluation of the SFT agents")
+                result.sft_evaluation = final_evaluation(ctx, None, evaluator, stage="sft_")
             if not settings.skip_rl:
                 trainer = rl_phase(ctx, evaluator)
                 result.rl_steps = trainer.step
@@ -554,11 +810,12 @@ def summarize(ctx: Context, result: PipelineResult) -> None:
         table.add_row("RL final model", str(result.final_model))
         table.add_row("metrics", str(ctx.settings.output_dir / "metrics.jsonl")
                       + f"  (tensorboard --logdir {ctx.settings.output_dir / 'tensorboard'})")
-    if result.evaluation is not None:
-        e = result.evaluation
-        table.add_row("held-out eval", f"{e['problems']} problems: reward {e['reward_mean']:+.3f}, "
-                      f"compile {e['compile_rate']:.2f}, pass {e['pass_rate']:.2f}, "
-                      f"fast_1 {e['fast_1']:.2f}  ({ctx.settings.output_dir / 'eval_results.json'})")
+    for name, e, file in (("held-out eval (SFT)", result.sft_evaluation, "sft_eval_results.json"),
+                          ("held-out eval", result.evaluation, "eval_results.json")):
+        if e is not None:
+            table.add_row(name, f"{e['problems']} problems: reward {e['reward_mean']:+.3f}, "
+                          f"compile {e['compile_rate']:.2f}, pass {e['pass_rate']:.2f}, "
+                          f"fast_1 {e['fast_1']:.2f}  ({ctx.settings.output_dir / file})")
     console.print(table)
     if result.final_model is not None:
         console.print(f"results: {ctx.settings.output_dir}; to train further (raise the step "

@@ -35,6 +35,9 @@ SEEDS_JSON = "seeds.json"
 SEEDS_MD = "seeds.md"
 EVAL_RESULTS_FILE = "eval_results.json"  # the pipeline's final held-out evaluation
 FINAL_STAGE = "heldout"  # the stage name of the pipeline's final evaluation
+SFT_EVAL_RESULTS_FILE = "sft_eval_results.json"  # the SFT agents' evaluation (eval_after_sft)
+SFT_STAGE = "sft"
+GAIN_STAGE = "gain"  # heldout - sft, per seed
 # eval_results.json names the correct rate pass_rate (rollout_metrics' name)
 _RECORDED_NAMES = {"compile_rate": "compile_rate", "correct_rate": "pass_rate",
                    "reward_mean": "reward_mean", "fast_1": "fast_1"}
@@ -102,9 +105,22 @@ def aggregate_seeds(per_seed_rows: Sequence[SeedRow],
 
 
 def final_eval_rows(seed: int, run_dir: Path) -> list[SeedRow]:
-    """The seed's rows from its final held-out evaluation (``run_dir/eval_results.json``); none
-    when the run wrote none (e.g. ``--skip-eval``). Raises ``ValueError`` on an unreadable file."""
-    path = Path(run_dir) / EVAL_RESULTS_FILE
+    """The seed's rows: its SFT agents' held-out evaluation (stage ``sft``, from
+    ``sft_eval_results.json``, written with ``eval_after_sft``), its final one (stage
+    ``heldout``, ``eval_results.json``) and, where both are there, the change from the first to
+    the second (stage ``gain``: GRPO - SFT). None when the run wrote neither (e.g.
+    ``--skip-eval``). Raises ``ValueError`` on an unreadable file."""
+    rows = [row for stage, file in ((SFT_STAGE, SFT_EVAL_RESULTS_FILE),
+                                    (FINAL_STAGE, EVAL_RESULTS_FILE))
+            for row in _eval_rows(seed, Path(run_dir) / file, stage)]
+    if len(rows) == 2:
+        sft, final = rows
+        rows.append(SeedRow(seed=seed, stage=GAIN_STAGE,
+                            metrics={m: final.metrics[m] - sft.metrics[m] for m in SEED_METRICS}))
+    return rows
+
+
+def _eval_rows(seed: int, path: Path, stage: str) -> list[SeedRow]:
     if not path.is_file():
         return []
     try:
@@ -115,7 +131,7 @@ def final_eval_rows(seed: int, run_dir: Path) -> list[SeedRow]:
     if missing:
         raise ValueError(f"{path}: lacks {', '.join(missing)}; is it a train run's final "
                          "evaluation?")
-    return [SeedRow(seed=seed, stage=FINAL_STAGE,
+    return [SeedRow(seed=seed, stage=stage,
                     metrics={m: float(data[name]) for m, name in _RECORDED_NAMES.items()})]
 
 
