@@ -4,7 +4,8 @@
 
 RUN_DIR is a ``multiminddev train`` output folder (one seed's, e.g. ``runs/m/seed0``). Copies
 the adapters of ``RUN_DIR/rl_checkpoints/final_model/{generator,optimizer}`` (the agents the run
-kept: with early stopping, the chosen step's) into DEST and writes ``DEST/PROVENANCE.json``:
+kept: with early stopping, the chosen step's; for a run with ``skip_rl``, the SFT agents of
+``RUN_DIR/sft_checkpoints``) into DEST and writes ``DEST/PROVENANCE.json``:
 the command that replays the run, the commit of this checkout, the training data (the run's
 problem specs), the held-out figures (``eval_results.json`` and, where present,
 ``sft_eval_results.json``, with the device they were measured on) and the run's settings. Only
@@ -45,21 +46,47 @@ def provenance_fields(run_dir: Path, commit: str) -> dict:
             "model": str(settings.get("model", "default")), "settings": settings}
 
 
+def agents_dir(run_dir: Path) -> Path:
+    """The folder of the agents a run kept: GRPO's final model, or the SFT agents of a run that
+    skipped GRPO (``skip_rl`` in its ``run_config.json``)."""
+    final = run_dir / "rl_checkpoints" / "final_model"
+    record = run_dir / "run_config.json"
+    if not final.exists() and record.is_file() and json.loads(record.read_text()).get("skip_rl"):
+        return run_dir / "sft_checkpoints"
+    return final
+
+
+def to_float16(path: Path) -> None:
+    """Rewrite a safetensors file's floating-point tensors in float16 (LoRA weights are small
+    and well inside float16's range; peft casts them to the model's dtype on load)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    save_file({k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous()
+               for k, v in tensors.items()}, str(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     from multiminddev.agents.shipped import SHIPPED_DIR, SHIPPED_ROLES, write_provenance
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--dest", type=Path, default=SHIPPED_DIR)
+    p.add_argument("--commit", default=None,
+                   help="the commit the run trained at (default: this checkout's HEAD)")
+    p.add_argument("--float16", action="store_true",
+                   help="store the adapter tensors in float16 (half the size)")
     args = p.parse_args(argv)
-    final = args.run_dir / "rl_checkpoints" / "final_model"
+    final = agents_dir(args.run_dir)
     try:
         missing = [str(final / r.value / f) for r in SHIPPED_ROLES for f in ADAPTER_FILES
                    if not (final / r.value / f).is_file()]
         if missing:
             raise ValueError(f"no adapter files {', '.join(missing)}")
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip() or "unknown"
+        commit = args.commit or subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+            check=False).stdout.strip() or "unknown"
         fields = provenance_fields(args.run_dir, commit)
         with tempfile.TemporaryDirectory(dir=args.dest.parent) as tmp:
             staged = Path(tmp)  # checked whole before anything in DEST changes
@@ -67,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 (staged / role.value).mkdir()
                 for name in ADAPTER_FILES:
                     shutil.copyfile(final / role.value / name, staged / role.value / name)
+                if args.float16:
+                    to_float16(staged / role.value / "adapter_model.safetensors")
             write_provenance(staged, **fields)
             for role in SHIPPED_ROLES:
                 shutil.rmtree(args.dest / role.value, ignore_errors=True)
