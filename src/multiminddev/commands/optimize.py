@@ -23,7 +23,9 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("problem", type=Path, help="KernelBench-format problem file")
+    p.add_argument("problem", type=Path,
+                   help="KernelBench-format problem file, or a built-in problem spec such as "
+                        "builtin:tier0:heldout:relu (the first problem it gives)")
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M GGUF), hub id, local dir or .gguf file")
     p.add_argument("--adapters", type=Path, default=None,
@@ -82,6 +84,22 @@ def _policy_config(args: argparse.Namespace, shipped: Any = None) -> Any:
                         separate_models=separate)
 
 
+BUILTIN_PREFIX = "builtin:"
+
+
+def builtin_problem(spec: str, quiet: bool) -> Any:
+    """The first problem a built-in spec gives (``problems list`` shows the names)."""
+    from multiminddev.tasks.loaders import load_problems
+
+    problems = load_problems(spec)
+    if not problems:
+        raise InputError(f"{spec} gives no problem; `multiminddev problems list` shows them")
+    if len(problems) > 1:
+        progress(f"problem: {problems[0].name} (the first of {len(problems)} that {spec} gives)",
+                 quiet)
+    return problems[0]
+
+
 def run(args: argparse.Namespace) -> int:
     from multiminddev.agents.shipped import shipped_agents
     from multiminddev.env import EvalConfig, Evaluator
@@ -92,13 +110,16 @@ def run(args: argparse.Namespace) -> int:
     from multiminddev.tasks.problem import ProblemError, load_problem
 
     try:
-        read_text(args.problem, "problem file")
+        builtin = str(args.problem).startswith(BUILTIN_PREFIX)
+        if not builtin:
+            read_text(args.problem, "problem file")
         if (args.adapters is not None and not no_adapters(args.adapters)
                 and (problem := dir_problem(args.adapters, "checkpoint folder"))):
             raise InputError(problem)
         if args.save is not None and args.save.is_dir():
             raise InputError(f"--save {args.save} is a directory; give a JSONL file")
-        problem = load_problem(args.problem)
+        problem = builtin_problem(str(args.problem), args.quiet) if builtin else load_problem(
+            args.problem)
         shipped = default_agents(args.model, args.adapters,
                                  None if args.adapters is not None else shipped_agents())
         config = _policy_config(args, shipped)
