@@ -59,7 +59,8 @@ def _policy_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
+    from multiminddev.episode import episode_to_dict, run_episodes
+    from multiminddev.episode.runner import single_episode_config
     from multiminddev.episode.state import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
     from multiminddev.policy.model import resolve_model_source
@@ -80,12 +81,9 @@ def run(args: argparse.Namespace) -> int:
         return fail(" ".join(str(exc).split()))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
-    window = policy.context_window
-    config = EpisodeConfig(
-        max_turns=args.turns, sampling=sampling, target_speedup=args.target_speedup,
-        patience=args.patience,
-        max_prompt_tokens=max(256, min(6144, window - args.max_new_tokens)),
-    )
+    config = single_episode_config(turns=args.turns, sampling=sampling,
+                                   target_speedup=args.target_speedup, patience=args.patience,
+                                   context_window=policy.context_window)
     backend: Any = HFGenerationBackend(policy)
     with Evaluator(EvalConfig()) as evaluator:
         judge: Any = evaluator
