@@ -46,6 +46,8 @@ LAYERS: dict[str, int] = {
     "report": 8,
     "train": 9,
     "integrations": 10,
+    # serve puts the policy, episodes and the evaluator behind HTTP; commands start it.
+    "serve": 10,
     # commands are the bodies of the cli's subcommands; they drive train, report and env,
     # and cli.py only parses arguments and dispatches to them.
     "commands": 11,

@@ -1,11 +1,8 @@
 """A real server on a free port (uvicorn in a thread) with the embedded model on the CPU, and a
-real LoRA adapter made with peft, shared by the module's tests."""
+real LoRA adapter made with peft, shared by every test of this folder."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,66 +10,17 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from tests.policy.helpers import require_default_model  # noqa: E402
+from tests.policy.helpers import require_default_model
+from tests.serve.helpers import RunningServer, free_port, make_adapter
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_adapter(folder: Path, seed: int = 0) -> Path:
-    """A LoRA adapter for the embedded model, with random B so it changes the output."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    from multiminddev.policy import PolicyConfig, load_base_model
-
-    base = load_base_model(PolicyConfig(device="cpu"))
-    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
-                                            target_modules=["q_proj", "v_proj"]))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=generator) * 0.05)
-    model.save_pretrained(folder)
-    return folder
-
-
-class RunningServer:
-    def __init__(self, app, port: int):
-        import uvicorn
-
-        self.app = app
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self, timeout: float = 120.0) -> RunningServer:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.1)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=60)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def adapter_dir(tmp_path_factory) -> Path:
     require_default_model()
     return make_adapter(tmp_path_factory.mktemp("adapter") / "tuned")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def server(adapter_dir, tmp_path_factory):
     from multiminddev.serve import ServeConfig, create_app
 
@@ -84,7 +32,7 @@ def server(adapter_dir, tmp_path_factory):
     running.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0,

@@ -115,6 +115,8 @@ class Job:
             "verified": bool(episode.verified) if episode is not None else False,
             "compile_only": bool(episode.compile_only) if episode is not None else False,
             "best_speedup": episode.best_speedup if episode is not None else 0.0,
+            "best_reward": max((t.reward for t in episode.turns if t.reward is not None),
+                               default=None) if episode is not None else None,
         }
 
 
@@ -234,7 +236,7 @@ class JobManager:
         while True:
             async with self._changed:  # type: ignore[union-attr]
                 await self._changed.wait_for(  # type: ignore[union-attr]
-                    lambda: len(job.events) > sent or job.status.done)
+                    lambda seen=sent: len(job.events) > seen or job.status.done)
             while sent < len(job.events):
                 yield job.events[sent]
                 sent += 1
@@ -255,7 +257,7 @@ class JobManager:
         except asyncio.CancelledError:
             job.status, job.error = JobStatus.FAILED, "the server shut down"
             raise
-        except Exception as exc:  # noqa: BLE001 - one job's failure stays in that job
+        except Exception as exc:
             log.exception("job %s failed", job.id)
             job.status, job.error = JobStatus.FAILED, f"{type(exc).__name__}: {exc}"
         finally:
@@ -264,13 +266,14 @@ class JobManager:
             for callback in list(self.on_finished):
                 try:
                     callback(job)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("an on_finished callback failed for job %s", job.id)
             await self._emit(job, {"event": "done", **job.summary()})
 
     async def _episode(self, job: Job) -> None:
         from multiminddev.episode.runner import arun_episodes, outcome_line, single_episode_config
         from multiminddev.policy.generation import SamplingParams
+        from multiminddev.rewards.functions import RewardConfig
 
         opts = job.options
         problem = check_module(job.source, self.config.max_module_bytes, opts.name)
@@ -280,6 +283,8 @@ class JobManager:
                                        target_speedup=opts.target_speedup,
                                        patience=opts.patience,
                                        context_window=self.registry.context_window)
+        # every turn gets the training reward, so outcomes compare across arms and with training
+        config.reward = RewardConfig()
         backend = self.registry.backend(job.adapters)
         pending: list[dict[str, Any]] = []
 

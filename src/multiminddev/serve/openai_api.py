@@ -110,7 +110,7 @@ def router() -> APIRouter:
         messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
         try:
             prompt = encode_chat(registry.tokenizer, messages)
-        except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
+        except Exception as exc:
             raise ApiError(400, f"the chat template rejected the messages: {exc}") from exc
         sampling = _sampling(body, body.max_completion_tokens or body.max_tokens or 512,
                              registry, [prompt])

@@ -1,0 +1,100 @@
+"""The kernel-optimization API against a real server: jobs run real episodes (embedded model
+on the CPU, the real evaluator, compile-only without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import httpx
+import pytest
+
+from tests.conftest import FIXTURES
+
+RELU = (FIXTURES / "problems" / "1_relu.py").read_text()
+SMALL = {"turns": 1, "max_new_tokens": 8, "temperature": 0}
+
+
+def submit(server, **body):
+    return httpx.post(f"{server.url}/v1/kernels/optimize", json={"module": RELU, **SMALL, **body},
+                      timeout=60)
+
+
+def wait(server, job_id, timeout=240.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{server.url}/v1/kernels/jobs/{job_id}", timeout=30).json()
+        if job["status"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_an_optimize_job_runs_its_turns_and_reports_them(server):
+    reply = submit(server)
+    assert reply.status_code == 202
+    job = wait(server, reply.json()["id"])
+    assert job["status"] == "succeeded"
+    assert [t["role"] for t in job["turns"]] == ["generator"]
+    assert job["adapters"] == {"generator": "generator"}  # the adapter named after the role
+
+
+def test_job_events_stream_every_turn_then_done(server):
+    job_id = submit(server).json()["id"]
+    with httpx.stream("GET", f"{server.url}/v1/kernels/jobs/{job_id}/events",
+                      timeout=240) as reply:
+        events = [json.loads(line[6:]) for line in reply.iter_lines()
+                  if line.startswith("data: ")]
+    assert [e["event"] for e in events] == ["started", "turn", "done"]
+    assert events[-1]["status"] == "succeeded"
+
+
+def test_on_finished_callbacks_see_each_job(server):
+    seen = []
+    server.app.state.jobs.on_finished.append(seen.append)
+    try:
+        job_id = submit(server, arm="b").json()["id"]
+        wait(server, job_id)
+    finally:
+        server.app.state.jobs.on_finished.remove(seen.append)
+    assert [(j.id, j.arm, j.status.value) for j in seen] == [(job_id, "b", "succeeded")]
+
+
+def test_a_failing_job_leaves_another_unharmed(server):
+    # ~19 kB of hex names: far more prompt tokens than the window leaves next to 4000 new
+    # ones, so this episode fails before it generates anything
+    names = "\n".join(f"# {random.Random(i).getrandbits(128):032x}" for i in range(500))
+    failing = submit(server, module=RELU + "\n" + names, max_new_tokens=4000)
+    fine = submit(server)
+    assert failing.status_code == 202
+    failed = wait(server, failing.json()["id"])
+    assert failed["status"] == "failed" and "prompt does not fit" in failed["error"]
+    assert wait(server, fine.json()["id"])["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(("body", "status"), [
+    ({"module": "class Model(:\n"}, 422),  # not Python
+    ({"module": "x = 1\n"}, 422),  # no Model
+    ({"module": "#" * 30_000}, 413),  # over max_module_bytes
+    ({"module": RELU, "adapters": {"generator": "nope"}}, 404),
+    ({"module": RELU, "adapters": {"tester": "base"}}, 422),
+    ({"module": RELU, "turns": 0}, 400),
+    ({"module": RELU, "turns": 99}, 422),
+    ({"modul": RELU}, 400),
+])
+def test_bad_modules_get_a_4xx_with_a_one_line_message(server, body, status):
+    reply = httpx.post(f"{server.url}/v1/kernels/optimize", json=body, timeout=60)
+    assert reply.status_code == status
+    message = reply.json()["error"]["message"]
+    assert message and "\n" not in message
+
+
+def test_a_body_that_is_not_json_gets_400(server):
+    reply = httpx.post(f"{server.url}/v1/kernels/optimize", content=b"module=x",
+                       headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 400
+
+
+def test_an_unknown_job_is_404(server):
+    assert httpx.get(f"{server.url}/v1/kernels/jobs/nope", timeout=30).status_code == 404
