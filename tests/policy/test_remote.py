@@ -134,3 +134,28 @@ def test_a_server_error_says_what_the_server_said(server, tokenizer):
 
     with pytest.raises(RemoteGenerationError, match="not loaded"):
         asyncio.run(unknown_model())
+
+
+@pytest.mark.gpu
+def test_logprobs_match_the_in_process_backend_on_the_gpu(adapter_dir):
+    """On CUDA (bfloat16): a server on the GPU, its greedy replies re-scored in-process."""
+    import torch
+
+    from multiminddev.policy import PolicyConfig, load_policy, token_logprobs
+    from multiminddev.serve import ServeConfig, create_app
+
+    config = ServeConfig(device="cuda", adapters={"generator": str(adapter_dir)})
+    running = RunningServer(create_app(config), free_port()).start()
+    try:
+        tokenizer = running.app.state.registry.tokenizer
+        prompt = encode_chat(tokenizer, MESSAGES)
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=64)
+        (remote,) = generate(running, tokenizer, [prompt], sampling)
+    finally:
+        running.stop()
+    policy = load_policy(PolicyConfig(device="cuda", agents=(AgentRole.GENERATOR,),
+                                      adapter_paths={"generator": str(adapter_dir)}))
+    ids = torch.tensor([prompt + remote.token_ids], device=policy.device)
+    with policy.use(AgentRole.GENERATOR) as model, torch.no_grad():
+        local = token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):].tolist()
+    assert remote.logprobs == pytest.approx(local, abs=5e-2)

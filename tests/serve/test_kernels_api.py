@@ -31,17 +31,35 @@ def wait(server, job_id, timeout=240.0):
     raise AssertionError(f"job {job_id} did not finish")
 
 
-def test_an_optimize_job_runs_its_turns_and_reports_them(server):
-    reply = submit(server)
-    assert reply.status_code == 202
-    job = wait(server, reply.json()["id"])
+@pytest.fixture(scope="module")
+def jobs(server):
+    """One failing and one normal job, submitted together and run to their end, with an
+    on_finished callback watching (episodes on the CPU are slow, so the tests share them)."""
+    finished = []
+    server.app.state.jobs.on_finished.append(finished.append)
+    # ~19 kB of hex names: far more prompt tokens than the window leaves next to 4000 new
+    # ones, so this episode fails before it generates anything
+    names = "\n".join(f"# {random.Random(i).getrandbits(128):032x}" for i in range(500))
+    failing = submit(server, module=RELU + "\n" + names, max_new_tokens=4000)
+    normal = submit(server, arm="b")
+    try:
+        assert (failing.status_code, normal.status_code) == (202, 202)
+        ids = {"failing": failing.json()["id"], "normal": normal.json()["id"]}
+        polled = {key: wait(server, job_id) for key, job_id in ids.items()}
+    finally:
+        server.app.state.jobs.on_finished.remove(finished.append)
+    return {"ids": ids, "polled": polled, "finished": finished}
+
+
+def test_an_optimize_job_runs_its_turns_and_reports_them(jobs):
+    job = jobs["polled"]["normal"]
     assert job["status"] == "succeeded"
     assert [t["role"] for t in job["turns"]] == ["generator"]
     assert job["adapters"] == {"generator": "generator"}  # the adapter named after the role
 
 
-def test_job_events_stream_every_turn_then_done(server):
-    job_id = submit(server).json()["id"]
+def test_job_events_replay_every_turn_then_done(server, jobs):
+    job_id = jobs["ids"]["normal"]
     with httpx.stream("GET", f"{server.url}/v1/kernels/jobs/{job_id}/events",
                       timeout=240) as reply:
         events = [json.loads(line[6:]) for line in reply.iter_lines()
@@ -50,27 +68,22 @@ def test_job_events_stream_every_turn_then_done(server):
     assert events[-1]["status"] == "succeeded"
 
 
-def test_on_finished_callbacks_see_each_job(server):
-    seen = []
-    server.app.state.jobs.on_finished.append(seen.append)
-    try:
-        job_id = submit(server, arm="b").json()["id"]
-        wait(server, job_id)
-    finally:
-        server.app.state.jobs.on_finished.remove(seen.append)
-    assert [(j.id, j.arm, j.status.value) for j in seen] == [(job_id, "b", "succeeded")]
+def test_on_finished_callbacks_see_each_job(jobs):
+    seen = {(j.id, j.arm, j.status.value) for j in jobs["finished"]}
+    ids = jobs["ids"]
+    assert seen == {(ids["failing"], None, "failed"), (ids["normal"], "b", "succeeded")}
 
 
-def test_a_failing_job_leaves_another_unharmed(server):
-    # ~19 kB of hex names: far more prompt tokens than the window leaves next to 4000 new
-    # ones, so this episode fails before it generates anything
-    names = "\n".join(f"# {random.Random(i).getrandbits(128):032x}" for i in range(500))
-    failing = submit(server, module=RELU + "\n" + names, max_new_tokens=4000)
-    fine = submit(server)
-    assert failing.status_code == 202
-    failed = wait(server, failing.json()["id"])
+def test_a_failing_job_leaves_another_unharmed(jobs):
+    failed, normal = jobs["polled"]["failing"], jobs["polled"]["normal"]
     assert failed["status"] == "failed" and "prompt does not fit" in failed["error"]
-    assert wait(server, fine.json()["id"])["status"] == "succeeded"
+    assert normal["status"] == "succeeded"
+
+
+def test_finished_jobs_are_written_to_the_state_dir(server, jobs):
+    folder = server.app.state.config.jobs_dir
+    written = json.loads((folder / f"{jobs['ids']['normal']}.json").read_text())
+    assert written["status"] == "succeeded" and written["source"] == RELU
 
 
 @pytest.mark.parametrize(("body", "status"), [

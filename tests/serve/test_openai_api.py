@@ -104,6 +104,22 @@ def test_bad_requests_get_a_4xx_with_a_one_line_message(server, path, body, stat
     assert message and "\n" not in message
 
 
+def test_concurrent_requests_share_a_batch_and_get_their_own_replies(server):
+    body = {"model": "base", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    alone = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    batcher = server.app.state.batcher
+    before = batcher.batches
+
+    async def send_four():
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            return await asyncio.gather(*(http.post("/v1/completions", json=body)
+                                          for _ in range(4)))
+
+    replies = asyncio.run(send_four())
+    assert [r.json()["choices"][0]["text"] for r in replies] == [alone["choices"][0]["text"]] * 4
+    assert batcher.batches - before < 4
+
+
 def test_fifty_concurrent_requests_with_malformed_ones_are_all_answered(server):
     good = {"model": "base", "prompt": PROMPT, "max_tokens": 1}
     bad = [b"{", {"model": "base"}, {"model": "base", "prompt": PROMPT, "n": 999},

@@ -2,9 +2,10 @@
 
 ``app.state`` holds what routers use: ``config`` (ServeConfig), ``registry`` (ModelRegistry:
 base model and adapters), ``jobs`` (JobManager: kernel-optimization jobs and their hooks),
-``ready`` (the model has loaded) and ``started_at``. Both objects exist as soon as the app is
-created, so a component can register hooks (``app.state.jobs.on_finished.append(...)``) before
-the server starts; the model loads and the evaluator starts in the lifespan.
+``batcher`` (completion requests decoded together), ``ready`` (the model has loaded) and
+``started_at``. These exist as soon as the app is created, so a component can register hooks
+(``app.state.jobs.on_finished.append(...)``) before the server starts; the model loads and the
+evaluator starts in the lifespan.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from multiminddev.serve import kernels_api, openai_api
+from multiminddev.serve.batching import Batcher
 from multiminddev.serve.config import ServeConfig
 from multiminddev.serve.errors import ApiError, error_body, validation_message
 from multiminddev.serve.jobs import JobManager
@@ -34,6 +36,7 @@ def create_app(config: ServeConfig | None = None, *, routers: Iterable[Any] = ()
     config = config or ServeConfig()
     registry = ModelRegistry(config)
     jobs = JobManager(config, registry)
+    batcher = Batcher(registry, config.max_batch_size)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -45,12 +48,14 @@ def create_app(config: ServeConfig | None = None, *, routers: Iterable[Any] = ()
             yield
         finally:
             app.state.ready = False
+            await batcher.close()
             await jobs.close()
 
     app = FastAPI(title="MultiMindDev", lifespan=lifespan)
     app.state.config = config
     app.state.registry = registry
     app.state.jobs = jobs
+    app.state.batcher = batcher
     app.state.ready = False
     app.state.started_at = time.time()
     _error_handlers(app)

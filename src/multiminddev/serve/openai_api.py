@@ -210,8 +210,7 @@ def _content_text(content: Any) -> str:
 
 async def _generate(request: Request, prompts: list[list[int]], sampling: SamplingParams,
                     name: str) -> list[GenerationOutput]:
-    registry: ModelRegistry = request.app.state.registry
-    return await asyncio.to_thread(registry.generate, prompts, sampling, name)
+    return await request.app.state.batcher.generate(prompts, sampling, name)
 
 
 # --------------------------------------------------------------------------- responses
