@@ -131,7 +131,8 @@ async def run(args: argparse.Namespace, policy: Any, url: str) -> dict[str, Any]
     local = HFGenerationBackend(policy, max_batch_size=args.batch)
     served = {role.value: role.value} if args.adapters else {}
     remote = OpenAIGenerationBackend(base_url=url, tokenizer=policy.tokenizer, models=served)
-    sample = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens, seed=0)
+    # no seed: seeded requests are never batched together by the server
+    sample = SamplingParams(temperature=1.0, max_new_tokens=args.new_tokens)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)
     figures: dict[str, Any] = {}
     try:

@@ -159,3 +159,10 @@ def test_logprobs_match_the_in_process_backend_on_the_gpu(adapter_dir):
     with policy.use(AgentRole.GENERATOR) as model, torch.no_grad():
         local = token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):].tolist()
     assert remote.logprobs == pytest.approx(local, abs=5e-2)
+
+
+def test_equal_prompts_get_their_own_samples_under_one_seed(server, tokenizer):
+    prompt = encode_chat(tokenizer, MESSAGES)
+    sampling = SamplingParams(temperature=1.5, max_new_tokens=12, seed=3)
+    first, second = generate(server, tokenizer, [prompt, prompt], sampling)
+    assert first.token_ids != second.token_ids

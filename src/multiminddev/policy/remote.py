@@ -16,6 +16,7 @@ sample at T = 1 and top_p = 1 (or recompute) where the two must agree.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -99,9 +100,16 @@ class OpenAIGenerationBackend:
             body["seed"] = sampling.seed
         return body
 
+    def _seeded(self, sampling: SamplingParams, index: int) -> SamplingParams:
+        # One seed per prompt: equal prompts (a GRPO group) must not get equal samples, as they
+        # do not from the in-process backend, which seeds once per batch.
+        if sampling.seed is None or index == 0:
+            return sampling
+        return dataclasses.replace(sampling, seed=sampling.seed + index)
+
     async def _complete(self, index: int, prompt: list[int], sampling: SamplingParams,
                         model: str) -> list[GenerationOutput]:
-        body = self.request_body(prompt, sampling, model)
+        body = self.request_body(prompt, self._seeded(sampling, index), model)
         async with self._limit:
             data = await self._post("/completions", body)
         choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))

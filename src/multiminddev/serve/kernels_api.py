@@ -47,10 +47,13 @@ def router() -> APIRouter:
         jobs: JobManager = request.app.state.jobs
         if not request.app.state.ready:
             raise ApiError(503, "the server is still loading; retry in a moment")
-        options = JobOptions(turns=body.turns, temperature=body.temperature, top_p=body.top_p,
-                             max_new_tokens=body.max_new_tokens,
-                             target_speedup=body.target_speedup, patience=body.patience,
-                             seed=body.seed, name=body.name)
+        try:
+            options = JobOptions(turns=body.turns, temperature=body.temperature,
+                                 top_p=body.top_p, max_new_tokens=body.max_new_tokens,
+                                 target_speedup=body.target_speedup, patience=body.patience,
+                                 seed=body.seed, name=body.name)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from exc
         try:
             job = jobs.submit(body.module, options, body.adapters, body.arm)
         except JobError as exc:
