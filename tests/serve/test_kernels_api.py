@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import FIXTURES
+from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced
 
 RELU = (FIXTURES / "problems" / "1_relu.py").read_text()
 SMALL = {"turns": 1, "max_new_tokens": 8, "temperature": 0}
@@ -84,6 +85,22 @@ def test_finished_jobs_are_written_to_the_state_dir(server, jobs):
     folder = server.app.state.config.jobs_dir
     written = json.loads((folder / f"{jobs['ids']['normal']}.json").read_text())
     assert written["status"] == "succeeded" and written["source"] == RELU
+
+
+def test_a_job_whose_agent_writes_a_kernel_gets_it_evaluated(server):
+    """The evaluation half of a job: a backend that replays a working kernel (the embedded
+    model does not write one in a few tokens); compile-only on a machine without a GPU."""
+    jobs = server.app.state.jobs
+    tokenizer = server.app.state.registry.tokenizer
+    jobs.backend_for = lambda adapters: ReplayBackend(tokenizer,
+                                                      lambda role, call, i: fenced(RELU_KERNEL))
+    try:
+        job = wait(server, submit(server).json()["id"])
+    finally:
+        jobs.backend_for = server.app.state.registry.backend
+    assert job["status"] == "succeeded" and job["best_source"]
+    assert job["best_result"]["status"] in ("ok", "no_gpu")
+    assert job["compile_only"] == (job["best_result"]["status"] == "no_gpu")
 
 
 @pytest.mark.parametrize(("body", "status"), [

@@ -11,6 +11,8 @@ Hooks for other components (the A/B layer):
   adapters and arm; returns {role: model name} and the arm's name (either may be None).
 - ``on_finished``: callbacks ``f(job)`` called once per job when it ends (succeeded or failed);
   an exception in one is logged and ignored.
+- ``backend_for(adapters) -> GenerationBackend``: where a job's agents generate (default: the
+  served models, ``ModelRegistry.backend``).
 """
 
 from __future__ import annotations
@@ -156,6 +158,9 @@ class JobManager:
         self.on_finished: list[Callable[[Job], Any]] = []
         self.assign_arm: Callable[[str, JobOptions], tuple[dict[str, str] | None, str | None]] \
             | None = None
+        # The generation backend of a job, from its {role: model name}: by default the served
+        # models themselves; a GenerationBackend to another server (vLLM) fits here too.
+        self.backend_for: Callable[[dict[str, str]], Any] = registry.backend
         self.evaluator: Any = None
         self._slots: asyncio.Semaphore | None = None
         self._changed: asyncio.Condition | None = None
@@ -279,13 +284,13 @@ class JobManager:
         problem = check_module(job.source, self.config.max_module_bytes, opts.name)
         sampling = SamplingParams(temperature=opts.temperature, top_p=opts.top_p,
                                   max_new_tokens=opts.max_new_tokens, seed=opts.seed)
+        backend = self.backend_for(job.adapters)
+        window = getattr(backend, "context_window", None) or self.registry.context_window
         config = single_episode_config(turns=opts.turns, sampling=sampling,
                                        target_speedup=opts.target_speedup,
-                                       patience=opts.patience,
-                                       context_window=self.registry.context_window)
+                                       patience=opts.patience, context_window=window)
         # every turn gets the training reward, so outcomes compare across arms and with training
         config.reward = RewardConfig()
-        backend = self.registry.backend(job.adapters)
         pending: list[dict[str, Any]] = []
 
         def on_step(episodes: list[Any]) -> None:
