@@ -7,6 +7,7 @@ compiling kernel marked "compile-only: not verified".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -103,7 +104,8 @@ def builtin_problem(spec: str, quiet: bool) -> Any:
 def run(args: argparse.Namespace) -> int:
     from multiminddev.agents.shipped import shipped_agents
     from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.episode import EpisodeConfig, episode_to_dict, run_episodes
+    from multiminddev.episode import episode_to_dict, run_episodes
+    from multiminddev.episode.runner import single_episode_config
     from multiminddev.episode.state import write_episodes_jsonl
     from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
     from multiminddev.policy.model import resolve_model_source
@@ -133,15 +135,13 @@ def run(args: argparse.Namespace) -> int:
         return fail(" ".join(str(exc).split()))
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
-    window = policy.context_window
-    config = EpisodeConfig(
-        max_turns=args.turns, sampling=sampling, target_speedup=args.target_speedup,
-        patience=args.patience,
-        max_prompt_tokens=max(256, min(6144, window - args.max_new_tokens)),
+    config = dataclasses.replace(
+        single_episode_config(turns=args.turns, sampling=sampling,
+                              target_speedup=args.target_speedup, patience=args.patience,
+                              context_window=policy.context_window),
         # agents trained on prompts with the element-type line get it at inference too
         element_type=shipped is not None and shipped.element_type_line,
-        profiler_feedback=args.profile_feedback,
-    )
+        profiler_feedback=args.profile_feedback)
     backend: Any = HFGenerationBackend(policy)
     with Evaluator(EvalConfig()) as evaluator:
         judge: Any = evaluator

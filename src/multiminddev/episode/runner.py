@@ -26,7 +26,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -435,8 +435,11 @@ async def arun_episodes(
     config: EpisodeConfig | None = None,
     *,
     group_size: int = 1,
+    on_step: Callable[[list[Episode]], Any] | None = None,
 ) -> list[Episode]:
-    """Run ``group_size`` episodes per problem concurrently; returns them problem by problem."""
+    """Run ``group_size`` episodes per problem concurrently; returns them problem by problem.
+    ``on_step(episodes)``, if given, is called after each step (every running episode has one
+    more turn), e.g. to stream turns as they end."""
     config = config or EpisodeConfig()
     if group_size < 1:
         raise ValueError("group_size must be >= 1")
@@ -456,6 +459,8 @@ async def arun_episodes(
         if not active:
             break
         await _step(index, active, backend, cache, config)
+        if on_step is not None:
+            on_step(episodes)
     for episode in episodes:
         if episode.status is EpisodeStatus.RUNNING:
             episode.status = EpisodeStatus.MAX_TURNS
@@ -481,6 +486,18 @@ def run_episodes(
                                          group_size=group_size))
     raise RuntimeError("run_episodes was called inside a running event loop; "
                        "use `await arun_episodes(...)` there")
+
+
+def single_episode_config(
+    *, turns: int, sampling: SamplingParams, target_speedup: float, patience: int,
+    context_window: int,
+) -> EpisodeConfig:
+    """The episode of ``optimize`` (one problem, one episode): prompts get what the model's
+    window leaves after the reply, at most 6144 tokens and at least 256."""
+    return EpisodeConfig(
+        max_turns=turns, sampling=sampling, target_speedup=target_speedup, patience=patience,
+        max_prompt_tokens=max(256, min(6144, context_window - sampling.max_new_tokens)),
+    )
 
 
 def with_sampling(config: EpisodeConfig, **changes: Any) -> EpisodeConfig:

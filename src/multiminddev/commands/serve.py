@@ -1,0 +1,118 @@
+"""``multiminddev serve``: an OpenAI-compatible server with per-agent adapters and a
+kernel-optimization API (docs/serving.md).
+
+    multiminddev serve --adapters generator=runs/x/checkpoints/final/generator \\
+                              optimizer=runs/x/checkpoints/final/optimizer --port 8000
+
+``model`` in a request names the base ("base") or an adapter; adapters named generator /
+optimizer drive those roles in ``/v1/kernels/optimize`` jobs. Without --adapters the shipped
+agent adapters are served where this installation has them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from pathlib import Path
+from typing import Any
+
+from multiminddev.commands._io import InputError, fail
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve the model and agent adapters over an OpenAI-compatible HTTP API",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M GGUF), hub id, local dir or .gguf file")
+    p.add_argument("--adapters", nargs="*", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters to serve, each NAME=FOLDER, or one checkpoint folder "
+                        "with generator/ and optimizer/ (default: the shipped adapters, if any)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cpu")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="folder for finished jobs and A/B records (default: none kept)")
+    p.add_argument("--max-running-jobs", type=int, default=2,
+                   help="optimize episodes run at once (default 2)")
+    p.set_defaults(handler=run)
+
+
+def parse_adapters(items: list[str] | None) -> dict[str, str]:
+    """``["NAME=PATH", ...]`` or ``["CHECKPOINT_DIR"]`` -> {name: path}; None -> shipped."""
+    from multiminddev.policy import PolicyError, adapter_paths_in
+
+    if items is None:
+        return shipped()
+    adapters: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep:
+            try:
+                adapters.update(adapter_paths_in(item))
+            except PolicyError as exc:
+                raise InputError(f"--adapters {item}: give NAME=PATH, or a checkpoint folder "
+                                 f"with generator/ and optimizer/ ({exc})") from exc
+            continue
+        if not name or not path:
+            raise InputError(f"--adapters {item!r}: give NAME=PATH")
+        if name in adapters:
+            raise InputError(f"--adapters names {name!r} twice")
+        adapters[name] = path
+    return adapters
+
+
+def shipped() -> dict[str, str]:
+    """The agent adapters this installation ships ({role: folder}), or none."""
+    find = getattr(importlib.import_module("multiminddev.agents"), "shipped_adapters", None)
+    if find is None:
+        return {}
+    found = find()
+    if not found:
+        return {}
+    if isinstance(found, dict):
+        return {str(k): str(v) for k, v in found.items()}
+    from multiminddev.policy import adapter_paths_in
+
+    return adapter_paths_in(found)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from multiminddev.serve import ServeConfig
+    except ImportError as exc:
+        return fail(f"serving needs the serve extra: pip install 'multiminddev[serve]' ({exc})")
+    from multiminddev.policy import PolicyError
+    from multiminddev.policy.model import resolve_model_source
+
+    try:
+        config = ServeConfig(model=args.model, adapters=parse_adapters(args.adapters),
+                             host=args.host, port=args.port, device=args.device,
+                             max_running_jobs=args.max_running_jobs,
+                             state_dir=str(args.state_dir) if args.state_dir else None)
+        resolve_model_source(config.model)  # a bad --model fails here, before the server starts
+    except (InputError, PolicyError, ValueError) as exc:
+        return fail(" ".join(str(exc).split()))
+    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="info")
+    return 0
+
+
+def build_app(config: Any) -> Any:
+    """The app with what other serve modules contribute (A/B, metrics, web page): a module
+    ``multiminddev.serve.extras`` with ``routers(config) -> list[APIRouter]`` and, optionally,
+    ``install(app)`` (hooks on ``app.state.jobs``), where present."""
+    from multiminddev.serve import create_app
+
+    try:
+        extras = importlib.import_module("multiminddev.serve.extras")
+    except ModuleNotFoundError as exc:
+        if exc.name != "multiminddev.serve.extras":
+            raise
+        return create_app(config)
+    app = create_app(config, routers=extras.routers(config))
+    install = getattr(extras, "install", None)
+    if install is not None:
+        install(app)
+    return app

@@ -1,0 +1,96 @@
+"""Request batching: concurrent completion requests for the same model with the same sampling
+settings are decoded in one generate call (up to ``max_batch_size`` prompts).
+
+One worker coroutine takes the oldest waiting request, adds every other waiting request that
+can share its batch, decodes them in a thread and hands each its own outputs. Requests with a
+``seed`` never share a batch (their samples must not depend on the other rows), and a request
+never waits for company: a batch is whatever is waiting when the model becomes free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from multiminddev.policy.generation import GenerationOutput, SamplingParams
+
+
+@dataclass
+class _Pending:
+    prompts: list[list[int]]
+    sampling: SamplingParams
+    model: str
+    future: asyncio.Future[list[GenerationOutput]]
+
+    def joins(self, other: _Pending) -> bool:
+        return (self.sampling.seed is None and other.sampling.seed is None
+                and self.model == other.model
+                and dataclasses.astuple(self.sampling) == dataclasses.astuple(other.sampling))
+
+
+class Batcher:
+    def __init__(self, registry: Any, max_batch_size: int):
+        self.registry = registry
+        self.max_batch_size = max_batch_size
+        self._waiting: list[_Pending] = []
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self.batches = 0  # generate calls made, for tests and metrics
+
+    async def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                       model: str) -> list[GenerationOutput]:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._wake = asyncio.Event()
+            self._worker = loop.create_task(self._run())
+        pending = _Pending(prompts, sampling, model, loop.create_future())
+        self._waiting.append(pending)
+        self._wake.set()  # type: ignore[union-attr]
+        return await pending.future
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+
+    def _take_batch(self) -> list[_Pending]:
+        first = self._waiting.pop(0)
+        batch, rows = [first], len(first.prompts) * first.sampling.n
+        for other in list(self._waiting):
+            size = len(other.prompts) * other.sampling.n
+            if first.joins(other) and rows + size <= self.max_batch_size:
+                batch.append(other)
+                rows += size
+                self._waiting.remove(other)
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            if not self._waiting:
+                self._wake.clear()  # type: ignore[union-attr]
+                await self._wake.wait()  # type: ignore[union-attr]
+                continue
+            batch = self._take_batch()
+            batch = [p for p in batch if not p.future.cancelled()]  # clients that went away
+            if not batch:
+                continue
+            prompts = [prompt for p in batch for prompt in p.prompts]
+            try:
+                outputs = await asyncio.to_thread(self.registry.generate, prompts,
+                                                  batch[0].sampling, batch[0].model)
+            except Exception as exc:  # noqa: BLE001 - each request of the batch gets the error
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+                continue
+            self.batches += 1
+            start = 0
+            for p in batch:
+                mine = outputs[start * p.sampling.n:(start + len(p.prompts)) * p.sampling.n]
+                for out in mine:
+                    out.prompt_index -= start
+                start += len(p.prompts)
+                if not p.future.done():
+                    p.future.set_result(mine)

@@ -1,0 +1,68 @@
+"""``ServeConfig``: every setting of the ``serve`` server, validated on construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Adapter (model) names appear in URLs and in the OpenAI ``model`` field.
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass(kw_only=True)
+class ServeConfig:
+    # "default" (the embedded SmolLM2 GGUF), a hub id, a local model folder or a .gguf file
+    model: str = "default"
+    # The OpenAI ``model`` name of the base without adapters.
+    base_name: str = "base"
+    # LoRA adapters loaded at start, {name: adapter folder}; requests pick one by ``model``.
+    # Adapters named "generator" / "optimizer" drive those roles in kernel jobs by default.
+    adapters: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"  # auto: cuda if available, else cpu
+    dtype: str = "auto"
+    max_module_bytes: int = 64_000  # largest module source /v1/kernels/optimize accepts
+    max_tokens_limit: int = 4096  # largest max_tokens a completion request may ask for
+    max_batch_size: int = 16  # prompts decoded together in one generate call
+    # Kernel jobs: episodes running at once, and jobs waiting behind them before 429.
+    max_running_jobs: int = 2
+    max_queued_jobs: int = 64
+    max_job_turns: int = 8
+    # Finished jobs kept in memory for polling (the oldest are dropped first).
+    max_finished_jobs: int = 1000
+    # The evaluator (multiminddev.env.EvalConfig); None: its defaults.
+    eval_config: Any = None
+    # Where finished jobs are written as JSON (state_dir/jobs/<id>.json) and where other
+    # components (the A/B store) keep their files; None: nothing is written.
+    state_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not ADAPTER_NAME.match(self.base_name):
+            raise ValueError(f"ServeConfig.base_name={self.base_name!r}: use letters, digits, "
+                             "'.', '_' or '-' (at most 64)")
+        self.adapters = {str(k): str(v) for k, v in self.adapters.items()}
+        for name, path in self.adapters.items():
+            if not ADAPTER_NAME.match(name):
+                raise ValueError(f"ServeConfig.adapters: name {name!r} must be letters, digits, "
+                                 "'.', '_' or '-' (at most 64)")
+            if name == self.base_name:
+                raise ValueError(f"ServeConfig.adapters: {name!r} is the base model's name; "
+                                 "give the adapter another name")
+            if not (Path(path) / "adapter_config.json").is_file():
+                raise ValueError(f"ServeConfig.adapters[{name!r}]: {path} holds no "
+                                 "adapter_config.json; pass a LoRA adapter folder")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"ServeConfig.port={self.port} must be in 0..65535")
+        for name in ("max_module_bytes", "max_tokens_limit", "max_batch_size", "max_running_jobs",
+                     "max_job_turns", "max_finished_jobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServeConfig.{name} must be >= 1")
+        if self.max_queued_jobs < 0:
+            raise ValueError("ServeConfig.max_queued_jobs must be >= 0")
+
+    @property
+    def jobs_dir(self) -> Path | None:
+        return Path(self.state_dir) / "jobs" if self.state_dir else None
