@@ -44,7 +44,7 @@ class ProgressEvaluator:
     async def aevaluate(self, problem: Any, candidate: str) -> Any:
         result = await self._evaluator.aevaluate(problem, candidate)
         self.evaluated += 1
-        message = " ".join(str(getattr(result, "message", "")).split())[:100]
+        message = _clip(" ".join(str(getattr(result, "message", "")).split()), 100)
         _line(f"{self._prefix}evaluated #{self.evaluated} {getattr(problem, 'name', problem)}: "
               f"{result.status.value}" + (f" ({message})" if message else ""), self._stream)
         return result
@@ -52,3 +52,10 @@ class ProgressEvaluator:
 
 def _line(text: str, stream: TextIO | None) -> None:
     print(text, file=stream or sys.stderr, flush=True)
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, marked with '...'."""
+    if len(text) <= limit:
+        return text
+    return text[: limit - 3].rsplit(" ", 1)[0] + "..."
