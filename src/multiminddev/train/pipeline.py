@@ -23,14 +23,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.prompts import generator_messages, optimizer_messages
 from multiminddev.agents.roles import AgentRole
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.episode import EpisodeConfig, write_episodes_jsonl
+from multiminddev.episode.infra import InfraFailure, check_episodes
+from multiminddev.policy import (
+    HFGenerationBackend,
+    LogprobSource,
+    PolicyConfig,
+    SamplingParams,
+    load_policy,
+)
+from multiminddev.tasks.curriculum import Curriculum, CurriculumConfig, load_family_counts
+from multiminddev.tasks.loaders import load_problems
+from multiminddev.train import selection
+from multiminddev.train.checkpoints import SFT_DIR, CheckpointError, find_latest
 from multiminddev.train.config_files import (
     RUN_CONFIG_FILE,
     settings_record,
     write_json_atomically,
 )
-from multiminddev.train.metrics import COMPILE_ONLY_NOTE
+from multiminddev.train.metrics import (
+    COMPILE_ONLY_NOTE,
+    MetricsConfig,
+    MetricsLogger,
+    progress_bar,
+    rollout_metrics,
+)
+from multiminddev.train.planner import detect_gpus, plan_gpus, render_plan
 from multiminddev.train.presets import Preset, RunSize, run_size
+from multiminddev.train.sakana_sft import load_sakana_sft_data, sakana_sft_path
+from multiminddev.train.selection import selection_sample
+from multiminddev.train.sft import SFTConfig, run_sft, tokenize_chat
+from multiminddev.train.sft_data import build_sft_dataset, sft_examples
 
 AGENT_ROLES = (AgentRole.GENERATOR, AgentRole.OPTIMIZER)
 
@@ -148,8 +174,6 @@ class TrainSettings:
         if self.family_sampling not in ("uniform", "signal"):
             raise ValueError(f"family_sampling={self.family_sampling!r}: use 'uniform' or 'signal'")
         if self.family_warm_start is not None:
-            from multiminddev.tasks.curriculum import load_family_counts
-
             if self.family_sampling != "signal":
                 raise ValueError("--family-warm-start starts the windows that --family-sampling "
                                  "signal weighs families by: give --family-sampling signal too")
@@ -169,8 +193,6 @@ class TrainSettings:
                              "sampled turns; only an agent it does not train can decode "
                              "greedily (e.g. --rl-roles optimizer --rl-greedy-roles generator)")
         if self.sft_data is not None:
-            from multiminddev.train.sakana_sft import sakana_sft_path
-
             sakana_sft_path(self.sft_data)  # a bad spec or path stops the run before it starts
         if self.qlora and self.full_finetune:
             raise ValueError("--qlora trains adapters on a 4-bit base; it excludes --full-finetune")
@@ -257,8 +279,6 @@ def banner(ctx: Context, where: str) -> None:
 
 
 def load_problems_for(ctx: Context) -> None:
-    from multiminddev.tasks.loaders import load_problems
-
     s = ctx.settings
     ctx.train_problems = load_problems(s.train_problems or ctx.size.train_problems)
     ctx.sft_problems = load_problems(s.sft_problems) if s.sft_problems else ctx.train_problems
@@ -267,15 +287,11 @@ def load_problems_for(ctx: Context) -> None:
     ctx.console.print(f"problems: {len(ctx.train_problems)} train{sft}, "
                       f"{len(ctx.heldout)} held-out")
     if s.sft_data is not None and not s.skip_sft and AgentRole.GENERATOR in s.roles:
-        from multiminddev.train.sakana_sft import load_sakana_sft_data
-
         ctx.sakana_sft = load_sakana_sft_data(s.sft_data)
         ctx.console.print(ctx.sakana_sft.summary())
 
 
 def policy_config(ctx: Context, device: str) -> Any:
-    from multiminddev.policy import PolicyConfig
-
     s = ctx.settings
     adapters: dict[str, str] = {}
     model = s.model
@@ -309,9 +325,6 @@ def resolve_checkpoint(ckpt: str, role: AgentRole) -> tuple[str, str]:
 
 
 def plan_and_load(ctx: Context) -> None:
-    from multiminddev.policy import load_policy
-    from multiminddev.train.planner import detect_gpus, plan_gpus, render_plan
-
     s = ctx.settings
     cfg = policy_config(ctx, "cpu")
     params = _model_params_hint(cfg.model)
@@ -340,9 +353,6 @@ def _model_params_hint(model: str) -> int:
 # --------------------------------------------------------------------------- phases
 
 def sft_phase(ctx: Context) -> dict[str, Any]:
-    from multiminddev.train.sft import SFTConfig, run_sft
-    from multiminddev.train.sft_data import build_sft_dataset
-
     s, size = ctx.settings, ctx.size
     cfg = SFTConfig(output_dir=s.output_dir, max_steps=s.sft_steps or size.sft_max_steps,
                     batch_size=s.sft_batch_size or size.sft_batch_size,
@@ -392,7 +402,6 @@ def sft_example_options(ctx: Context, role: AgentRole) -> dict[str, Any]:
     the episodes' prompts have it (training sees what inference sees)."""
     import functools
 
-    from multiminddev.agents.prompts import generator_messages, optimizer_messages
 
     s = ctx.settings
     if role is AgentRole.GENERATOR:
@@ -411,10 +420,6 @@ def sft_example_options(ctx: Context, role: AgentRole) -> dict[str, Any]:
 def sft_anchor_examples(ctx: Context, roles: Any) -> dict[AgentRole, list[Any]] | None:
     """GRPO's SFT anchor (``sft_anchor`` > 0): per trained role, its SFT data tokenized as SFT
     tokenizes it; None when the anchor is off."""
-    from multiminddev.tasks.loaders import load_problems
-    from multiminddev.train.sft import tokenize_chat
-    from multiminddev.train.sft_data import sft_examples
-
     s = ctx.settings
     if not s.sft_anchor:
         return None
@@ -427,8 +432,6 @@ def sft_anchor_examples(ctx: Context, roles: Any) -> dict[AgentRole, list[Any]] 
 
 
 def eval_config(ctx: Context) -> Any:
-    from multiminddev.env import EvalConfig
-
     # Short runs skip the torch.compile baseline (tens of seconds per problem) and time briefly.
     s = ctx.settings
     quick = s.preset is not Preset.FULL if s.eval_quick_timing is None else s.eval_quick_timing
@@ -438,9 +441,6 @@ def eval_config(ctx: Context) -> Any:
 
 
 def episode_config(ctx: Context, grpo: Any) -> Any:
-    from multiminddev.episode import EpisodeConfig
-    from multiminddev.policy import SamplingParams
-
     # generator_max_new_tokens caps the Generator; otherwise an explicit --max-new-tokens
     # applies to every role, and without it the preset's Generator cap holds.
     s = ctx.settings
@@ -473,7 +473,6 @@ def evaluation_backend(ctx: Context) -> Any:
     of the weights, ``eval_compiled_decoding`` overrides the training's decoding."""
     import torch
 
-    from multiminddev.policy import HFGenerationBackend, LogprobSource
 
     s = ctx.settings
     return HFGenerationBackend(ctx.policy, logprob_source=LogprobSource.SAMPLER,
@@ -484,6 +483,8 @@ def evaluation_backend(ctx: Context) -> Any:
 
 
 def grpo_config(ctx: Context) -> Any:
+    # train.grpo imports torch (through rl/); the settings above are read by `train --help`
+    # and config checks, which must not load it, so grpo is imported where a run needs it.
     from multiminddev.train.grpo import GRPOConfig
 
     s, size = ctx.settings, ctx.size
@@ -507,8 +508,6 @@ def grpo_config(ctx: Context) -> Any:
 
 def curriculum_config(ctx: Context) -> Any:
     """GRPO's problem sampler settings: CurriculumConfig's defaults and the run's flags."""
-    from multiminddev.tasks.curriculum import CurriculumConfig
-
     s = ctx.settings
     return CurriculumConfig(family_sampling=s.family_sampling,
                             start_tier=s.curriculum_start_tier,
@@ -518,8 +517,6 @@ def curriculum_config(ctx: Context) -> Any:
 def grpo_curriculum(ctx: Context) -> Any:
     """GRPO's problem sampler over the training problems, its family windows started from
     --family-warm-start's counts if given (a resumed run's checkpoint replaces them)."""
-    from multiminddev.tasks.curriculum import Curriculum, load_family_counts
-
     curriculum = Curriculum.from_problems(ctx.train_problems, curriculum_config(ctx))
     if ctx.settings.family_warm_start is not None:
         curriculum.warm_family_windows(load_family_counts(ctx.settings.family_warm_start))
@@ -527,9 +524,7 @@ def grpo_curriculum(ctx: Context) -> Any:
 
 
 def rl_phase(ctx: Context, evaluator: Any) -> Any:
-    from multiminddev.policy import HFGenerationBackend
     from multiminddev.train.grpo import GRPOTrainer
-    from multiminddev.train.metrics import MetricsConfig, MetricsLogger, progress_bar
 
     s = ctx.settings
     cfg = grpo_config(ctx)
@@ -577,9 +572,6 @@ def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any
 
 def selection_problems(ctx: Context) -> list[Any]:
     """The early-stopping sample (train/selection.py); a bad spec is a ``SelectionError``."""
-    from multiminddev.tasks.loaders import load_problems
-    from multiminddev.train.selection import selection_sample
-
     s = ctx.settings
     return selection_sample(load_problems(s.select_problems), s.select_count,
                             also=load_problems(s.select_also) if s.select_also else (),
@@ -592,8 +584,6 @@ def train_with_selection(ctx: Context, trainer: Any, progress: Any, task: Any) -
     """GRPO paused after every ``select_every`` steps for a select@ evaluation; at the end the
     policy holds the chosen step's agents (train/selection.py). The rewards and the chosen step
     go to ``select.json``; a resumed run reads the earlier rewards back."""
-    from multiminddev.episode.infra import check_episodes
-    from multiminddev.train import selection
     from multiminddev.train.grpo import score_episodes
 
     s, cfg = ctx.settings, trainer.cfg
@@ -635,11 +625,7 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
     """Held-out problems, one episode each, with the agents the policy holds. Raises
     ``InfraFailure`` (its episodes written first) when most of them failed on the evaluator's
     side. ``stage`` prefixes the files (``sft_``: the SFT agents' evaluation)."""
-    from multiminddev.episode import write_episodes_jsonl
-    from multiminddev.episode.infra import InfraFailure, check_episodes
-    from multiminddev.policy import HFGenerationBackend
     from multiminddev.train.grpo import GRPOTrainer, score_episodes
-    from multiminddev.train.metrics import rollout_metrics
 
     cfg = trainer.cfg if trainer is not None else grpo_config(ctx)
     problems = ctx.heldout[: ctx.size.final_eval_problems]
@@ -705,7 +691,6 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
     (``distributed.grpo.RayScaleOut``); None: everything in this process."""
     from rich.console import Console
 
-    from multiminddev.env import Evaluator
 
     console = console or Console()
     start = time.perf_counter()
@@ -744,8 +729,6 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
 
 
 def _has_rl_checkpoint(path: Path) -> bool:
-    from multiminddev.train.checkpoints import CheckpointError, find_latest
-
     try:
         find_latest(path)
     except CheckpointError:
@@ -755,8 +738,6 @@ def _has_rl_checkpoint(path: Path) -> bool:
 
 def _resume_from_sft(ctx: Context) -> None:
     """No RL checkpoint yet: load the SFT adapters that were finished; SFT redoes the others."""
-    from multiminddev.train.checkpoints import SFT_DIR
-
     s = ctx.settings
     sft_dir = Path(s.resume) / SFT_DIR
     done = [r for r in s.roles if (sft_dir / r.value / "adapter_config.json").exists()]
