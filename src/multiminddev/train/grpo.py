@@ -37,10 +37,41 @@ from typing import Any, Protocol
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.env.results import EvalStatus
-from multiminddev.episode.infra import INFRA_SHARE_LIMIT, check_episodes, check_share_limit
+from multiminddev.episode import run_episodes, write_episodes_jsonl
+from multiminddev.episode.infra import (
+    INFRA_SHARE_LIMIT,
+    InfraFailure,
+    check_episodes,
+    check_share_limit,
+)
+from multiminddev.policy import token_logprobs
 from multiminddev.policy.model import release_cached_gpu_memory
 from multiminddev.rewards import CreditConfig, RewardConfig, assign_turn_rewards, compute_reward
-from multiminddev.rl.losses import LossAgg
+from multiminddev.rl.advantages import (
+    role_codes,
+    stratified_advantages,
+    turn_level_advantages,
+    weight_by_sign,
+)
+from multiminddev.rl.losses import LossAgg, assistant_nll, grpo_loss, masked_mean
+from multiminddev.train import checkpoints as ck
+from multiminddev.train.checkpoints import (
+    TrainerState,
+    capture_rng,
+    find_latest,
+    load_latest,
+    restore_rng,
+    save_final,
+    save_latest,
+)
+from multiminddev.train.metrics import (
+    MetricsConfig,
+    MetricsLogger,
+    PhaseTimer,
+    best_result,
+    rollout_metrics,
+)
+from multiminddev.train.sft import collate_examples
 
 
 class AdvantageMode(str, enum.Enum):
@@ -253,8 +284,6 @@ class LocalRollouts:
         return dict(getattr(self.backend, "seconds", {}))
 
     def run_episodes(self, problems: list[Any], group_size: int, config: Any) -> list[Any]:
-        from multiminddev.episode import run_episodes
-
         out = run_episodes(problems, self.backend, self.evaluator, config, group_size=group_size)
         return asyncio.run(out) if inspect.isawaitable(out) else out
 
@@ -359,12 +388,6 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
     """Group-relative advantages in place; returns the samples to train on (DAPO filter)."""
     import torch
 
-    from multiminddev.rl.advantages import (
-        role_codes,
-        stratified_advantages,
-        turn_level_advantages,
-        weight_by_sign,
-    )
 
     if not samples:
         return []
@@ -444,8 +467,6 @@ def build_batch(samples: list[TurnSample], pad_id: int, device: Any = "cpu") -> 
 
 def batch_loss(new_logprobs: Any, batch: Batch, cfg: GRPOConfig) -> tuple[Any, dict[str, float]]:
     """GRPO loss of a batch from the current policy's per-token logprobs [B, T]."""
-    from multiminddev.rl.losses import grpo_loss, masked_mean
-
     loss, stats = grpo_loss(
         new_logprobs, batch.old_logprobs, batch.advantages, batch.loss_mask, batch.ref_logprobs,
         kl_coef=cfg.kl_coef, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
@@ -475,7 +496,6 @@ class GRPOTrainer:
         ``backend`` and ``evaluator`` (``LocalRollouts``)."""
         import torch
 
-        from multiminddev.train.metrics import MetricsConfig, MetricsLogger
 
         self.cfg = config
         self.policy, self.backend, self.evaluator = policy, backend, evaluator
@@ -513,8 +533,6 @@ class GRPOTrainer:
               until: int | None = None) -> list[dict[str, Any]]:
         """Steps until ``cfg.num_steps`` (or step ``until``, to pause for a caller's held-out
         evaluation; a later call goes on from there)."""
-        from multiminddev.train.metrics import PhaseTimer
-
         self.freeze_start_reference()
         self.rollouts.publish(self.policy, self.step)  # the weights as training (re)starts
         stop = self.cfg.num_steps if until is None else min(until, self.cfg.num_steps)
@@ -593,8 +611,6 @@ class GRPOTrainer:
     def check_infra_errors(self, episodes: list[Any], what: str) -> None:
         """Raises ``InfraFailure`` when more than ``cfg.max_infra_share`` of ``episodes`` ended
         in an infrastructure error; their episodes are logged first, for the causes."""
-        from multiminddev.episode.infra import InfraFailure
-
         try:
             check_episodes(episodes, what=what, max_share=self.cfg.max_infra_share)
         except InfraFailure:
@@ -606,8 +622,6 @@ class GRPOTrainer:
 
     def record_curriculum(self, episodes: list[Any]) -> None:
         """Each episode's best result counts once for its problem's tier."""
-        from multiminddev.train.metrics import best_result
-
         for episode in episodes:
             result = best_result(episode)
             self.curriculum.record(episode.problem, result if result is not None else
@@ -666,7 +680,6 @@ class GRPOTrainer:
                        anchor: Sequence[dict[str, list[int]]] = ()) -> dict[str, float]:
         import torch
 
-        from multiminddev.policy import token_logprobs
 
         optimizer.zero_grad(set_to_none=True)
         n = mini.input_ids.shape[0]
@@ -689,9 +702,6 @@ class GRPOTrainer:
     def anchor_backward(self, model: Any, examples: Sequence[dict[str, list[int]]]) -> float:
         """Adds ``sft_coef`` times SFT's loss on ``examples`` to the step's gradients;
         returns that loss (unweighted)."""
-        from multiminddev.rl.losses import assistant_nll
-        from multiminddev.train.sft import collate_examples
-
         pad = self.policy.tokenizer.pad_token_id or 0
         batch = {k: v.to(self.policy.device) for k, v in collate_examples(pad)(list(examples)).items()}
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -703,7 +713,6 @@ class GRPOTrainer:
                            role: AgentRole | None = None) -> Any:
         import torch
 
-        from multiminddev.policy import token_logprobs
 
         rows = []
         with torch.no_grad(), self.policy.reference(role) as ref:
@@ -716,8 +725,6 @@ class GRPOTrainer:
     # ---------------------------------------------------------------- log / eval / checkpoint
 
     def make_record(self, episodes, rollout_stats, reward_stats, update_stats, timer) -> dict:
-        from multiminddev.train.metrics import rollout_metrics
-
         record: dict[str, Any] = {"step": self.step, "episodes": self.episodes_done,
                                   "compile_only": self.compile_only}
         record.update(reward_stats)
@@ -731,14 +738,10 @@ class GRPOTrainer:
         return record
 
     def write_episodes(self, episodes: list[Any]) -> None:
-        from multiminddev.episode import write_episodes_jsonl
-
         write_episodes_jsonl(episodes, self.output_dir / "episodes.jsonl", append=True)
 
     def evaluate(self) -> dict[str, float]:
         """Held-out problems, one episode each, with the current adapters."""
-        from multiminddev.train.metrics import rollout_metrics
-
         problems = self.heldout[: self.cfg.eval_problems]
         episodes = self.run_episodes(problems, 1)
         check_episodes(episodes, what=f"the held-out evaluation after GRPO step {self.step}",
@@ -757,8 +760,6 @@ class GRPOTrainer:
         return stats
 
     def maybe_checkpoint(self, record: dict[str, Any], eval_stats: dict[str, float] | None) -> None:
-        from multiminddev.train import checkpoints as ck
-
         score = checkpoint_score(record, eval_stats,
                                  heldout_decides=bool(self.heldout) and self.cfg.eval_every > 0)
         if score is not None and (self.best_reward is None or score > self.best_reward):
@@ -772,23 +773,17 @@ class GRPOTrainer:
             self.save_checkpoint()
 
     def state(self):
-        from multiminddev.train.checkpoints import TrainerState, capture_rng
-
         return TrainerState(step=self.step, episodes=self.episodes_done,
                             best_reward=self.best_reward, best_episode=self.best_episode,
                             curriculum=self.curriculum.state_dict(), rng=capture_rng(),
                             extra={"trainer_rng": self.rng.getstate(), "history": self.history})
 
     def save_checkpoint(self) -> Path:
-        from multiminddev.train.checkpoints import save_latest
-
         return save_latest(self.rl_dir, policy=self.policy, roles=self.roles,
                            optimizers=self.optimizers, state=self.state(), config=self.cfg.to_dict())
 
     def resume(self, path: Path) -> None:
         """Restore adapters, optimizers, curriculum, RNG and counters from a ``latest/``."""
-        from multiminddev.train.checkpoints import find_latest, load_latest, restore_rng
-
         self.freeze_start_reference()  # the agents as this run started, before the latest load
         state, _ = load_latest(find_latest(path), policy=self.policy, roles=self.roles,
                                optimizers=self.optimizers)
@@ -801,8 +796,6 @@ class GRPOTrainer:
         self.history = list(state.extra.get("history", []))
 
     def finish(self) -> Path:
-        from multiminddev.train.checkpoints import save_final
-
         summary = {"steps": self.step, "episodes": self.episodes_done,
                    "best_reward": self.best_reward, "best_episode": self.best_episode,
                    "compile_only": self.compile_only, "history": self.history}
