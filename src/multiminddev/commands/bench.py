@@ -26,11 +26,28 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.shipped import shipped_agents
 from multiminddev.commands._io import InputError, dir_problem, fail, file_problem, warn
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
 from multiminddev.distributed.cluster import RayUnavailableError, add_ray_argument
-from multiminddev.policy.model import PolicyError
+from multiminddev.distributed.ray_eval import make_evaluator
+from multiminddev.env import EvalConfig
+from multiminddev.episode.runner import EpisodeConfig, run_episodes
+from multiminddev.episode.state import episode_to_dict
+from multiminddev.policy import (
+    HFGenerationBackend,
+    PolicyConfig,
+    SamplingParams,
+    adapter_paths_in,
+    load_policy,
+)
+from multiminddev.policy.model import PolicyError, resolve_model_source
 from multiminddev.report.files import describe_bad_lines, read_jsonl_rows, write_atomic
+from multiminddev.report.html import normalise_samples, summarize_label, write_report
+from multiminddev.rewards import RewardConfig
+from multiminddev.tasks.loaders import load_problems
+from multiminddev.tasks.problem import ProblemError
+from multiminddev.train.seeds import compare_table, run_figures
 
 
 def register(subparsers: Any) -> None:
@@ -93,15 +110,12 @@ def register(subparsers: Any) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     if args.compare is not None:
         return run_compare(args.compare)
-    from multiminddev.policy.model import resolve_model_source
-    from multiminddev.tasks.problem import ProblemError
 
     try:
         if args.samples < 1 or args.turns < 1:
             raise ValueError("--samples and --turns must be >= 1")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; give a folder")
-        from multiminddev.agents.shipped import shipped_agents
 
         adapters = [a for a in args.adapters if str(a).lower() != "none"]
         for folder in adapters:
@@ -126,7 +140,6 @@ def run_bench(args: argparse.Namespace) -> int:
                                   progress=not args.quiet, ray_address=args.ray)
     except (PolicyError, RayUnavailableError) as exc:
         return fail(" ".join(str(exc).split()))
-    from multiminddev.report.html import write_report
 
     path = write_report(args.out, bench_runs=episodes, title=f"bench: {args.problems}")
     summary = json.loads((args.out / "summary.json").read_text())["labels"]
@@ -137,8 +150,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_compare(run_dirs: Sequence[Path]) -> int:
     """``bench --compare``: each run's figures (``seeds.run_figures``), one table on stdout."""
-    from multiminddev.train.seeds import compare_table, run_figures
-
     runs: dict[str, Any] = {}
     for run_dir in run_dirs:
         if (problem := dir_problem(run_dir, "train run folder")) is not None:
@@ -160,8 +171,6 @@ def policy_runs(models: Sequence[str], adapters: Sequence[Path],
     """{label: PolicyConfig}: one per --model, then one per --adapters dir on the first model.
     With neither, the ``shipped`` agents (``agents.shipped.ShippedAgents``) on their model where
     the package ships them, else the default model alone."""
-    from multiminddev.policy import PolicyConfig, PolicyError, adapter_paths_in
-
     runs: dict[str, Any] = {}
     if not models and not adapters and shipped is not None:
         return {SHIPPED_LABEL: PolicyConfig(model=shipped.model,
@@ -196,11 +205,6 @@ def bench_policies(
     ``progress``: a line on stderr per generation batch and per evaluated candidate.
     ``ray_address``: evaluate on that Ray cluster (``distributed.make_evaluator``).
     """
-    from multiminddev.distributed.ray_eval import make_evaluator
-    from multiminddev.episode.runner import run_episodes
-    from multiminddev.episode.state import episode_to_dict
-    from multiminddev.policy import HFGenerationBackend, load_policy
-
     out: dict[str, list[dict[str, Any]]] = {}
     with make_evaluator(eval_config, ray_address) as evaluator:
         for label, policy_cfg in runs.items():
@@ -221,16 +225,12 @@ def bench_policies(
             del policy, backend, episodes
             _free_memory()
     for label, eps in out.items():
-        from multiminddev.report.html import normalise_samples, summarize_label
-
         summary = summarize_label(normalise_samples(eps))
         write_atomic(Path(out_dir) / _slug(label) / "summary.json", json.dumps(summary, indent=2))
     return out
 
 
 def _load_problems(spec: str, limit: int | None) -> list[Any]:
-    from multiminddev.tasks.loaders import load_problems
-
     problems = load_problems(spec)
     if limit is not None:
         if limit < 1:
@@ -240,10 +240,6 @@ def _load_problems(spec: str, limit: int | None) -> list[Any]:
 
 
 def _episode_config(args: argparse.Namespace, element_type: bool = False) -> Any:
-    from multiminddev.episode.runner import EpisodeConfig
-    from multiminddev.policy import SamplingParams
-    from multiminddev.rewards import RewardConfig
-
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                               max_new_tokens=args.max_new_tokens, seed=args.seed)
     return EpisodeConfig(max_turns=args.turns, sampling=sampling, reward=RewardConfig(),
@@ -252,8 +248,6 @@ def _episode_config(args: argparse.Namespace, element_type: bool = False) -> Any
 
 
 def _eval_config(args: argparse.Namespace) -> Any:
-    from multiminddev.env import EvalConfig
-
     return EvalConfig(num_workers=args.workers, benchmark=not args.no_benchmark,
                       compile_baseline=not args.no_compile_baseline)
 
@@ -323,8 +317,6 @@ def print_summary(summaries: Mapping[str, Mapping[str, Any]]) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from multiminddev.report.html import write_report
-
     if args.label and len(args.label) != len(args.bench):
         return fail("give one --label per --bench file (or none)")
     bench_files = list(zip(args.label or [None] * len(args.bench), args.bench))
@@ -389,8 +381,6 @@ def read_bench_files(files: Sequence[tuple[str | None, Path]]) -> dict[str, list
 
 
 def _is_report_sample(row: dict[str, Any]) -> bool:
-    from multiminddev.report.html import normalise_samples
-
     try:
         normalise_samples([row])
     except (ValueError, KeyError, TypeError, AttributeError):
