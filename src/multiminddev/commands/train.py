@@ -13,6 +13,28 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import USAGE_ERROR, fail
+from multiminddev.distributed.grpo import run_ray_pipeline
+from multiminddev.policy import PolicyError
+from multiminddev.policy.model import check_checkpoint, resolve_model_source
+from multiminddev.train.checkpoints import CheckpointError
+from multiminddev.train.config_files import (
+    ConfigError,
+    merge_layers,
+    parse_set_options,
+    read_config_file,
+    settings_record,
+    write_json_atomically,
+)
+from multiminddev.train.pipeline import TrainSettings, run_pipeline
+from multiminddev.train.recipes import get_recipe, recipe_table
+from multiminddev.train.seeds import (
+    SEEDS_CONFIG_FILE,
+    collect_seed_table,
+    run_seed_plan,
+    seed_gpu_ids,
+    seed_launch_plan,
+    write_seed_table,
+)
 
 
 def register(subparsers) -> None:
@@ -204,10 +226,6 @@ def layered_settings(args) -> dict[str, Any]:
     """The TrainSettings keyword arguments from every source, the later winning: the recipe,
     the config file, --set, the explicit flags, then what the command fixes. Raises
     ``ConfigError`` (one line) on an unknown recipe, key or value."""
-    from multiminddev.train.config_files import merge_layers, parse_set_options, read_config_file
-    from multiminddev.train.pipeline import TrainSettings
-    from multiminddev.train.recipes import get_recipe
-
     layers: list[dict[str, Any]] = []
     if args.recipe is not None:
         layers.append(get_recipe(args.recipe).settings_for())
@@ -227,9 +245,6 @@ def layered_settings(args) -> dict[str, Any]:
 def _settings(args, **overrides):
     """The run's TrainSettings from every source (``layered_settings``) and ``overrides``; a
     bad source or combination is one line on stderr and exit 2."""
-    from multiminddev.train.config_files import ConfigError
-    from multiminddev.train.pipeline import TrainSettings
-
     try:
         kwargs = layered_settings(args)
     except ConfigError as exc:
@@ -256,8 +271,6 @@ def check_model_inputs(settings) -> None:
     """Fail before any phase starts, with a PolicyError saying what to do, when --model or a
     role's --*-checkpoint cannot load (a mistyped path, a junk folder, an uncached hub id while
     offline): loading them comes after problems and the GPU plan, and ended in a traceback."""
-    from multiminddev.policy.model import check_checkpoint, resolve_model_source
-
     resolve_model_source(settings.model)
     for role in ("generator", "optimizer"):
         checkpoint = getattr(settings, f"{role}_checkpoint")
@@ -281,10 +294,6 @@ def folder_inputs_problem(output_dir: Path | None, resume: Path | None) -> str |
 
 def _run(settings, ray: str | None = None) -> int:
     """``ray``: None runs in this process; else the Ray address ("" for a local cluster)."""
-    from multiminddev.policy import PolicyError
-    from multiminddev.train.checkpoints import CheckpointError
-    from multiminddev.train.pipeline import run_pipeline
-
     if (problem := folder_inputs_problem(settings.output_dir, settings.resume)) is not None:
         return fail(problem)
     try:
@@ -292,8 +301,6 @@ def _run(settings, ray: str | None = None) -> int:
         if ray is None:
             run_pipeline(settings)
         else:
-            from multiminddev.distributed.grpo import run_ray_pipeline
-
             run_ray_pipeline(settings, ray or None)
     except (CheckpointError, PolicyError, ValueError) as exc:
         return fail(" ".join(str(exc).split()))
@@ -301,8 +308,6 @@ def _run(settings, ray: str | None = None) -> int:
 
 
 def _list_recipes() -> int:
-    from multiminddev.train.recipes import recipe_table
-
     print(recipe_table())
     return 0
 
@@ -343,16 +348,6 @@ def _run_seeds(args) -> int:
     import os
     import sys
 
-    from multiminddev.policy import PolicyError
-    from multiminddev.train.config_files import settings_record, write_json_atomically
-    from multiminddev.train.seeds import (
-        SEEDS_CONFIG_FILE,
-        collect_seed_table,
-        run_seed_plan,
-        seed_gpu_ids,
-        seed_launch_plan,
-        write_seed_table,
-    )
 
     if (problem := seeds_problem(args)) is not None:
         return fail(problem)
