@@ -13,8 +13,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.shipped import shipped_agents
 from multiminddev.commands._io import InputError, dir_problem, fail, read_text
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.episode import episode_to_dict, run_episodes
+from multiminddev.episode.runner import outcome_line, single_episode_config
+from multiminddev.episode.state import write_episodes_jsonl
+from multiminddev.policy import (
+    HFGenerationBackend,
+    PolicyConfig,
+    PolicyError,
+    SamplingParams,
+    adapter_paths_in,
+    load_policy,
+)
+from multiminddev.policy.model import resolve_model_source
+from multiminddev.tasks.loaders import load_problems
+from multiminddev.tasks.problem import ProblemError, load_problem
 
 
 def register(subparsers: Any) -> None:
@@ -71,8 +87,6 @@ def default_agents(model: str, adapters: Path | None, shipped: Any) -> Any:
 def _policy_config(args: argparse.Namespace, shipped: Any = None) -> Any:
     """The policy of the run: ``--adapters`` (a folder, or ``none``), else ``shipped``'s
     adapters where ``default_agents`` takes them."""
-    from multiminddev.policy import PolicyConfig, adapter_paths_in
-
     chosen = default_agents(args.model, args.adapters, shipped)
     if chosen is not None:
         return PolicyConfig(model=args.model, device=args.device,
@@ -90,8 +104,6 @@ BUILTIN_PREFIX = "builtin:"
 
 def builtin_problem(spec: str, quiet: bool) -> Any:
     """The first problem a built-in spec gives (``problems list`` shows the names)."""
-    from multiminddev.tasks.loaders import load_problems
-
     problems = load_problems(spec)
     if not problems:
         raise InputError(f"{spec} gives no problem; `multiminddev problems list` shows them")
@@ -102,15 +114,6 @@ def builtin_problem(spec: str, quiet: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from multiminddev.agents.shipped import shipped_agents
-    from multiminddev.env import EvalConfig, Evaluator
-    from multiminddev.episode import episode_to_dict, run_episodes
-    from multiminddev.episode.runner import single_episode_config
-    from multiminddev.episode.state import write_episodes_jsonl
-    from multiminddev.policy import HFGenerationBackend, PolicyError, SamplingParams, load_policy
-    from multiminddev.policy.model import resolve_model_source
-    from multiminddev.tasks.problem import ProblemError, load_problem
-
     try:
         builtin = str(args.problem).startswith(BUILTIN_PREFIX)
         if not builtin:
@@ -161,8 +164,6 @@ def describe(episode: Any) -> str:
     """Human summary: turns, then the best kernel (verified or compile-only)."""
     lines = [f"problem {episode.problem.name}: {len(episode.turns)} turn(s), "
              f"ended: {episode.status.value}"]
-    from multiminddev.episode.runner import outcome_line
-
     lines += [f"  {outcome_line(t)}" for t in episode.turns]
     result = episode.best_result
     if episode.verified:
