@@ -18,8 +18,19 @@ from typing import Any
 
 from multiminddev.commands._io import InputError, dir_problem, fail, read_text, warn
 from multiminddev.distributed.cluster import add_ray_argument
+from multiminddev.distributed.ray_eval import make_evaluator
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.env.results import (
+    EvalResult,
+    EvalStatus,
+    Finding,
+    RejectReason,
+    StageStatus,
+    StaticCheckResult,
+)
 from multiminddev.report.files import read_jsonl_rows, write_atomic
 from multiminddev.report.metrics import geometric_mean
+from multiminddev.tasks.problem import ProblemError, load_problem
 
 
 def register(subparsers: Any) -> None:
@@ -62,16 +73,11 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace, workers: int | None = 1) -> Any:
-    from multiminddev.env import EvalConfig
-
     return EvalConfig(num_workers=workers, num_trials=args.trials, benchmark=not args.no_benchmark,
                       compile_baseline=not args.no_compile_baseline, arch=args.arch)
 
 
 def run_eval(args: argparse.Namespace) -> int:
-    from multiminddev.env import Evaluator
-    from multiminddev.tasks.problem import ProblemError, load_problem
-
     try:
         read_text(args.problem, "problem file")
         candidate = read_text(args.candidate, "candidate file")
@@ -212,8 +218,6 @@ def summarize(results: list[Any], unmatched: Sequence[str] = ()) -> dict[str, An
 
 
 def run_eval_dir(args: argparse.Namespace) -> int:
-    from multiminddev.tasks.problem import ProblemError, load_problem
-
     if args.resume and not args.out:
         return fail("--resume needs --out (the JSONL to resume)")
     for path in (args.problems_dir, args.candidates_dir):
@@ -272,15 +276,6 @@ def _jsonl_line(candidate_file: str, result: Any) -> str:
 def unreadable_result(problem: Any, candidate: Path, message: str) -> Any:
     """The result of a candidate file that is not UTF-8 text: rejected as a format error
     (reason ``syntax``, rule ``encoding``) without reaching the evaluator."""
-    from multiminddev.env.results import (
-        EvalResult,
-        EvalStatus,
-        Finding,
-        RejectReason,
-        StageStatus,
-        StaticCheckResult,
-    )
-
     finding = Finding(rule="encoding", reason=RejectReason.SYNTAX, message=message)
     return EvalResult(status=EvalStatus.REJECTED, problem=problem.name,
                       reject_reason=RejectReason.SYNTAX, message=message,
@@ -289,8 +284,6 @@ def unreadable_result(problem: Any, candidate: Path, message: str) -> Any:
 
 def read_results(path: Path | None) -> dict[str, Any]:
     """candidate file name -> EvalResult from an eval-dir JSONL (torn last lines skipped)."""
-    from multiminddev.env import EvalResult
-
     out: dict[str, Any] = {}
     if path is None or not path.is_file():
         return out
@@ -304,8 +297,6 @@ def read_results(path: Path | None) -> dict[str, Any]:
 
 def _evaluator(config: Any, ray_address: str | None) -> Any:
     """The local Evaluator, or the Ray evaluation service with ``--ray``."""
-    from multiminddev.distributed.ray_eval import make_evaluator
-
     return make_evaluator(config, ray_address)
 
 
