@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Header, HTTPException
 from pydantic import BaseModel, Field
 
+from multiminddev.policy.model import PolicyError, adapter_paths_in
 from multiminddev.serve.ab import ABStore, ArmExistsError, record_job
 
 
@@ -37,8 +38,6 @@ class PromoteRequest(BaseModel):
 def checkpoint_adapters(path: str | Path) -> dict[str, str]:
     """``{role: path}`` of the adapters in a checkpoint folder; ValueError saying what is
     missing otherwise."""
-    from multiminddev.policy.model import PolicyError, adapter_paths_in
-
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; give a checkpoint folder holding "
