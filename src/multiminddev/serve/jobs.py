@@ -30,6 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.core.problem import ProblemError, load_problem_source
+from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.episode.runner import arun_episodes, outcome_line, single_episode_config
+from multiminddev.policy.generation import SamplingParams
+from multiminddev.rewards.functions import RewardConfig
 from multiminddev.serve.config import ServeConfig
 from multiminddev.serve.registry import ModelRegistry, UnknownModelError
 
@@ -100,8 +105,6 @@ class Job:
 
     def summary(self) -> dict[str, Any]:
         """What a poll returns: status, one line per turn, the best kernel and its result."""
-        from multiminddev.episode.runner import outcome_line
-
         episode = self.episode
         best = episode.best_result if episode is not None else None
         return {
@@ -136,8 +139,6 @@ def turn_event(turn: Any, line: str) -> dict[str, Any]:
 
 def check_module(source: str, max_bytes: int, name: str = "module") -> Any:
     """The module as a Problem, or a JobError saying what is wrong with it."""
-    from multiminddev.core.problem import ProblemError, load_problem_source
-
     size = len(source.encode())
     if size > max_bytes:
         raise JobError(f"module is {size} bytes; this server takes at most {max_bytes}", 413)
@@ -170,8 +171,6 @@ class JobManager:
 
     def start(self) -> None:
         """On the server's event loop: create the evaluator and the job slots."""
-        from multiminddev.env import EvalConfig, Evaluator
-
         self.evaluator = Evaluator(self.config.eval_config or EvalConfig())
         self._slots = asyncio.Semaphore(self.config.max_running_jobs)
         self._changed = asyncio.Condition()
@@ -276,10 +275,6 @@ class JobManager:
             await self._emit(job, {"event": "done", **job.summary()})
 
     async def _episode(self, job: Job) -> None:
-        from multiminddev.episode.runner import arun_episodes, outcome_line, single_episode_config
-        from multiminddev.policy.generation import SamplingParams
-        from multiminddev.rewards.functions import RewardConfig
-
         opts = job.options
         problem = check_module(job.source, self.config.max_module_bytes, opts.name)
         sampling = SamplingParams(temperature=opts.temperature, top_p=opts.top_p,
