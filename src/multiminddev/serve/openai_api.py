@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from multiminddev.policy.chat import encode_chat, end_of_turn_ids
 from multiminddev.policy.generation import FinishReason, GenerationOutput, SamplingParams
 from multiminddev.serve.errors import ApiError
 from multiminddev.serve.registry import AdapterError, ModelRegistry, UnknownModelError
@@ -104,8 +105,6 @@ def router() -> APIRouter:
 
     @api.post("/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
-        from multiminddev.policy.chat import encode_chat
-
         registry: ModelRegistry = request.app.state.registry
         messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
         try:
@@ -309,7 +308,6 @@ async def _stream_chunks(registry: ModelRegistry, prompt: list[int], sampling: S
 
     if chat:
         yield chunk(None, None, first=True)
-    from multiminddev.policy.chat import end_of_turn_ids
 
     stop_ids = set(end_of_turn_ids(registry.tokenizer))
     tokens: list[int] = []
