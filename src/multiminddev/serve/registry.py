@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from multiminddev.policy.chat import end_of_turn_ids
 from multiminddev.policy.generation import HFGenerationBackend, SamplingParams, left_pad
+from multiminddev.policy.model import PolicyConfig, load_base_model, load_tokenizer
 from multiminddev.serve.config import ADAPTER_NAME, ServeConfig
 
 
@@ -53,8 +55,6 @@ class ModelRegistry:
         return self._base is not None
 
     def load(self) -> None:
-        from multiminddev.policy.model import PolicyConfig, load_base_model, load_tokenizer
-
         self.policy_config = PolicyConfig(model=self.config.model, device=self.config.device,
                                           dtype=self.config.dtype)
         self.tokenizer = load_tokenizer(self.policy_config)
@@ -161,8 +161,6 @@ class ModelRegistry:
         ``emit(None)`` at the end. No log-probs (they come from a pass after decoding)."""
         import torch
         from transformers.generation.streamers import BaseStreamer
-
-        from multiminddev.policy.chat import end_of_turn_ids
 
         class _Streamer(BaseStreamer):
             prompt_seen = False
