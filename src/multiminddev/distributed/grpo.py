@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.distributed.rollout import RayRollouts, RolloutLayout, layout_from_plan
-from multiminddev.train.planner import GIB, GPUInfo, GPUPlan
+from multiminddev.env import Evaluator
+from multiminddev.train.config_files import write_json_atomically
+from multiminddev.train.pipeline import eval_config, run_pipeline
+from multiminddev.train.planner import GIB, GPUInfo, GPUPlan, detect_gpus
 
 LAYOUT_FILE = "layout.json"
 ASSUMED_GPU_MEMORY = 80 * GIB  # a remote GPU's memory when the driver has none to copy
@@ -97,14 +100,10 @@ class RayScaleOut:
     def gpus(self) -> list[GPUInfo]:
         import ray
 
-        from multiminddev.train.planner import detect_gpus
-
         return cluster_gpu_list(detect_gpus(), int(ray.cluster_resources().get("GPU", 0)))
 
     def place(self, ctx: Any) -> str:
         """The layout of ``ctx.plan``; leases the learner's GPU; returns the learner's device."""
-        from multiminddev.train.planner import detect_gpus
-
         self.plan, self._output_dir = ctx.plan, Path(ctx.settings.output_dir)
         self.layout = layout_from_plan(ctx.plan, cpu_workers=self.cpu_workers)
         leased = self._lease_learner_gpu() if self.layout.learner_exclusive else None
@@ -115,9 +114,6 @@ class RayScaleOut:
 
     def rollouts(self, ctx: Any) -> RayRollouts:
         """The rollout workers (started on first use), holding the policy's current adapters."""
-        from multiminddev.env import Evaluator
-        from multiminddev.train.pipeline import eval_config
-
         if self._rollouts is None:
             if self.layout is None:
                 raise RuntimeError("RayScaleOut.rollouts before place(): plan first")
@@ -144,7 +140,6 @@ class RayScaleOut:
     def write(self) -> Path | None:
         if self._output_dir is None:
             return None
-        from multiminddev.train.config_files import write_json_atomically
 
         self._output_dir.mkdir(parents=True, exist_ok=True)
         path = self._output_dir / LAYOUT_FILE
@@ -202,8 +197,6 @@ def render_layout(layout: RolloutLayout, learner: str, console: Any = None) -> N
 
 def run_ray_pipeline(settings: Any, address: str | None = None, *, console: Any = None) -> Any:
     """``train --ray [ADDRESS]``: ``run_pipeline`` with GRPO's rollouts on Ray actors."""
-    from multiminddev.train.pipeline import run_pipeline
-
     if settings.full_finetune:
         raise ValueError("--ray sends LoRA adapters to the rollout workers; it does not support "
                          "--full-finetune")
