@@ -50,6 +50,7 @@ from multiminddev.distributed.cluster import (
 from multiminddev.env.benchmark import TrustedBaselines
 from multiminddev.env.candidate import candidate_hash
 from multiminddev.env.config import EvalConfig
+from multiminddev.env.evaluator import Evaluator
 from multiminddev.env.results import BenchmarkResult, EvalResult, EvalStatus, StageStatus
 
 BASELINE_STORE_NAME = "multiminddev-baselines"
@@ -166,8 +167,6 @@ class EvaluationActor:
     """One local ``Evaluator`` in a Ray actor: one slot (the actor's one GPU, or compile-only)."""
 
     def __init__(self, config: dict[str, Any], store: Any, threads: int | None = None):
-        from multiminddev.env.evaluator import Evaluator
-
         cfg = replace(EvalConfig.from_dict(config), num_workers=1)
         baselines = ClusterBaselines(store) if (cfg.benchmark and store is not None) else None
         self._evaluator = Evaluator(cfg, baselines=baselines)
@@ -481,8 +480,6 @@ def make_evaluator(eval_config: EvalConfig, ray_address: str | None = None,
     ``RayEvaluator`` on that cluster (``local``, ``auto``, HOST:PORT). ``EvalConfig.num_workers``
     sets the number of compile-only actors where the cluster has no GPU."""
     if ray_address is None:
-        from multiminddev.env.evaluator import Evaluator
-
         return Evaluator(eval_config)
     base = ray_config or RayEvalConfig()
     cpu_actors = base.cpu_actors if base.cpu_actors is not None else eval_config.num_workers
