@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from multiminddev.episode import run_episodes
+from multiminddev.policy import HFGenerationBackend, load_policy, release_compiled_decoding
 from multiminddev.train.planner import GPUPlan, PlanTier
 
 WORKER_START_TIMEOUT_S = 900.0  # loading a model on a fresh node can take minutes
@@ -166,8 +168,6 @@ class RolloutWorker:
 
     def __init__(self, index: int, policy_config: Any,
                  evaluator_factory: Callable[[], Any], *, max_batch_size: int = 16) -> None:
-        from multiminddev.policy import HFGenerationBackend, load_policy
-
         self.index = index
         self.policy = load_policy(policy_config)
         self.backend = HFGenerationBackend(self.policy, max_batch_size=max_batch_size)
@@ -196,8 +196,6 @@ class RolloutWorker:
             config: Any) -> RolloutBatch:
         """One episode per slot; ``problems[i]`` is slot i's problem. Each episode's group is
         its problem's index in the whole rollout, so the learner sees the usual groups."""
-        from multiminddev.episode import run_episodes
-
         if self.version is None:
             raise StaleWeights(f"rollout worker {self.index} has no published weights yet")
         tokens, seconds = self.backend.tokens_generated, dict(self.backend.seconds)
@@ -211,8 +209,6 @@ class RolloutWorker:
             seconds={k: v - seconds.get(k, 0.0) for k, v in self.backend.seconds.items()})
 
     def close(self) -> None:
-        from multiminddev.policy import release_compiled_decoding
-
         close = getattr(self.evaluator, "close", None)
         if close is not None:
             close()
