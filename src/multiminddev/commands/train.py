@@ -348,7 +348,6 @@ def _run_seeds(args) -> int:
     import os
     import sys
 
-
     if (problem := seeds_problem(args)) is not None:
         return fail(problem)
     settings = _settings(args)

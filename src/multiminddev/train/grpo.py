@@ -388,7 +388,6 @@ def assign_advantages(samples: list[TurnSample], cfg: GRPOConfig) -> list[TurnSa
     """Group-relative advantages in place; returns the samples to train on (DAPO filter)."""
     import torch
 
-
     if not samples:
         return []
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
@@ -495,7 +494,6 @@ class GRPOTrainer:
         loss alone. ``rollouts``: where episodes are played; None: in this process with
         ``backend`` and ``evaluator`` (``LocalRollouts``)."""
         import torch
-
 
         self.cfg = config
         self.policy, self.backend, self.evaluator = policy, backend, evaluator
@@ -680,7 +678,6 @@ class GRPOTrainer:
                        anchor: Sequence[dict[str, list[int]]] = ()) -> dict[str, float]:
         import torch
 
-
         optimizer.zero_grad(set_to_none=True)
         n = mini.input_ids.shape[0]
         micro = max(1, math.ceil(n / self.cfg.grad_accum))
@@ -712,7 +709,6 @@ class GRPOTrainer:
     def reference_logprobs(self, batch: Batch, temperature: float,
                            role: AgentRole | None = None) -> Any:
         import torch
-
 
         rows = []
         with torch.no_grad(), self.policy.reference(role) as ref:

@@ -402,7 +402,6 @@ def sft_example_options(ctx: Context, role: AgentRole) -> dict[str, Any]:
     the episodes' prompts have it (training sees what inference sees)."""
     import functools
 
-
     s = ctx.settings
     if role is AgentRole.GENERATOR:
         out: dict[str, Any] = {"variants": tuple(ctx.size.generator_variants),
@@ -472,7 +471,6 @@ def evaluation_backend(ctx: Context) -> Any:
     log-probs spare the recomputation pass; ``eval_dtype`` float32 decodes from a float32 copy
     of the weights, ``eval_compiled_decoding`` overrides the training's decoding."""
     import torch
-
 
     s = ctx.settings
     return HFGenerationBackend(ctx.policy, logprob_source=LogprobSource.SAMPLER,
@@ -690,7 +688,6 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
     """``scale_out``: hooks that plan over a cluster and play GRPO's rollouts there
     (``distributed.grpo.RayScaleOut``); None: everything in this process."""
     from rich.console import Console
-
 
     console = console or Console()
     start = time.perf_counter()
