@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import InputError, dir_problem
+from multiminddev.serve.ab import AB_DB_NAME, ABStore
 
 TOKEN_ENV = "MULTIMINDDEV_ADMIN_TOKEN"
 
@@ -93,6 +94,7 @@ def run_add_arm(args: argparse.Namespace) -> int:
         if args.path is not None:
             if problem := dir_problem(args.path, "checkpoint folder"):
                 raise InputError(problem)
+            # serve.ab_routes builds FastAPI routes: the serve extra loads only when used.
             from multiminddev.serve.ab_routes import checkpoint_adapters
 
             adapters = _checked(checkpoint_adapters, args.path)
@@ -141,8 +143,6 @@ def _checked(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _local(args: argparse.Namespace, method: str, *call_args: Any, **kwargs: Any) -> Any:
-    from multiminddev.serve.ab import AB_DB_NAME, ABStore
-
     state = args.state_dir
     if state.exists() and not state.is_dir():
         raise InputError(f"{state} is a file; give the server's state folder")
