@@ -15,6 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from multiminddev.cuda.compiler import CompileOptions, compile_cuda, resolve_arch
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.isolation import probe_worker_isolation
+from multiminddev.env.results import StageStatus
+
 TINY_KERNEL = r"""
 extern "C" __global__ void doctor_add(const float* a, float* b, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -102,9 +107,6 @@ def check_cuda_core() -> dict[str, Any]:
 def check_nvrtc() -> dict[str, Any]:
     from cuda.bindings import nvrtc
 
-    from multiminddev.cuda.compiler import CompileOptions, compile_cuda, resolve_arch
-    from multiminddev.env.results import StageStatus
-
     _, major, minor = nvrtc.nvrtcVersion()
     options = CompileOptions(use_cache=False)
     start = time.perf_counter()
@@ -152,9 +154,6 @@ def check_isolation() -> dict[str, Any]:
     """The OS boundary evaluation workers get (EvalConfig's default isolation), probed in a
     throwaway child process isolated the way a worker is: which namespaces, whether a write
     outside its private directory fails (EROFS) and which network interfaces it sees."""
-    from multiminddev.env.config import EvalConfig
-    from multiminddev.env.isolation import probe_worker_isolation
-
     return probe_worker_isolation(EvalConfig().isolation)
 
 
