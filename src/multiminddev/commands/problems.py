@@ -22,6 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import fail
+from multiminddev.tasks.builtin import (
+    FAMILIES,
+    FAMILY_BY_NAME,
+    builtin_problems,
+    reference_solution,
+)
+from multiminddev.tasks.splits import split_manifest
 
 
 def register(subparsers: Any) -> None:
@@ -68,8 +75,6 @@ def _selection_options(parser: argparse.ArgumentParser) -> None:
 def _select(args: argparse.Namespace) -> list[Any]:
     """The selected problems; a selection that matches none is a ValueError saying so (an
     empty table or export would look like success)."""
-    from multiminddev.tasks.builtin import FAMILIES, builtin_problems
-
     problems = builtin_problems(tiers=args.tier, families=args.family, split=args.split,
                                 seed=args.seed, shapes_per_family=args.shapes_per_family)
     if not problems:
@@ -80,8 +85,6 @@ def _select(args: argparse.Namespace) -> list[Any]:
 
 
 def _summary(problem: Any) -> dict[str, Any]:
-    from multiminddev.tasks.builtin import FAMILY_BY_NAME
-
     family = FAMILY_BY_NAME[problem.family]
     return {
         "name": problem.name,
@@ -122,8 +125,6 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def _find(name: str, seed: int) -> Any | None:
-    from multiminddev.tasks.builtin import FAMILY_BY_NAME, builtin_problems
-
     if name in FAMILY_BY_NAME:  # a family name: its first shape
         return builtin_problems(families=[name], seed=seed, shapes_per_family=1)[0]
     family = next((f for f in FAMILY_BY_NAME.values() if name.startswith(f.name + "_")
@@ -135,8 +136,6 @@ def _find(name: str, seed: int) -> Any | None:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from multiminddev.tasks.builtin import reference_solution
-
     problem = _find(args.name, args.seed)
     if problem is None:
         print(f"error: no built-in problem or family named {args.name!r}; "
@@ -157,9 +156,6 @@ def run_show(args: argparse.Namespace) -> int:
 def export_problems(problems: list[Any], out_dir: Path, *, seed: int,
                     with_solutions: bool) -> list[dict[str, Any]]:
     """Write problems (and optionally solutions) in KernelBench layout; return the index."""
-    from multiminddev.tasks.builtin import FAMILY_BY_NAME, reference_solution
-    from multiminddev.tasks.splits import split_manifest
-
     index: list[dict[str, Any]] = []
     counters: dict[int, int] = {}
     for problem in sorted(problems, key=lambda p: (p.tier, p.family, p.name)):
