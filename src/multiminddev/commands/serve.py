@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import InputError, fail
+from multiminddev.policy import PolicyError, adapter_paths_in
+from multiminddev.policy.model import resolve_model_source
+from multiminddev.serve import ServeConfig
 
 
 def register(subparsers: Any) -> None:
@@ -40,8 +43,6 @@ def register(subparsers: Any) -> None:
 
 def parse_adapters(items: list[str] | None) -> dict[str, str]:
     """``["NAME=PATH", ...]`` or ``["CHECKPOINT_DIR"]`` -> {name: path}; None -> shipped."""
-    from multiminddev.policy import PolicyError, adapter_paths_in
-
     if items is None:
         return shipped()
     adapters: dict[str, str] = {}
@@ -72,20 +73,14 @@ def shipped() -> dict[str, str]:
         return {}
     if isinstance(found, dict):
         return {str(k): str(v) for k, v in found.items()}
-    from multiminddev.policy import adapter_paths_in
-
     return adapter_paths_in(found)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
-
-        from multiminddev.serve import ServeConfig
     except ImportError as exc:
         return fail(f"serving needs the serve extra: pip install 'multiminddev[serve]' ({exc})")
-    from multiminddev.policy import PolicyError
-    from multiminddev.policy.model import resolve_model_source
 
     try:
         config = ServeConfig(model=args.model, adapters=parse_adapters(args.adapters),
@@ -103,6 +98,7 @@ def build_app(config: Any) -> Any:
     """The app with what other serve modules contribute (A/B, metrics, web page): a module
     ``multiminddev.serve.extras`` with ``routers(config) -> list[APIRouter]`` and, optionally,
     ``install(app)`` (hooks on ``app.state.jobs``), where present."""
+    # create_app builds the FastAPI app: FastAPI (the serve extra) loads only when serving.
     from multiminddev.serve import create_app
 
     try:
