@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.roles import AgentRole
+from multiminddev.env.results import EvalStatus
+from multiminddev.episode.runner import result_score  # one definition of "best"
 from multiminddev.report.metrics import geometric_mean
 
 COMPILE_ONLY_NOTE = "compile-only rewards (no GPU)"
@@ -166,7 +169,6 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
     results = [t.eval_result for e in episodes for t in e.turns
                if getattr(t, "eval_result", None) is not None]
     n = max(len(results), 1)
-    from multiminddev.env.results import EvalStatus
 
     best = [_best_speedup(e) for e in episodes]
     correct = [s for s in best if s is not None and s > 0]
@@ -189,8 +191,6 @@ def rollout_metrics(episodes: Iterable[Any], *, compile_only: bool) -> dict[str,
 
 
 def _repeat_rate(episodes: list[Any]) -> float:
-    from multiminddev.agents.roles import AgentRole
-
     turns = [t for e in episodes for t in e.turns
              if AgentRole(t.role) is AgentRole.OPTIMIZER and getattr(t, "candidate_source", None)]
     return sum(getattr(t, "repeat_of", None) is not None for t in turns) / max(len(turns), 1)
@@ -198,8 +198,6 @@ def _repeat_rate(episodes: list[Any]) -> float:
 
 def best_result(episode: Any) -> Any:
     """The episode's best EvalResult by the episode runner's own ranking (or None)."""
-    from multiminddev.episode.runner import result_score  # one definition of "best"
-
     results = [t.eval_result for t in episode.turns if getattr(t, "eval_result", None) is not None]
     return max(results, key=result_score) if results else None
 
