@@ -41,9 +41,12 @@ import zlib
 from collections.abc import Callable, Iterable
 
 from multiminddev.agents.pitfalls import candidate_strategies, extract_cuda_sources
+from multiminddev.agents.tester import tester_feedback
 from multiminddev.core.roles import AgentRole
 from multiminddev.cuda.signature import KernelSignature, parse_kernel_signatures
 from multiminddev.env.results import EvalResult, EvalStatus
+from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
+from multiminddev.episode.state import Episode, Turn
 from multiminddev.tasks.problem import Problem
 from multiminddev.train.sft_data import (
     FAST,
@@ -213,9 +216,6 @@ def optimizer_repair_examples(
         raise ValueError(f"reply must be {NAIVE!r} or {FAST!r}, got {reply!r}")
     if per_family < 0:
         raise ValueError(f"per_family must be >= 0 (0: no cap), got {per_family}")
-    from multiminddev.agents.tester import tester_feedback
-    from multiminddev.episode.runner import EpisodeConfig, optimizer_context, record_turn
-    from multiminddev.episode.state import Episode, Turn
 
     render = solution or _builtin_solution
     rendered: dict[tuple[str, str], str | None] = {}
