@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from multiminddev.agents.parsing import parse_candidate
+from multiminddev.agents.prompts import generator_messages
 from multiminddev.agents.roles import AgentRole
 from multiminddev.tasks.loaders import SakanaRecord, load_sakana_archive
 from multiminddev.train.sft_data import GeneratorPrompt, SFTExample, assistant_reply
@@ -104,8 +106,6 @@ def _reason_against(record: SakanaRecord, min_speedup: float) -> SakanaSkip | No
 
 
 def _parses_back(candidate: str) -> bool:
-    from multiminddev.agents.parsing import parse_candidate
-
     parsed = parse_candidate(assistant_reply(candidate))
     return parsed.source is not None and parsed.source.strip() == candidate.strip()
 
@@ -153,8 +153,6 @@ def sakana_sft_data(
     """Generator examples (origin ``sakana``, variant the archive's kernel name) from the
     records ``select_sakana_records`` keeps."""
     if prompt is None:
-        from multiminddev.agents.prompts import generator_messages
-
         prompt = generator_messages
     kept, skipped = select_sakana_records(records, max_per_task=max_per_task,
                                           min_speedup=min_speedup)
