@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.train.config_files import write_json_atomically
+
 SEED_METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
 SEEDS_CONFIG_FILE = "seeds_config.json"  # the settings every seed starts from
 SEEDS_JSON = "seeds.json"
@@ -194,8 +196,6 @@ def table_markdown(table: SeedTable) -> str:
 
 def write_seed_table(table: SeedTable, output_dir: Path) -> tuple[Path, Path]:
     """Write ``seeds.json`` and ``seeds.md`` into ``output_dir``; return their paths."""
-    from multiminddev.train.config_files import write_json_atomically
-
     output_dir = Path(output_dir)
     json_path, md_path = output_dir / SEEDS_JSON, output_dir / SEEDS_MD
     write_json_atomically(json_path, table_to_json(table))
