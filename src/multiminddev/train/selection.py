@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from multiminddev.train import checkpoints as ck
+
 BEST_DIR = "select_best"  # the adapters of the best select@K so far (K > 0)
 RECORD_FILE = "select.json"  # the select@ rewards and the chosen step
 
@@ -83,8 +85,6 @@ def save_if_best(rewards: Mapping[int, float], step: int, num_steps: int, policy
     ``output_dir/select_best`` when the step is the chosen one so far. Step 0 is saved too (the
     agents GRPO started from: SFT's, or checkpoints given to the run); the last step is not (the
     trainer ends holding its agents)."""
-    from multiminddev.train import checkpoints as ck
-
     if not 0 <= step < num_steps or chosen_step(rewards, min_gain) != step:
         return False
     best = Path(output_dir) / BEST_DIR
