@@ -35,6 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from multiminddev import pyast
+from multiminddev.agents.parsing import parse_candidate
+from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
+from multiminddev.agents.prompts import generator_messages, optimizer_messages
 from multiminddev.core.roles import AgentRole
 from multiminddev.tasks.loaders import SakanaRecord, problem_solution
 from multiminddev.tasks.problem import Problem
@@ -65,8 +68,6 @@ UNTIMED_CORRECT_FEEDBACK = (
 
 def _pitfall_hints(source: str, max_hints: int = 4) -> str:
     """The Tester's static pitfall hints for the kernel (real analysis of its CUDA source)."""
-    from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
-
     hints = [h for cuda in extract_cuda_sources(source) for h in find_pitfalls(cuda)][:max_hints]
     if not hints:
         return ""
@@ -95,14 +96,10 @@ def untimed_feedback(problem: Problem, current_source: str) -> str:
 
 
 def _default_generator_prompt() -> GeneratorPrompt:
-    from multiminddev.agents.prompts import generator_messages
-
     return generator_messages
 
 
 def _default_optimizer_prompt() -> OptimizerPrompt:
-    from multiminddev.agents.prompts import optimizer_messages
-
     return optimizer_messages
 
 
@@ -153,8 +150,6 @@ def strip_comment_lines(source: str) -> str:
 
 
 def _parses_back(source: str) -> bool:
-    from multiminddev.agents.parsing import parse_candidate
-
     parsed = parse_candidate(assistant_reply(source))
     return parsed.source is not None and parsed.source.strip() == source.strip()
 
