@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.policy import load_policy
 from multiminddev.policy.model import release_cached_gpu_memory
 from multiminddev.train.checkpoints import SFT_DIR, save_role
 
@@ -202,8 +203,6 @@ def run_sft(role: AgentRole, policy_cfg, dataset, cfg: SFTConfig, *, policy=None
     start = time.perf_counter()
     qlora = False
     if policy is None:
-        from multiminddev.policy import load_policy
-
         policy_cfg, qlora = _policy_config_for(policy_cfg, cfg)
         policy = load_policy(policy_cfg)
     model = _trainable_model(policy, role, cfg.full_finetune)
