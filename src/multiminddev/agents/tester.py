@@ -26,6 +26,7 @@ from typing import Any
 
 from multiminddev import pyast
 from multiminddev.agents.pitfalls import extract_cuda_sources, find_pitfalls
+from multiminddev.env import profile as ncu
 from multiminddev.env.results import EvalResult, EvalStatus, KernelResources, StageStatus
 
 # --------------------------------------------------------------------------- occupancy
@@ -368,31 +369,30 @@ def profiler_feedback(profile: Any, *, top_stalls: int = 3) -> str:
     for its longest kernel launch, achieved occupancy, memory throughput as % of peak, warp
     execution efficiency and the top stall reasons, then one line reading them. Empty when the
     profile has no figures (not measured, or it failed)."""
-    from multiminddev.env import profile as p
-
-    if profile is None or profile.status is not p.ProfileStatus.OK or not profile.kernels:
+    if profile is None or profile.status is not ncu.ProfileStatus.OK or not profile.kernels:
         return ""
-    main = max(profile.kernels, key=lambda k: k.metrics.get(p.DURATION, 0.0))
+    main = max(profile.kernels, key=lambda k: k.metrics.get(ncu.DURATION, 0.0))
     m = main.metrics
     many = (f", the longest of {len(profile.kernels)} launches" if len(profile.kernels) > 1
             else "")
-    took = f", {m[p.DURATION] / 1e3:.1f} us" if p.DURATION in m else ""
+    took = f", {m[ncu.DURATION] / 1e3:.1f} us" if ncu.DURATION in m else ""
     lines = [f"Profiler (Nsight Compute, kernel {main.kernel}{many}{took}):"]
-    if p.OCCUPANCY in m:
-        lines.append(f"- achieved occupancy: {m[p.OCCUPANCY]:.1f}% of the SM's warp slots")
-    memory = [v for v in (m.get(p.MEMORY_THROUGHPUT), m.get(p.DRAM_THROUGHPUT)) if v is not None]
+    if ncu.OCCUPANCY in m:
+        lines.append(f"- achieved occupancy: {m[ncu.OCCUPANCY]:.1f}% of the SM's warp slots")
+    memory = [v for v in (m.get(ncu.MEMORY_THROUGHPUT), m.get(ncu.DRAM_THROUGHPUT))
+              if v is not None]
     if memory:
-        dram = f" (DRAM {m[p.DRAM_THROUGHPUT]:.1f}%)" if p.DRAM_THROUGHPUT in m else ""
+        dram = f" (DRAM {m[ncu.DRAM_THROUGHPUT]:.1f}%)" if ncu.DRAM_THROUGHPUT in m else ""
         lines.append(f"- memory throughput: {max(memory):.1f}% of peak{dram}")
-    if p.THREADS_PER_WARP_INSTRUCTION in m:
-        threads = m[p.THREADS_PER_WARP_INSTRUCTION]
+    if ncu.THREADS_PER_WARP_INSTRUCTION in m:
+        threads = m[ncu.THREADS_PER_WARP_INSTRUCTION]
         lines.append(f"- warp execution efficiency: {100 * threads / WARP_SIZE:.0f}% "
                      f"({threads:.1f} of {WARP_SIZE} threads active per instruction)")
     stalls = stall_reasons(m)
     if stalls:
         shown = ", ".join(f"{reason} {cycles:.1f}" for reason, cycles in stalls[:top_stalls])
         lines.append(f"- top stall reasons (cycles per issued instruction): {shown}")
-    reading = _profile_reading(max(memory) if memory else None, m.get(p.OCCUPANCY),
+    reading = _profile_reading(max(memory) if memory else None, m.get(ncu.OCCUPANCY),
                                stalls[0][0] if stalls else None)
     if reading:
         lines.append(reading)
@@ -402,11 +402,9 @@ def profiler_feedback(profile: Any, *, top_stalls: int = 3) -> str:
 def stall_reasons(metrics: Any) -> list[tuple[str, float]]:
     """(reason, stall cycles per issued instruction), largest first; "selected" (the cycle a
     warp issues) is no stall and is left out."""
-    from multiminddev.env import profile as p
-
-    found = [(name[len(p.STALL_PREFIX):-len(p.STALL_SUFFIX)], value)
+    found = [(name[len(ncu.STALL_PREFIX):-len(ncu.STALL_SUFFIX)], value)
              for name, value in metrics.items()
-             if name.startswith(p.STALL_PREFIX) and name.endswith(p.STALL_SUFFIX)]
+             if name.startswith(ncu.STALL_PREFIX) and name.endswith(ncu.STALL_SUFFIX)]
     return sorted([(r, v) for r, v in found if r != "selected" and v > 0],
                   key=lambda rv: (-rv[1], rv[0]))
 
