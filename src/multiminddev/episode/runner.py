@@ -35,10 +35,12 @@ from multiminddev.agents.pitfalls import candidate_strategies
 from multiminddev.agents.prompts import generator_messages, optimizer_messages
 from multiminddev.agents.roles import AgentRole
 from multiminddev.agents.tester import format_failure_feedback, tester_feedback
+from multiminddev.env.profile import profile_kernel
 from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.episode.state import Episode, EpisodeStatus, FailedAttempt, Turn
 from multiminddev.policy.chat import encode_chat
 from multiminddev.policy.generation import GenerationBackend, SamplingParams
+from multiminddev.rewards.functions import compute_reward
 from multiminddev.tasks.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -335,8 +337,6 @@ class _EvalCache:
     async def profile(self, problem: Problem, source: str) -> Any:
         """The kernel's Nsight Compute figures (``env.profile.profile_kernel``, under the
         evaluator's isolation settings), measured once per run and kernel, off the event loop."""
-        from multiminddev.env.profile import profile_kernel
-
         key = (problem.source_hash + problem.name, source_hash(source))
         if key not in self.profiles:
             config = getattr(self.evaluator, "config", None)
@@ -376,8 +376,6 @@ async def _evaluate_turn(episode: Episode, turn: Turn, cache: _EvalCache, config
             turn.feedback = repeat_note(turn.repeat_of) + "\n" + turn.feedback
     turn.eval_seconds = time.perf_counter() - start
     if config.reward is not None:
-        from multiminddev.rewards.functions import compute_reward
-
         breakdown = compute_reward(turn.eval_result, config.reward, turn.candidate_source,
                                    repeated=turn.repeat_of is not None)
         turn.reward, turn.reward_breakdown = breakdown.total, dict(breakdown.components)
