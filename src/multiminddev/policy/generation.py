@@ -35,6 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.policy.chat import end_of_turn_ids
+from multiminddev.policy.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -349,8 +350,6 @@ class HFGenerationBackend:
         temperature: float,
     ) -> list[list[float]]:
         import torch
-
-        from multiminddev.policy.logprobs import token_logprobs
 
         # Left-pad prompts, right-pad responses: the prompt ends at one column for every row,
         # so each row's response occupies the same slice.
