@@ -41,6 +41,7 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.episode.runner import EpisodeConfig
 from multiminddev.integrations.episode_env import (
     KernelEnvConfig,
@@ -117,8 +118,6 @@ def shared_evaluator(*, num_workers: int | None = None, num_trials: int = 5,
                      timeout_s: float = 60.0) -> Any:
     """One local ``Evaluator`` per process and settings, started on first use and closed at
     exit: verl builds an agent loop per sample, the evaluator's workers must outlive them."""
-    from multiminddev.env import EvalConfig, Evaluator
-
     key = (num_workers, num_trials, timeout_s)
     with _evaluators_lock:
         if key not in _evaluators:
