@@ -10,6 +10,9 @@ import sys
 
 import multiminddev.commands as commands_pkg
 from multiminddev import __version__
+from multiminddev.commands._io import InputError
+from multiminddev.policy.model import PolicyError
+from multiminddev.tasks.problem import ProblemError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,10 +60,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from multiminddev.commands._io import InputError
-    from multiminddev.policy.model import PolicyError
-    from multiminddev.tasks.problem import ProblemError
-
     return (InputError, PolicyError, ProblemError, FileNotFoundError, IsADirectoryError,
             NotADirectoryError, PermissionError)
 
