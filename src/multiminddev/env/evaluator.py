@@ -33,9 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.core.problem import Problem, load_problem
+from multiminddev.env import inline_build
 from multiminddev.env.benchmark import BASELINE_FIGURES, TrustedBaselines, figures_to_measure
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
+from multiminddev.env.pool import WorkerPool
+from multiminddev.env.prefetch import BaselinePrefetch
 from multiminddev.env.results import (
     BenchmarkResult,
     CompileResult,
@@ -45,6 +48,7 @@ from multiminddev.env.results import (
     StageStatus,
     StaticCheckResult,
 )
+from multiminddev.env.static_checks import run_static_checks
 
 
 class Evaluator:
@@ -53,8 +57,6 @@ class Evaluator:
         """``baselines``: the trusted store of figures to use instead of this process's own
         (the Ray evaluation service passes one shared by the cluster); only this evaluator's
         trusted path writes to it."""
-        from multiminddev.env.pool import WorkerPool
-
         self.config = config or EvalConfig()
         self.pool = WorkerPool(self.config)
         # Two threads per slot: while one runs a job in the slot's worker, the other does the
@@ -100,9 +102,6 @@ class Evaluator:
         Call it when no other work (a policy generating, a trainer) computes on these GPUs: the
         timing gate keeps baselines apart from this evaluator's candidates, not from other
         processes, and the figures are cached for every later run."""
-        from multiminddev.env.pool import WorkerPool
-        from multiminddev.env.prefetch import BaselinePrefetch
-
         if (self._closed or self._baselines is None or not self.config.baseline_workers
                 or not self.pool.gpu_count):
             return 0
@@ -177,6 +176,7 @@ class Evaluator:
         return result
 
     def _evaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
+        # env.assemble imports torch; the Evaluator loads without it (the CLI imports it).
         from multiminddev.env.assemble import assemble_result, rejected_by_static
 
         if not isinstance(problem, Problem):
@@ -256,8 +256,6 @@ class Evaluator:
     def _prebuild_inline(self, candidate: str, job: dict[str, Any]
                          ) -> tuple[CompileResult | None, dict[str, Any]]:
         """Build load_inline extensions in the CPU build pool before the worker needs them."""
-        from multiminddev.env import inline_build
-
         job = {**job, "compile_timeout_s": self.config.inline_build_timeout_s}
         reason = inline_build.torch_can_build_cuda()
         if reason is not None:
@@ -294,8 +292,6 @@ STRUCTURAL_REASONS = (RejectReason.SYNTAX, RejectReason.NO_MODEL_NEW)
 def run_static(candidate: str, problem: Problem, config: EvalConfig) -> StaticCheckResult:
     """The static checks (syntax, structure, hack patterns). With ``defenses=False`` only
     structural findings (syntax, no ModelNew) reject; the others are kept as notes."""
-    from multiminddev.env.static_checks import run_static_checks
-
     static = run_static_checks(candidate, problem_dtype=problem.dtype)
     if not config.defenses and static.rejected:
         if not any(f.reason in STRUCTURAL_REASONS for f in static.findings):
