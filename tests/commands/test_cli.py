@@ -1,4 +1,5 @@
-"""The ``multiminddev`` entry point: --version, help text on every flag, closed pipes."""
+"""The ``multiminddev`` entry point: --version, help text on every flag, closed pipes, a light
+start."""
 
 from __future__ import annotations
 
@@ -24,6 +25,20 @@ def test_version_prints_the_package_version(capsys):
     except SystemExit as exc:  # argparse's version action exits 0
         assert exc.code == 0
     assert capsys.readouterr().out.strip() == f"multiminddev {multiminddev.__version__}"
+
+
+HEAVY_STACKS = ("torch", "transformers", "peft", "trl", "ray", "fastapi", "datasets", "matplotlib")
+
+
+def test_the_command_line_starts_without_the_heavy_stacks():
+    # Every subcommand module is imported to build the parser, so what they import at module
+    # level is paid by every command, --help and --version included.
+    code = ("import sys; from multiminddev.cli import build_parser; import multiminddev.env; "
+            "build_parser(); print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            f"{HEAVY_STACKS!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=_env(), check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def _options_without_help(parser: argparse.ArgumentParser, path: str) -> list[str]:
