@@ -9,6 +9,7 @@ per thread), computing ``C[z] = act(alpha * A[z] @ op(B[z]) + bias)`` with ``op(
 
 from __future__ import annotations
 
+from multiminddev.tasks.builtin.rows import _SOFTMAX_FAST, _SOFTMAX_NAIVE
 from multiminddev.tasks.builtin.spec import Family, Shape, Solution, shape
 
 _EPILOGUE = r"""
@@ -280,8 +281,6 @@ _ATTN_HEAD = """\
 
 
 def _attention_solution(fast: bool):
-    from multiminddev.tasks.builtin.rows import _SOFTMAX_FAST, _SOFTMAX_NAIVE
-
     softmax_src = (_SOFTMAX_FAST if fast else _SOFTMAX_NAIVE).replace("@LOG@", "0")
     softmax_launch = (
         "        kernels.softmax_fast(grid=(bh * s_q,), block=(256,), "
