@@ -314,3 +314,12 @@ def test_the_workers_own_code_stays_importable_from_a_checkout_under_tmp():
 
     src = Path(multiminddev.__file__).resolve().parent.parent
     assert src in code_paths()
+
+
+def test_readable_paths_inside_another_are_bound_with_it():
+    """A code path inside another (a checkout and its src/) is bound once, with its parent."""
+    from multiminddev.env.isolation import outermost
+
+    paths = [Path("/tmp/co/src"), Path("/tmp/co"), Path("/opt/venv"), Path("/tmp/co/src"),
+             Path("/tmp/col")]
+    assert outermost(paths) == ["/tmp/co", "/opt/venv", "/tmp/col"]

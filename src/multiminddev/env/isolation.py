@@ -458,7 +458,7 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
                     raise
                 warnings.append(f"{path} is read-only for the worker ({exc})")
         shown: list[tuple[str, int]] = []  # bound back like the writable ones, left read-only
-        for path in dict.fromkeys(readable):
+        for path in outermost(readable):
             with contextlib.suppress(OSError):
                 shown.append((str(path), os.open(path, os.O_RDONLY | os.O_DIRECTORY)))
         opened += shown
@@ -528,6 +528,14 @@ def _read_only_view(libc: _Libc, workdir: Path, writable: list[Path], policy: Is
     if failed:
         warnings.append("these mounts stay writable: " + ", ".join(failed))
     return not failed
+
+
+def outermost(paths: Sequence[Path]) -> list[str]:
+    """``paths`` without those inside another of them, in order. A folder bound back after its
+    own parent would lie hidden under the parent's bind, where no remount reaches it (EINVAL),
+    and the view would stay writable there."""
+    unique = list(dict.fromkeys(str(p) for p in paths))
+    return [p for p in unique if not any(p != q and _under(p, (q,)) for q in unique)]
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
