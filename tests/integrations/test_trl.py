@@ -136,3 +136,30 @@ def test_example_script_trains_the_embedded_model_on_a_gpu(tmp_path):
     rewards = [e["rewards/kernel_reward/mean"] for e in history
                if "rewards/kernel_reward/mean" in e]
     assert len(rewards) == 2 and all(math.isfinite(r) for r in rewards)
+
+
+def test_rollout_func_generates_through_our_openai_compatible_server(evaluator):
+    """The same rollout function with its policy behind HTTP: this project's ``serve`` on the
+    embedded model, reached by the remote generation backend (as a vLLM server would be)."""
+    pytest.importorskip("fastapi")
+    from multiminddev.policy import PolicyConfig, load_tokenizer
+    from multiminddev.policy.remote import OpenAIGenerationBackend
+    from multiminddev.serve import ServeConfig, create_app
+    from tests.policy.helpers import require_default_model
+    from tests.serve.server_helpers import RunningServer, free_port
+
+    require_default_model()
+    server = RunningServer(create_app(ServeConfig(device="cpu")), free_port()).start()
+    try:
+        tokenizer = load_tokenizer(PolicyConfig(model="default"))
+        backend = OpenAIGenerationBackend(base_url=f"{server.url}/v1", tokenizer=tokenizer)
+        problem = relu_problem()
+        rollout = KernelRolloutFunc([problem], evaluator, env_config(), backend=backend)
+        (row,) = kernel_dataset([problem])
+        batch = rollout([row["prompt"]], trainer=None)
+    finally:
+        server.stop()
+    (ids,), (lps,), (mask,) = batch["completion_ids"], batch["logprobs"], batch["env_mask"]
+    assert len(ids) == len(lps) == len(mask) and 0 < sum(mask) <= 8
+    assert all(math.isfinite(lp) and lp <= 0.0 for lp, m in zip(lps, mask) if m)
+    assert math.isfinite(batch["kernel_reward"][0])

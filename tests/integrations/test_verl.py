@@ -163,6 +163,31 @@ def test_embedded_model_through_the_server_interface(evaluator):
     assert math.isfinite(out.reward_score)
 
 
+def test_the_loop_generates_through_our_openai_compatible_server(evaluator):
+    """verl's server interface in front of this project's ``serve`` (real HTTP, the embedded
+    model), reached by the remote generation backend: the same masks and a finite reward."""
+    pytest.importorskip("fastapi")
+    from multiminddev.policy import PolicyConfig, load_tokenizer
+    from multiminddev.policy.remote import OpenAIGenerationBackend
+    from multiminddev.serve import ServeConfig, create_app
+    from tests.policy.helpers import require_default_model
+    from tests.serve.server_helpers import RunningServer, free_port
+
+    require_default_model()
+    running = RunningServer(create_app(ServeConfig(device="cpu")), free_port()).start()
+    try:
+        tokenizer = load_tokenizer(PolicyConfig(model="default"))
+        backend = OpenAIGenerationBackend(base_url=f"{running.url}/v1", tokenizer=tokenizer)
+        loop = agent_loop(BackendServer(backend), tokenizer, max_turns=2, max_new_tokens=4,
+                          patience=0, eval_workers=1, eval_trials=2)
+        out = run_loop(loop, relu_problem())
+    finally:
+        running.stop()
+    assert 0 < sum(out.response_mask) <= 8
+    assert len(out.response_ids) == len(out.response_mask)
+    assert math.isfinite(out.reward_score)
+
+
 def test_verl_dataset_reads_our_parquet(tmp_path):
     problems = [relu_problem("relu_a"), relu_problem("relu_b")]
     path = write_verl_dataset(problems, tmp_path / "train.parquet")
