@@ -108,7 +108,8 @@ def write_provenance(root: Path, *, command: str, commit: str, data: Mapping[str
                      heldout: Mapping[str, Any], model: str = "default",
                      settings: Mapping[str, Any] | None = None) -> Path:
     """Write ``root/PROVENANCE.json`` for adapters put in ``root/{generator,optimizer}/``:
-    what the lead runs after training the agents to ship (it checks the result reads back)."""
+    what ``benchmarks/ship_agents.py`` runs after training the agents to ship (it checks the
+    result reads back)."""
     path = Path(root) / PROVENANCE_FILE
     path.write_text(json.dumps({"command": command, "commit": commit, "data": dict(data),
                                 "heldout": dict(heldout), "model": model,
