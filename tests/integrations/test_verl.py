@@ -171,10 +171,10 @@ def test_the_loop_generates_through_our_openai_compatible_server(evaluator):
     from multiminddev.policy.remote import OpenAIGenerationBackend
     from multiminddev.serve import ServeConfig, create_app
     from tests.policy.helpers import require_default_model
-    from tests.serve.server_helpers import RunningServer, free_port
+    from tests.serve.server_helpers import UvicornThread
 
     require_default_model()
-    running = RunningServer(create_app(ServeConfig(device="cpu")), free_port()).start()
+    running = UvicornThread(create_app(ServeConfig(device="cpu"))).start()
     try:
         tokenizer = load_tokenizer(PolicyConfig(model="default"))
         backend = OpenAIGenerationBackend(base_url=f"{running.url}/v1", tokenizer=tokenizer)

@@ -18,7 +18,7 @@ from multiminddev.policy.remote import (
     token_id,
 )
 from tests.policy.helpers import require_default_model
-from tests.serve.server_helpers import RunningServer, free_port, make_adapter
+from tests.serve.server_helpers import UvicornThread, make_adapter
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 MESSAGES = [{"role": "user", "content": "Write a CUDA kernel that adds two vectors."}]
@@ -35,7 +35,7 @@ def server(adapter_dir):
     from multiminddev.serve import ServeConfig, create_app
 
     config = ServeConfig(device="cpu", adapters={"generator": str(adapter_dir)})
-    running = RunningServer(create_app(config), free_port()).start()
+    running = UvicornThread(create_app(config)).start()
     yield running
     running.stop()
 
@@ -145,7 +145,7 @@ def test_logprobs_match_the_in_process_backend_on_the_gpu(adapter_dir):
     from multiminddev.serve import ServeConfig, create_app
 
     config = ServeConfig(device="cuda", adapters={"generator": str(adapter_dir)})
-    running = RunningServer(create_app(config), free_port()).start()
+    running = UvicornThread(create_app(config)).start()
     try:
         tokenizer = running.app.state.registry.tokenizer
         prompt = encode_chat(tokenizer, MESSAGES)

@@ -11,7 +11,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from tests.policy.helpers import require_default_model
-from tests.serve.server_helpers import RunningServer, free_port, make_adapter
+from tests.serve.server_helpers import UvicornThread, make_adapter
 
 
 @pytest.fixture(scope="package")
@@ -27,7 +27,7 @@ def server(adapter_dir, tmp_path_factory):
     config = ServeConfig(device="cpu", adapters={"generator": str(adapter_dir)},
                          max_module_bytes=20_000, max_running_jobs=2,
                          state_dir=str(tmp_path_factory.mktemp("state")))
-    running = RunningServer(create_app(config), free_port()).start()
+    running = UvicornThread(create_app(config)).start()
     yield running
     running.stop()
 

@@ -1,6 +1,6 @@
 """Real servers and a real browser for the serve tests.
 
-- :class:`UvicornThread`: a uvicorn server on a free port in a background thread.
+- :class:`UvicornThread` (``server_helpers``): a uvicorn server on a free port in a thread.
 - :func:`job_app`: a FastAPI app holding the A/B, metrics and web routers plus the server's
   kernel job contract the page uses (``POST /v1/kernels/optimize`` ``{"module", "turns"}`` ->
   ``{"id"}``, ``GET /v1/kernels/jobs/{id}`` -> the summary with ``best_source`` and
@@ -31,36 +31,9 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict
 
+from tests.serve.server_helpers import UvicornThread  # noqa: F401 - the tests import it here
+
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-class UvicornThread:
-    def __init__(self, app: Any, *, lifespan: str = "off", start_timeout_s: float = 30.0):
-        import uvicorn
-
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                lifespan=lifespan)
-        self.server = uvicorn.Server(config)
-        self.start_timeout_s = start_timeout_s
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"uvicorn did not start within {self.start_timeout_s} s")
-            time.sleep(0.02)
-        return self
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 # ------------------------------------------------------------------------------- job app

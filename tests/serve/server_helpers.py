@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from typing import Any, Self
 
 
 def make_adapter(folder: Path, seed: int = 0) -> Path:
@@ -33,26 +27,41 @@ def make_adapter(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-class RunningServer:
-    def __init__(self, app, port: int):
+class UvicornThread:
+    """A real uvicorn server for ``app`` on a free port, in a background thread:
+    ``with UvicornThread(app) as srv: srv.url`` or ``srv = UvicornThread(app).start() ...
+    srv.stop()``. ``lifespan="off"`` skips the app's startup (model loading)."""
+
+    def __init__(self, app: Any, *, lifespan: str = "auto", start_timeout_s: float = 120.0):
         import uvicorn
 
         self.app = app
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                                    log_level="warning"))
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                lifespan=lifespan)
+        self.server = uvicorn.Server(config)
+        self.start_timeout_s = start_timeout_s
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def start(self, timeout: float = 120.0) -> RunningServer:
+    def start(self) -> Self:
         self.thread.start()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.start_timeout_s
         while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.1)
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"uvicorn did not start within {self.start_timeout_s} s")
+            time.sleep(0.02)
         return self
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=60)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced
-from tests.serve.server_helpers import RunningServer, free_port
+from tests.serve.server_helpers import UvicornThread
 
 RELU = (FIXTURES / "problems" / "1_relu.py").read_text()
 
@@ -27,7 +27,7 @@ def served(adapter_dir, tmp_path_factory):
         store.add_arm("control", None, weight=1.0)
         store.add_arm("tuned", {"generator": str(adapter_dir)}, weight=1.0)
     app = build_app(ServeConfig(device="cpu", state_dir=str(state), max_running_jobs=2))
-    running = RunningServer(app, free_port()).start()
+    running = UvicornThread(app).start()
     tokenizer = app.state.registry.tokenizer
     # the agents replay a known kernel: a real compile-only evaluation per job, in seconds
     app.state.jobs.backend_for = lambda adapters: ReplayBackend(
