@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.commands._io import USAGE_ERROR, fail
+from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
 from multiminddev.distributed.grpo import run_ray_pipeline
 from multiminddev.policy import PolicyError
 from multiminddev.policy.model import check_checkpoint, resolve_model_source
@@ -301,8 +302,8 @@ def _run(settings, ray: str | None = None) -> int:
         if ray is None:
             run_pipeline(settings)
         else:
-            run_ray_pipeline(settings, ray or None)
-    except (CheckpointError, PolicyError, ValueError) as exc:
+            run_ray_pipeline(settings, ray or LOCAL)  # a bare --ray starts a local cluster
+    except (CheckpointError, PolicyError, RayUnavailableError, ValueError) as exc:
         return fail(" ".join(str(exc).split()))
     return 0
 

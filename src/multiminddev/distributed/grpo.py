@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from multiminddev.distributed.cluster import LOCAL, connect
 from multiminddev.distributed.rollout import RayRollouts, RolloutLayout, layout_from_plan
 from multiminddev.env import Evaluator
 from multiminddev.train.config_files import write_json_atomically
@@ -71,23 +72,10 @@ class _GPULease:
         return [str(i) for i in ray.get_gpu_ids()]
 
 
-def connect(address: str | None) -> bool:
-    """Connect to Ray (a running cluster at ``address``, else a new local one); True when this
-    call started it."""
-    try:
-        import ray
-    except ImportError:
-        raise ValueError("--ray needs the ray extra: pip install 'multiminddev[ray]'") from None
-    if ray.is_initialized():
-        return False
-    ray.init(address=address or None, include_dashboard=False, logging_level="WARNING")
-    return True
-
-
 class RayScaleOut:
     """The pipeline's scale-out hooks (``run_pipeline(scale_out=)``) for a Ray cluster."""
 
-    def __init__(self, address: str | None = None, *, cpu_workers: int = 2) -> None:
+    def __init__(self, address: str = LOCAL, *, cpu_workers: int = 2) -> None:
         self.address, self.cpu_workers = address, cpu_workers
         self.started = connect(address)
         self.layout: RolloutLayout | None = None
@@ -195,7 +183,7 @@ def render_layout(layout: RolloutLayout, learner: str, console: Any = None) -> N
         console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def run_ray_pipeline(settings: Any, address: str | None = None, *, console: Any = None) -> Any:
+def run_ray_pipeline(settings: Any, address: str = LOCAL, *, console: Any = None) -> Any:
     """``train --ray [ADDRESS]``: ``run_pipeline`` with GRPO's rollouts on Ray actors."""
     if settings.full_finetune:
         raise ValueError("--ray sends LoRA adapters to the rollout workers; it does not support "
