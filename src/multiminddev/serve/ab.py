@@ -25,14 +25,13 @@ import hashlib
 import json
 import math
 import sqlite3
+import statistics
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
-
-import numpy as np
 
 from multiminddev.core.results import EvalResult, EvalStatus
 
@@ -141,6 +140,8 @@ def bootstrap_mean_interval(values: Sequence[float], *, resamples: int = 2000, s
                             confidence: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean; (nan, nan) when empty. Resampled in chunks
     so memory stays small for long tables."""
+    import numpy as np  # only here: `multiminddev ab` and every CLI start import this module
+
     x = np.asarray(values, dtype=float)
     if x.size == 0:
         return float("nan"), float("nan")
@@ -259,11 +260,11 @@ def summarize_arm(arm: Arm, outcomes: Sequence[Outcome], *, share: float, contro
         n_known=len(known), correct=correct,
         correct_rate=correct / len(known) if known else None,
         correct_ci=wilson_interval(correct, len(known)) if known else None,
-        speedup_geomean=math.exp(float(np.mean(log_speedups))) if log_speedups else None,
+        speedup_geomean=math.exp(statistics.fmean(log_speedups)) if log_speedups else None,
         speedup_ci=speedup_ci,
-        reward_mean=float(np.mean(rewards)) if rewards else None,
+        reward_mean=statistics.fmean(rewards) if rewards else None,
         reward_ci=bootstrap_mean_interval(rewards) if rewards else None,
-        latency_s_mean=float(np.mean([o.latency_s for o in outcomes])) if n else None,
+        latency_s_mean=statistics.fmean(o.latency_s for o in outcomes) if n else None,
         test=test,
     )
 
