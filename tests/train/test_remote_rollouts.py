@@ -226,3 +226,19 @@ def test_train_refuses_a_rollout_server_it_cannot_use_in_one_line(argv, message,
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
     assert not out.exists()
+
+
+def test_train_with_a_rollout_server_samples_every_step_there(server, tiny_model_dir, tmp_path):
+    """The product path: ``train --rollout-server URL`` (no SFT, one GRPO step)."""
+    from multiminddev.cli import main
+
+    out, requests = tmp_path / "run", completion_requests(server.url)
+    assert main(["train", "--model", str(tiny_model_dir), "--preset", "quick-test",
+                 "--skip-sft", "--skip-eval", "--num-steps", "1", "--batch-size", "1",
+                 "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "4",
+                 "--lora-rank", "4", "--compiled-decoding", "off", "--output-dir", str(out),
+                 "--rollout-server", server.url]) == 0
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert record["weights_version"] == 0 and record["episodes"] == 2
+    assert completion_requests(server.url) - requests == 2  # one per episode's single turn
+    assert [p.name for p in (out / "served_adapters").iterdir()] == ["v1"]
