@@ -13,13 +13,13 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from multiminddev.agents.roles import AgentRole  # noqa: E402
-from multiminddev.train.remote_rollouts import (  # noqa: E402
+from multiminddev.agents.roles import AgentRole
+from multiminddev.train.remote_rollouts import (
     RemoteRollouts,
     StaleAdapters,
     base_model_name,
 )
-from tests.serve.server_helpers import UvicornThread  # noqa: E402
+from tests.serve.server_helpers import UvicornThread
 
 RELU = '''
 import torch, torch.nn as nn
