@@ -98,6 +98,16 @@ def test_logprobs_match_the_in_process_backend(server, tokenizer, adapter_dir):
     assert remote.logprobs == pytest.approx(local, abs=1e-3)
 
 
+def test_one_backend_serves_one_event_loop_after_another(server, tokenizer):
+    """As LocalRollouts and RemoteRollouts use it: each rollout under its own asyncio.run."""
+    backend = backend_for(server, tokenizer)
+    prompt = encode_chat(tokenizer, MESSAGES)
+    first = asyncio.run(backend.generate([prompt], GREEDY, AgentRole.GENERATOR))
+    second = asyncio.run(backend.generate([prompt], GREEDY, AgentRole.GENERATOR))
+    assert first[0].token_ids == second[0].token_ids and first[0].token_ids
+    assert backend.tokens_generated == 2 * len(first[0].token_ids)
+
+
 def test_the_role_picks_the_model(server, tokenizer):
     prompt = encode_chat(tokenizer, MESSAGES)
     (tuned,) = generate(server, tokenizer, [prompt], GREEDY, role=AgentRole.GENERATOR)

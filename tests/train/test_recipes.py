@@ -98,6 +98,7 @@ def _sample(name: str, hint: typing.Any, default: typing.Any, tmp_path: Path):
         "eval_dtype": ("float32", {}),
         "rl_temperature": (0.8, {}),
         "review_fraction": (0.25, {}),
+        "rollout_server": ("http://127.0.0.1:8000", {}),  # validated: an http(s) URL
     }
     if name in special:
         return special[name]

@@ -17,6 +17,7 @@ from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
 from multiminddev.distributed.grpo import run_ray_pipeline
 from multiminddev.policy import PolicyError
 from multiminddev.policy.model import check_checkpoint, resolve_model_source
+from multiminddev.policy.remote import RemoteGenerationError, list_served_models
 from multiminddev.train.checkpoints import CheckpointError
 from multiminddev.train.config_files import (
     ConfigError,
@@ -177,6 +178,11 @@ def _register_train(subparsers) -> None:
                         "GPU), the learner in this process: ADDRESS 'auto' (or ray://...) joins "
                         "a running cluster, none starts a local one; the layout goes to "
                         "RUN_DIR/layout.json (needs the ray extra)")
+    p.add_argument("--rollout-server", default=None, metavar="URL",
+                   help="sample GRPO's rollouts from this OpenAI-compatible server "
+                        "(multiminddev serve, or vLLM with --enable-lora; http://HOST:PORT), "
+                        "which must read RUN_DIR/served_adapters at the same path; the learner "
+                        "stays here and publishes its adapters to it after every update")
     p.set_defaults(handler=_run_train)
 
 
@@ -187,7 +193,7 @@ _SAME_NAME_FLAGS = (
     "group_size", "max_turns", "max_new_tokens", "kl_reference", "family_sampling",
     "family_warm_start", "rl_roles", "rl_greedy_roles", "generator_checkpoint",
     "optimizer_checkpoint", "wandb", "sft_problems", "sft_data", "skip_sft", "skip_rl",
-    "skip_eval", "sft_steps")
+    "skip_eval", "sft_steps", "rollout_server")
 # A later source that sets one of these drops the other from earlier sources: a recipe's step
 # count gives way to --num-episodes instead of conflicting with it.
 EXCLUSIVE_SETTINGS = {"num_steps": "num_episodes", "num_episodes": "num_steps"}
@@ -297,15 +303,27 @@ def _run(settings, ray: str | None = None) -> int:
     """``ray``: None runs in this process; else the Ray address ("" for a local cluster)."""
     if (problem := folder_inputs_problem(settings.output_dir, settings.resume)) is not None:
         return fail(problem)
+    if ray is not None and settings.rollout_server is not None:
+        return fail("--ray and --rollout-server both say where GRPO's rollouts are sampled "
+                    "(Ray actors, or one OpenAI-compatible server): pick one")
     try:
         check_model_inputs(settings)
+        check_rollout_server(settings)
         if ray is None:
             run_pipeline(settings)
         else:
             run_ray_pipeline(settings, ray or LOCAL)  # a bare --ray starts a local cluster
-    except (CheckpointError, PolicyError, RayUnavailableError, ValueError) as exc:
+    except (CheckpointError, PolicyError, RayUnavailableError, RemoteGenerationError,
+            ValueError) as exc:
         return fail(" ".join(str(exc).split()))
     return 0
+
+
+def check_rollout_server(settings) -> None:
+    """Fail before any phase starts when ``rollout_server`` does not answer ``/v1/models``
+    (``RemoteGenerationError``, one line); GRPO would otherwise stop on it after SFT."""
+    if settings.rollout_server is not None and not settings.skip_rl:
+        list_served_models(settings.rollout_server)
 
 
 def _list_recipes() -> int:
@@ -354,6 +372,9 @@ def _run_seeds(args) -> int:
     settings = _settings(args)
     if (problem := folder_inputs_problem(settings.output_dir, None)) is not None:
         return fail(problem)
+    if settings.rollout_server is not None:  # seeds at once would overwrite each other's adapters
+        return fail("--seeds with --rollout-server: the seeds would publish adapters of the same "
+                    "names to one server; train each seed on its own server instead")
     try:  # a bad --model stops here once, not once per seed
         check_model_inputs(settings)
     except (PolicyError, ValueError) as exc:

@@ -7,6 +7,10 @@ loss; the model (base or adapter) is chosen per request by the role (``models``)
 update, ``reload_adapters({name: folder})`` swaps the served adapters through vLLM's
 ``/v1/unload_lora_adapter`` and ``/v1/load_lora_adapter``.
 
+One backend may serve several event loops in turn (``LocalRollouts`` and ``RemoteRollouts`` run
+each rollout under its own ``asyncio.run``): its HTTP client and concurrency limit belong to the
+running loop, made on first use there; those of a closed loop are dropped.
+
 Log-probs: ``multiminddev serve`` returns log p under softmax(logits / T) (T = 1 for greedy),
 as the in-process backend records them. vLLM returns the raw (T = 1) distribution unless
 started with ``--logprobs-mode processed_logprobs``, which applies temperature and top-p;
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,23 +52,39 @@ class OpenAIGenerationBackend:
         max_concurrency: int = 64,
         context_window: int | None = None,
     ):
-        import httpx
-
         if max_concurrency < 1:
             raise ValueError("OpenAIGenerationBackend.max_concurrency must be >= 1")
-        self.base_url = base_url.rstrip("/")
-        if not self.base_url.endswith("/v1"):
-            self.base_url += "/v1"
+        self.base_url = api_url(base_url)
         self.tokenizer = tokenizer
         self.models = {AgentRole(k).value: v for k, v in (models or {}).items()}
         self.default_model = default_model
         self.stop_token_ids = end_of_turn_ids(tokenizer)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(timeout=timeout_s, headers=headers)
-        self._limit = asyncio.Semaphore(max_concurrency)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout_s = timeout_s
+        self._max_concurrency = max_concurrency
+        # httpx clients and asyncio semaphores are bound to the loop they first ran on
+        self._per_loop: dict[asyncio.AbstractEventLoop, tuple[Any, asyncio.Semaphore]] = {}
         if context_window is not None:
             self.context_window = context_window
         self.tokens_generated = 0
+        # Cumulative wall seconds with at least one generate call in flight (overlapping calls
+        # count once), as the in-process backend's "generate".
+        self.seconds = {"generate": 0.0}
+        self._in_flight = 0
+        self._busy_since = 0.0
+
+    def _loop_state(self) -> tuple[Any, asyncio.Semaphore]:
+        """The running loop's client and semaphore (made on first use in that loop)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        for old in [o for o in self._per_loop if o.is_closed()]:
+            del self._per_loop[old]  # its sockets died with it; nothing left to close
+        if loop not in self._per_loop:
+            self._per_loop[loop] = (httpx.AsyncClient(timeout=self._timeout_s,
+                                                      headers=self._headers),
+                                    asyncio.Semaphore(self._max_concurrency))
+        return self._per_loop[loop]
 
     def model_for(self, role: AgentRole | str) -> str:
         return self.models.get(AgentRole(role).value, self.default_model)
@@ -76,8 +97,16 @@ class OpenAIGenerationBackend:
         if any(not p for p in prompts):
             raise ValueError("generate: every prompt needs at least one token")
         model = self.model_for(role)
-        per_prompt = await asyncio.gather(
-            *(self._complete(i, p, sampling, model) for i, p in enumerate(prompts)))
+        if self._in_flight == 0:
+            self._busy_since = time.perf_counter()
+        self._in_flight += 1
+        try:
+            per_prompt = await asyncio.gather(
+                *(self._complete(i, p, sampling, model) for i, p in enumerate(prompts)))
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self.seconds["generate"] += time.perf_counter() - self._busy_since
         outputs = [o for group in per_prompt for o in group]
         self.tokens_generated += sum(len(o.token_ids) for o in outputs)
         return outputs
@@ -110,7 +139,7 @@ class OpenAIGenerationBackend:
     async def _complete(self, index: int, prompt: list[int], sampling: SamplingParams,
                         model: str) -> list[GenerationOutput]:
         body = self.request_body(prompt, self._seeded(sampling, index), model)
-        async with self._limit:
+        async with self._loop_state()[1]:
             data = await self._post("/completions", body)
         choices = sorted(data.get("choices", []), key=lambda c: c.get("index", 0))
         if len(choices) != sampling.n:
@@ -142,8 +171,12 @@ class OpenAIGenerationBackend:
     # ------------------------------------------------------------------ adapters
 
     async def list_models(self) -> list[str]:
+        return [m["id"] for m in await self.model_cards()]
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models``' entries (``id``; ``root``: an adapter's folder on vLLM and ours)."""
         data = await self._get("/models")
-        return [m["id"] for m in data.get("data", [])]
+        return list(data.get("data", []))
 
     async def load_adapter(self, name: str, path: str) -> None:
         await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
@@ -162,7 +195,10 @@ class OpenAIGenerationBackend:
             await self.load_adapter(name, str(path))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Close the running loop's client (those of closed loops are already gone)."""
+        state = self._per_loop.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            await state[0].aclose()
 
     # ------------------------------------------------------------------ HTTP
 
@@ -170,7 +206,7 @@ class OpenAIGenerationBackend:
         import httpx
 
         try:
-            reply = await self._client.post(self.base_url + path, json=body)
+            reply = await self._loop_state()[0].post(self.base_url + path, json=body)
         except httpx.HTTPError as exc:
             raise RemoteGenerationError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") \
                 from exc
@@ -180,11 +216,47 @@ class OpenAIGenerationBackend:
         import httpx
 
         try:
-            reply = await self._client.get(self.base_url + path)
+            reply = await self._loop_state()[0].get(self.base_url + path)
         except httpx.HTTPError as exc:
             raise RemoteGenerationError(f"{self.base_url}{path}: {type(exc).__name__}: {exc}") \
                 from exc
         return _json(reply, path)
+
+
+def api_url(base_url: str) -> str:
+    """The server's OpenAI API root: ``http://host:port`` or ``.../v1`` -> ``.../v1``. A URL
+    without an http(s) scheme and a host is a ``ValueError`` that says what to give."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(str(base_url).strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"server URL {base_url!r}: give http(s)://HOST:PORT of an "
+                         "OpenAI-compatible server (multiminddev serve, or vLLM)")
+    url = str(base_url).strip().rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def list_served_models(base_url: str, *, api_key: str | None = None,
+                       timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """``GET /v1/models`` (synchronous): the served models' cards (``id``, and ``root``: an
+    adapter's folder on vLLM and ``multiminddev serve``). An unreachable server or a reply
+    that is not a model list is a ``RemoteGenerationError`` with one line that says so."""
+    import httpx
+
+    url = api_url(base_url) + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        reply = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise RemoteGenerationError(f"{url}: {type(exc).__name__}: {exc}; start the server "
+                                    "(multiminddev serve, or vLLM) or fix the URL") from None
+    data = _json(reply, url)
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list) or not all(isinstance(m, dict) and "id" in m
+                                               for m in models):
+        raise RemoteGenerationError(f"{url}: the reply is not an OpenAI model list; is this "
+                                    "an OpenAI-compatible server?")
+    return models
 
 
 def token_id(label: str) -> int:

@@ -16,7 +16,9 @@ One step (``GRPOTrainer.train_step``), each phase timed:
 
 Episodes come from a ``RolloutSource``: ``LocalRollouts`` plays them in this process with the
 learner's own model; ``multiminddev.distributed.rollout.RayRollouts`` plays them on Ray actors,
-which the update phase hands the new adapter weights (``publish``) before the next rollout.
+and ``train.remote_rollouts.RemoteRollouts`` samples them from an OpenAI-compatible server;
+the update phase hands either the new adapter weights (``publish``) before the next rollout,
+and the step's record says which version sampled it (``weights_version``).
 
 Without a GPU the kernels are compiled but not run: rewards are then compile-only, and every
 log line and record says so (``compile_only``).
@@ -590,8 +592,14 @@ class GRPOTrainer:
         evals = sum(1 for e in episodes for t in e.turns if getattr(t, "eval_result", None))
         backend = {f"time_rollout_{k}": v - backend_before.get(k, 0.0)
                    for k, v in self.rollouts.seconds.items()}
-        return episodes, {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
-                          "tokens": float(tokens), **backend}
+        stats = {"tokens_per_s": tokens / seconds, "evals_per_s": evals / seconds,
+                 "tokens": float(tokens), **backend}
+        # A source that samples elsewhere (Ray workers, a server) holds a published version:
+        # the count of updates in the weights that sampled this step.
+        version = getattr(self.rollouts, "version", None)
+        if version is not None:
+            stats["weights_version"] = float(version)
+        return episodes, stats
 
     def check_rollout_temperatures(self) -> None:
         """A trained role must sample at ``cfg.temperature``: the update recomputes its

@@ -35,6 +35,7 @@ from multiminddev.policy import (
     SamplingParams,
     load_policy,
 )
+from multiminddev.policy.remote import api_url
 from multiminddev.tasks.curriculum import Curriculum, CurriculumConfig, load_family_counts
 from multiminddev.tasks.loaders import load_problems
 from multiminddev.train import selection
@@ -138,6 +139,10 @@ class TrainSettings:
     # the Tester's report on a verified kernel adds its Nsight Compute figures (env/profile.py)
     profiler_feedback: bool = False
     generation_batch_size: int = 16  # sequences decoded together (HFGenerationBackend)
+    # GRPO's rollouts sampled by this OpenAI-compatible server (multiminddev serve, or vLLM
+    # with --enable-lora) at http(s)://HOST:PORT; the learner keeps the model for the update and
+    # publishes its adapters to the server after each (train/remote_rollouts.py). None: here.
+    rollout_server: str | None = None
     # --- held-out evaluation (and early stopping's select@ evaluations)
     eval_after_sft: bool = False  # also evaluate the SFT agents (sft_eval_results.json)
     eval_temperature: float | None = None  # None: the rollouts' sampling; 0: greedy
@@ -230,6 +235,11 @@ class TrainSettings:
         if self.sft_anchor_problems is not None and not self.sft_anchor:
             raise ValueError("sft_anchor_problems chooses the problems of the SFT anchor: give "
                              "sft_anchor > 0 too (e.g. --set sft_anchor=0.1)")
+        if self.rollout_server is not None:
+            api_url(self.rollout_server)  # a malformed URL stops the run before it starts
+            if self.full_finetune:
+                raise ValueError("--rollout-server loads LoRA adapters on the server; it "
+                                 "excludes --full-finetune")
         if self.select_also is not None and self.select_problems is None:
             raise ValueError("select_also adds to the select_problems sample: give "
                              "select_problems too")
@@ -267,6 +277,7 @@ class Context:
         # Scale-out hooks (distributed.grpo.RayScaleOut): the GPUs to plan over, the learner's
         # device in that plan, and GRPO's rollout source; None: this process does everything.
         self.scale_out: Any = None
+        self.evaluator: Any = None  # the pipeline's evaluator, once started
 
 
 # --------------------------------------------------------------------------- setup
@@ -692,6 +703,10 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
     console = console or Console()
     start = time.perf_counter()
     ctx = Context(settings, console)
+    if scale_out is None and settings.rollout_server is not None:
+        from multiminddev.train.remote_rollouts import RemoteScaleOut
+
+        scale_out = RemoteScaleOut(settings.rollout_server)
     ctx.scale_out = scale_out
     settings.output_dir.mkdir(parents=True, exist_ok=True)
     _write_run_config(settings)
@@ -707,6 +722,7 @@ def run_pipeline(settings: TrainSettings, *, console: Any = None,
             result.sft = sft_phase(ctx)
         trainer = None
         with Evaluator(eval_config(ctx)) as evaluator:
+            ctx.evaluator = evaluator  # a rollout server's episodes are evaluated here too
             if settings.eval_after_sft and settings.resume is None and not settings.skip_eval:
                 console.rule("held-out evaluation of the SFT agents")
                 result.sft_evaluation = final_evaluation(ctx, None, evaluator, stage="sft_")
