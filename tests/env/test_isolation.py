@@ -323,3 +323,36 @@ def test_readable_paths_inside_another_are_bound_with_it():
     paths = [Path("/tmp/co/src"), Path("/tmp/co"), Path("/opt/venv"), Path("/tmp/co/src"),
              Path("/tmp/col")]
     assert outermost(paths) == ["/tmp/co", "/opt/venv", "/tmp/col"]
+
+
+PRIVATE_NETWORK_PROBE = r"""
+import json, socket, sys
+from multiminddev.env.isolation import enter_private_network, network_interfaces
+outside_port = int(sys.argv[1])
+entered = enter_private_network()
+server = socket.create_server(("127.0.0.1", 0))
+inside = socket.create_connection(server.getsockname(), timeout=5)
+try:
+    socket.create_connection(("127.0.0.1", outside_port), timeout=5)
+    outside = "reached"
+except OSError as exc:
+    outside = type(exc).__name__
+print(json.dumps({"entered": entered, "interfaces": network_interfaces(), "outside": outside}))
+"""
+
+
+def test_a_private_network_has_a_working_loopback_and_reaches_nothing_outside():
+    """What the profiler's launcher enters: a loopback that is up (ncu and its target talk over
+    it) and no way to the host's own loopback services (a listener of this test's process)."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as outside:
+        done = subprocess.run([sys.executable, "-c", PRIVATE_NETWORK_PROBE,
+                               str(outside.getsockname()[1])],
+                              capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0 and "Operation not permitted" in done.stderr:
+        pytest.skip("this machine refuses new network namespaces")
+    assert done.returncode == 0, done.stderr[-800:]
+    found = json.loads(done.stdout)
+    assert "net" in found["entered"] and found["interfaces"] == ["lo"]
+    assert found["outside"] == "ConnectionRefusedError"

@@ -46,20 +46,52 @@ def test_no_gpu_is_a_skip_not_a_failure():
     assert profile_from_output(harness.NO_GPU_EXIT, "", "").status is ProfileStatus.SKIPPED
 
 
-def test_the_harness_isolates_itself_before_it_needs_a_gpu(tmp_path):
-    """Run as ncu runs it, on this machine: it reads its inputs, sets up the worker's boundary
-    and stops at the GPU check, before any candidate code (here one that would write a file)."""
+def _harness_inputs(tmp_path, marker):
+    (tmp_path / "problem.py").write_text(RELU.source)
+    (tmp_path / "candidate.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (tmp_path / "config.json").write_text(json.dumps(EvalConfig().to_dict()))
+    return [str(tmp_path / "problem.py"), str(tmp_path / "candidate.py"),
+            str(tmp_path / "config.json"), "relu"]
+
+
+def _no_gpu_here():
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU machine the real profile's test covers the harness")
+
+
+HARNESS = [sys.executable, "-m", "multiminddev.env.profile_harness"]
+
+
+def test_the_harness_isolates_itself_before_it_needs_a_gpu(tmp_path):
+    """Started as ``profile_kernel`` starts it (the launcher, then the run; here without ncu in
+    between): it reads its inputs, its forked child sets up the worker's boundary and stops at
+    the GPU check, before any candidate code (here one that would write a file). NO_GPU_EXIT
+    comes only from behind a complete boundary: a refused step exits ISOLATION_EXIT."""
+    _no_gpu_here()
     marker = tmp_path / "ran"
-    (tmp_path / "problem.py").write_text(RELU.source)
-    (tmp_path / "candidate.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
-    (tmp_path / "config.json").write_text(json.dumps(EvalConfig().to_dict()))
-    done = subprocess.run([sys.executable, "-m", "multiminddev.env.profile_harness",
-                           str(tmp_path / "problem.py"), str(tmp_path / "candidate.py"),
-                           str(tmp_path / "config.json"), "relu"],
+    args = _harness_inputs(tmp_path, marker)
+    done = subprocess.run([*HARNESS, "launch", args[2], "--", *HARNESS, *args],
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == harness.NO_GPU_EXIT, done.stderr[-500:]
     assert not marker.exists()
+
+
+def test_a_profiled_run_outside_a_private_network_stops_before_the_candidate(tmp_path):
+    """Started without the launcher, on the host's network: refused, the candidate unread."""
+    from multiminddev.env.isolation import network_interfaces
+
+    if network_interfaces() == ["lo"]:
+        pytest.skip("this machine's network namespace has a loopback alone")
+    marker = tmp_path / "ran"
+    done = subprocess.run([*HARNESS, *_harness_inputs(tmp_path, marker)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == harness.ISOLATION_EXIT, done.stderr[-500:]
+    assert "launch" in done.stderr and not marker.exists()
+
+
+def test_the_launcher_refuses_a_malformed_command_line(tmp_path):
+    done = subprocess.run([*HARNESS, "launch", "config.json", "echo"], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == harness.SETUP_EXIT and "usage" in done.stderr

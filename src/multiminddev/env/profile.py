@@ -1,11 +1,11 @@
 """Nsight Compute figures for one candidate kernel, measured inside the evaluation sandbox.
 
-``profile_kernel(problem, source, cfg)`` runs ``ncu`` on a fresh child process
-(``python -m multiminddev.env.profile_harness``) that applies the same boundary as an evaluation
-worker before the candidate's code loads: the worker's namespaces and read-only filesystem view
-(``isolation.isolate_worker``, per ``cfg.isolation``), its private compile caches and the
-sandbox (``sandbox.install_sandbox``). ``ncu`` itself is trusted; the candidate never runs
-outside that boundary. The candidate's forward pass runs once, inside an NVTX range, and only
+``profile_kernel(problem, source, cfg)`` runs ``ncu`` in a network namespace of its own (a
+loopback alone) on a fresh child process (``python -m multiminddev.env.profile_harness``) that
+applies the same boundary as an evaluation worker before the candidate's code loads: the
+worker's namespaces and read-only filesystem view (``isolation.isolate_worker``, per
+``cfg.isolation``), its private compile caches and the sandbox (``sandbox.install_sandbox``).
+``ncu`` itself is trusted; the candidate never runs outside that boundary. The candidate's forward pass runs once, inside an NVTX range, and only
 kernels launched in that range are profiled (``--nvtx-include``), so the reference's input
 setup is not. Where the boundary cannot be set up (isolation required and refused, say) the
 harness exits before the candidate loads and the profile is ``FAILED`` with the reason.
@@ -113,6 +113,13 @@ def parse_ncu_csv(text: str) -> list[KernelFigures]:
     return [KernelFigures(kernel=kernel, metrics=metrics) for kernel, metrics in launches.values()]
 
 
+def launch_command(ncu: str, config_path: Path, harness_args: list[str]) -> list[str]:
+    """``ncu_command`` started by the harness's launcher, in a network namespace of its own
+    (env/profile_harness.py says why)."""
+    return [sys.executable, "-m", "multiminddev.env.profile_harness", "launch", str(config_path),
+            "--", *ncu_command(ncu, harness_args)]
+
+
 def ncu_command(ncu: str, harness_args: list[str]) -> list[str]:
     """The ``ncu`` command line around the harness: the metrics above, only kernels launched
     in the candidate's NVTX range, CSV on stdout."""
@@ -142,7 +149,8 @@ def profile_kernel(problem: Any, source: str, cfg: EvalConfig | None = None, *,
                 problem.name]
         try:
             with _PROFILE_LOCK:
-                proc = subprocess.run(ncu_command(ncu, args), capture_output=True, text=True,
+                proc = subprocess.run(launch_command(ncu, d / "config.json", args),
+                                      capture_output=True, text=True,
                                       timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired:
             return KernelProfile(status=ProfileStatus.FAILED,

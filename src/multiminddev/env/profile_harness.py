@@ -1,24 +1,47 @@
-"""The child process ``env.profile.profile_kernel`` runs under ``ncu``: one forward pass of a
-candidate, behind the evaluation worker's boundary.
+"""The processes ``env.profile.profile_kernel`` runs: one forward pass of a candidate under
+``ncu``, behind the evaluation worker's boundary.
 
-``python -m multiminddev.env.profile_harness PROBLEM.py CANDIDATE.py CONFIG.json NAME``
+    python -m multiminddev.env.profile_harness launch CONFIG.json -- NCU_COMMAND...
+    python -m multiminddev.env.profile_harness PROBLEM.py CANDIDATE.py CONFIG.json NAME
 
-Order, as in the worker (env/worker.py): read the inputs, isolate (namespaces, read-only view;
-``EvalConfig.isolation``), import torch and build the reference's inputs on the GPU, point the
-compile caches into a private directory, install the sandbox, and only then load the candidate
-and run ``ModelNew`` once inside the NVTX range that ``ncu`` profiles. A step that fails before
-the candidate loads exits with a status of ``EXIT_REASONS``; the candidate's own failure exits
-``CANDIDATE_EXIT``. Where the namespaces cannot be set up (a worker falls back to the sandbox
-alone with ``EvalConfig.isolation='auto'``), the harness stops before the candidate: a profile
-is an extra and gets the whole boundary or none (``isolation='none'`` switches that check off
-with the rest).
+``launch`` (single-threaded, before ``ncu`` starts) moves into a network namespace of its own
+whose only interface is a loopback, then runs ``ncu``: Nsight Compute and the process it
+profiles talk over loopback TCP, so they share that namespace, and nothing else is reachable.
+
+The second form is the one ``ncu`` starts. A process under ``ncu`` is not single-threaded (its
+injection library starts a thread as it loads), and namespaces need a single-threaded process,
+so the profiled run happens in a forked child, which starts with one thread and which ``ncu``
+follows (``--target-processes all``). The child, in the worker's order (env/worker.py): isolate
+(user and mount namespaces, read-only view, capabilities dropped; ``EvalConfig.isolation``;
+the network namespace is the launcher's), import torch and build the reference's inputs on the
+GPU, point the compile caches into a private directory, install the sandbox, and only then load
+the candidate and run ``ModelNew`` once inside the NVTX range that ``ncu`` profiles. A step that
+fails before the candidate loads exits with a status of ``EXIT_REASONS``; the candidate's own
+failure exits ``CANDIDATE_EXIT``. A profile is an extra and gets the whole boundary or none:
+outside a network namespace with a loopback alone, or where the child's namespaces cannot be set
+up (a worker falls back to the sandbox alone with ``EvalConfig.isolation='auto'``), the harness
+stops before the candidate (``isolation='none'`` switches those checks off with the rest).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
+
+from multiminddev.env.config import EvalConfig, Isolation
+from multiminddev.env.isolation import (
+    IsolationError,
+    IsolationPolicy,
+    enter_private_network,
+    isolate_worker,
+    make_private_dir,
+    network_interfaces,
+    worker_hidden_paths,
+    worker_readable_paths,
+)
 
 NVTX_RANGE = "mmd_candidate"  # the range whose kernels ncu profiles (--nvtx-include)
 NO_GPU_EXIT = 10
@@ -32,26 +55,59 @@ EXIT_REASONS = {NO_GPU_EXIT: "no CUDA GPU",
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "launch":
+        return launch(argv[1:])
     problem_path, candidate_path, config_path, name = argv
     problem_source = Path(problem_path).read_text()
     candidate_source = Path(candidate_path).read_text()
-    from multiminddev.env.config import EvalConfig
-
     cfg = EvalConfig.from_dict(json.loads(Path(config_path).read_text()))
-    from multiminddev.env.isolation import (
-        IsolationError,
-        IsolationPolicy,
-        isolate_worker,
-        make_private_dir,
-        worker_hidden_paths,
-        worker_readable_paths,
-    )
+    if cfg.isolation is not Isolation.NONE and network_interfaces() != ["lo"]:
+        print(f"the profiled run needs a network namespace with a loopback alone (this one has "
+              f"{', '.join(network_interfaces())}): start it through `launch`", file=sys.stderr)
+        return ISOLATION_EXIT
+    with warnings.catch_warnings():  # ncu's thread is the one a forked child goes without
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = CANDIDATE_EXIT
+        try:
+            code = profiled_run(problem_source, candidate_source, cfg, name)
+        except BaseException as exc:  # noqa: BLE001 - reported on stderr, as the exit status
+            print(f"{type(exc).__name__}: {exc}"[:400], file=sys.stderr)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else CANDIDATE_EXIT  # killed by a signal: the candidate's doing
 
-    from multiminddev.env.config import Isolation
 
+def launch(argv: list[str]) -> int:
+    """``launch CONFIG.json -- COMMAND...``: a network namespace of its own (unless isolation is
+    switched off), then exec COMMAND."""
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: profile_harness launch CONFIG.json -- COMMAND...", file=sys.stderr)
+        return SETUP_EXIT
+    cfg = EvalConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+    command = argv[2:]
+    if cfg.isolation is not Isolation.NONE:
+        try:
+            enter_private_network()
+        except OSError as exc:
+            print(f"no network namespace for the profiled run: {exc}", file=sys.stderr)
+            return ISOLATION_EXIT
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+    return SETUP_EXIT  # not reached: execvp replaces this process or raises
+
+
+def profiled_run(problem_source: str, candidate_source: str, cfg: EvalConfig, name: str) -> int:
+    """The forked child: the worker's boundary, the reference's inputs, the candidate's one
+    forward pass inside the NVTX range."""
     try:  # first: namespaces need a single-threaded process (torch is not imported yet)
         report = isolate_worker(make_private_dir(), [],
-                                IsolationPolicy(mode=cfg.isolation,
+                                IsolationPolicy(mode=cfg.isolation, network=False,
                                                 tmpfs_mib=cfg.isolation_tmpfs_mib),
                                 hidden=worker_hidden_paths(cfg),
                                 readable=worker_readable_paths(cfg))
@@ -59,11 +115,10 @@ def main(argv: list[str]) -> int:
         print(f"IsolationError: {exc}", file=sys.stderr)
         return ISOLATION_EXIT
     if cfg.isolation is not Isolation.NONE and not report.active:
-        # A worker that cannot isolate falls back to the sandbox alone (isolation 'auto'); a
-        # profile is an extra, so it asks for the whole boundary and is skipped without it.
         print(f"isolation is {report.boundary}: the profile needs the worker's namespaces "
               f"({'; '.join(report.warnings)})", file=sys.stderr)
         return ISOLATION_EXIT
+    # torch, and with it CUDA, loads only now: behind the boundary
     import tempfile
 
     import torch
