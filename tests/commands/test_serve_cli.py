@@ -45,3 +45,35 @@ def test_a_folder_without_an_adapter_fails_in_one_line(tmp_path, capsys):
 def test_a_missing_model_fails_before_the_server_starts(tmp_path, capsys):
     assert main(["serve", "--model", str(tmp_path / "none.gguf"), "--adapters"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _serve_args(*argv):
+    import argparse
+
+    from multiminddev.commands import serve
+
+    parser = argparse.ArgumentParser()
+    serve.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_by_default_the_shipped_agents_drive_the_roles_as_they_were_trained():
+    from multiminddev.agents.shipped import shipped_agents
+    from multiminddev.commands.serve import serve_config
+
+    shipped = shipped_agents()
+    if shipped is None:
+        pytest.skip("this installation ships no agents")
+    config = serve_config(_serve_args())
+    assert config.adapters == shipped.adapter_paths()
+    assert set(config.adapters) == {"generator", "optimizer"}
+    assert config.element_type_line is shipped.element_type_line
+
+
+@pytest.mark.parametrize("argv", [["--adapters", "none"], ["--adapters"],
+                                  ["--model", "other.gguf"]])
+def test_no_shipped_agents_with_other_adapters_or_another_model(argv):
+    from multiminddev.commands.serve import serve_config
+
+    config = serve_config(_serve_args(*argv))
+    assert config.adapters == {} and config.element_type_line is False

@@ -5,8 +5,9 @@ kernel-optimization API (docs/serving.md).
                               optimizer=runs/x/checkpoints/final/optimizer --port 8000
 
 ``model`` in a request names the base ("base") or an adapter; adapters named generator /
-optimizer drive those roles in ``/v1/kernels/optimize`` jobs. Without --adapters the shipped
-agent adapters are served where this installation has them.
+optimizer drive those roles in ``/v1/kernels/optimize`` jobs. Without --adapters (and with the
+model they were trained on) the shipped agent adapters are served, and jobs prompt them as they
+were trained (the element-type line included where their training had it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.shipped import ShippedAgents, ShippedAgentsError, shipped_agents
 from multiminddev.commands._io import InputError, fail
 from multiminddev.policy import PolicyError, adapter_paths_in
 from multiminddev.policy.model import resolve_model_source
@@ -30,7 +32,8 @@ def register(subparsers: Any) -> None:
                    help="'default' (embedded SmolLM2-135M GGUF), hub id, local dir or .gguf file")
     p.add_argument("--adapters", nargs="*", default=None, metavar="NAME=PATH",
                    help="LoRA adapters to serve, each NAME=FOLDER, or one checkpoint folder "
-                        "with generator/ and optimizer/ (default: the shipped adapters, if any)")
+                        "with generator/ and optimizer/ (default: the shipped adapters, if any; "
+                        "none: the model alone)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cpu")
@@ -41,11 +44,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def parse_adapters(items: list[str] | None) -> dict[str, str]:
-    """``["NAME=PATH", ...]`` or ``["CHECKPOINT_DIR"]`` -> {name: path}; None -> shipped."""
-    if items is None:
-        return shipped()
+def parse_adapters(items: list[str]) -> dict[str, str]:
+    """``["NAME=PATH", ...]`` or ``["CHECKPOINT_DIR"]`` -> {name: path}; ``["none"]`` or ``[]``
+    -> no adapter."""
     adapters: dict[str, str] = {}
+    if items == ["none"]:
+        return adapters
     for item in items:
         name, sep, path = item.partition("=")
         if not sep:
@@ -63,17 +67,27 @@ def parse_adapters(items: list[str] | None) -> dict[str, str]:
     return adapters
 
 
-def shipped() -> dict[str, str]:
-    """The agent adapters this installation ships ({role: folder}), or none."""
-    find = getattr(importlib.import_module("multiminddev.agents"), "shipped_adapters", None)
-    if find is None:
-        return {}
-    found = find()
-    if not found:
-        return {}
-    if isinstance(found, dict):
-        return {str(k): str(v) for k, v in found.items()}
-    return adapter_paths_in(found)
+def default_agents(model: str, adapters: list[str] | None) -> ShippedAgents | None:
+    """The shipped agents, when the server uses them: no --adapters, and the model they were
+    trained on."""
+    if adapters is not None:
+        return None
+    try:
+        agents = shipped_agents()
+    except ShippedAgentsError as exc:
+        raise InputError(str(exc)) from exc
+    return agents if agents is not None and agents.model == model else None
+
+
+def serve_config(args: argparse.Namespace) -> ServeConfig:
+    """The server's settings from the command line (the shipped agents by default)."""
+    agents = default_agents(args.model, args.adapters)
+    adapters = agents.adapter_paths() if agents is not None else parse_adapters(
+        args.adapters or [])
+    return ServeConfig(model=args.model, adapters=adapters, host=args.host, port=args.port,
+                       device=args.device, max_running_jobs=args.max_running_jobs,
+                       state_dir=str(args.state_dir) if args.state_dir else None,
+                       element_type_line=agents is not None and agents.element_type_line)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,10 +97,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"serving needs the serve extra: pip install 'multiminddev[serve]' ({exc})")
 
     try:
-        config = ServeConfig(model=args.model, adapters=parse_adapters(args.adapters),
-                             host=args.host, port=args.port, device=args.device,
-                             max_running_jobs=args.max_running_jobs,
-                             state_dir=str(args.state_dir) if args.state_dir else None)
+        config = serve_config(args)
         resolve_model_source(config.model)  # a bad --model fails here, before the server starts
     except (InputError, PolicyError, ValueError) as exc:
         return fail(" ".join(str(exc).split()))

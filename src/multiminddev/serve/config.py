@@ -38,6 +38,9 @@ class ServeConfig:
     # Where finished jobs are written as JSON (state_dir/jobs/<id>.json) and where other
     # components (the A/B store) keep their files; None: nothing is written.
     state_dir: str | None = None
+    # Kernel jobs' prompts end with the problem's element-type line, as for agents trained on
+    # such prompts (the shipped ones): prompts must match training.
+    element_type_line: bool = False
 
     def __post_init__(self) -> None:
         if not ADAPTER_NAME.match(self.base_name):

@@ -281,9 +281,11 @@ class JobManager:
                                   max_new_tokens=opts.max_new_tokens, seed=opts.seed)
         backend = self.backend_for(job.adapters)
         window = getattr(backend, "context_window", None) or self.registry.context_window
-        config = single_episode_config(turns=opts.turns, sampling=sampling,
-                                       target_speedup=opts.target_speedup,
-                                       patience=opts.patience, context_window=window)
+        config = dataclasses.replace(
+            single_episode_config(turns=opts.turns, sampling=sampling,
+                                  target_speedup=opts.target_speedup, patience=opts.patience,
+                                  context_window=window),
+            element_type=self.config.element_type_line)
         # every turn gets the training reward, so outcomes compare across arms and with training
         config.reward = RewardConfig()
         pending: list[dict[str, Any]] = []
