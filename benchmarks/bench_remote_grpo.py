@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--problems-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--max-turns", type=int, default=2)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=800,
+                   help="per reply (the learning recipe's 800: a kernel needs several hundred)")
     p.add_argument("--eval-workers", type=int, default=4)
     p.add_argument("--compiled-decoding", choices=["on", "off"], default="off",
                    help="the local variant's decoding (the server decodes eagerly)")
@@ -81,6 +82,15 @@ def adapter_paths(args: argparse.Namespace) -> dict[str, str]:
         raise SystemExit(f"bench_remote_grpo: no shipped agents for --model {args.model}; "
                          "give --adapters FOLDER or --adapters none")
     return shipped.adapter_paths()
+
+
+def element_type_line(args: argparse.Namespace) -> bool:
+    """Prompts end with the element-type line where the agents were trained on it (the shipped
+    ones say so in their provenance)."""
+    from multiminddev.agents.shipped import shipped_agents
+
+    shipped = shipped_agents() if args.adapters is None else None
+    return shipped is not None and shipped.element_type_line
 
 
 def free_port() -> int:
@@ -139,7 +149,8 @@ def trainer_for(args: argparse.Namespace, adapters: dict[str, str], out: Path, e
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, eval_every=0, seed=args.seed)
     episode_config = EpisodeConfig(max_turns=cfg.max_turns, sampling=SamplingParams(
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens))
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
+        element_type=element_type_line(args))
     backend = HFGenerationBackend(policy) if rollouts_for is None else None
     rollouts = None if rollouts_for is None else rollouts_for(policy, cfg)
     return GRPOTrainer(cfg, policy=policy, backend=backend, evaluator=evaluator,
