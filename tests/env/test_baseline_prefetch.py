@@ -320,3 +320,49 @@ def test_a_retired_worker_exits_on_its_own_while_the_caller_goes_on():
     worker.process.join(30.0)
     pool.close()
     assert worker.process.exitcode == 0  # it left when asked, it was not killed
+
+
+def _queued(gate: TimingGate, count: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while len(gate._waiting) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_the_gate_goes_to_jobs_in_the_order_they_asked():
+    """A job that asks again right after releasing waits behind the ones already waiting."""
+    gate, order = TimingGate(), []
+    gate.acquire(0.0)
+
+    def job(name: str) -> None:
+        if gate.acquire(10.0):
+            order.append(name)
+            time.sleep(0.05)
+            gate.release()
+
+    first = threading.Thread(target=job, args=("baseline",))
+    first.start()
+    _queued(gate, 1)
+    gate.release()
+    job("next candidate")  # asks at once, as back-to-back candidate jobs do
+    first.join(10)
+    assert order == ["baseline", "next candidate"]
+
+
+def test_a_waiter_that_gives_up_leaves_the_line():
+    gate, got = TimingGate(), []
+    gate.acquire(0.0)
+    quitter = threading.Thread(target=lambda: got.append(("quitter", gate.acquire(0.2))))
+    patient = threading.Thread(target=lambda: got.append(("patient", gate.acquire(10.0))))
+    quitter.start()
+    _queued(gate, 1)
+    patient.start()
+    _queued(gate, 2)
+    quitter.join(5)
+    gate.release()
+    patient.join(5)
+    assert got == [("quitter", False), ("patient", True)]
+
+
+def test_releasing_a_gate_nobody_holds_is_an_error():
+    with pytest.raises(RuntimeError, match="not held"):
+        TimingGate().release()

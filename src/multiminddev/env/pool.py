@@ -84,16 +84,40 @@ class JobOutcome:
 
 
 class TimingGate:
-    """One GPU's right to time: held by at most one job at a time (thread-safe)."""
+    """One GPU's right to time: held by at most one job at a time and granted in the order it
+    was asked for (thread-safe; any thread may release it). First come, first served: with a
+    plain lock a job that had just released it could take it back before a job already waiting
+    woke up, so back-to-back candidate jobs could keep a prefetching baseline job out until it
+    gave up and timed ungated (figures that are not kept, so every candidate then measured its
+    own baselines)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._held = False
+        self._waiting: deque[object] = deque()
 
     def acquire(self, timeout_s: float) -> bool:
-        return self._lock.acquire(timeout=max(0.0, timeout_s))
+        ticket = object()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._changed:
+            self._waiting.append(ticket)
+            while self._held or self._waiting[0] is not ticket:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._waiting.remove(ticket)
+                    self._changed.notify_all()  # the next in line may be first now
+                    return False
+                self._changed.wait(left)
+            self._waiting.popleft()
+            self._held = True
+            return True
 
     def release(self) -> None:
-        self._lock.release()
+        with self._changed:
+            if not self._held:
+                raise RuntimeError("release of a timing gate that is not held")
+            self._held = False
+            self._changed.notify_all()
 
 
 GATE_MARGIN_S = 5.0  # a gate wait leaves the stage at least this long to time in
