@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--learning-rate", type=float, default=1e-5)
     p.add_argument("--full", action="store_true", help="train every weight (default: LoRA)")
+    p.add_argument("--adapter", default=None,
+                   help="start from a trained LoRA adapter: a folder, or 'shipped' (the package's "
+                        "Generator, which writes kernels; the base model alone writes none, so "
+                        "every reward is the same and GRPO has nothing to learn from)")
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--eval-workers", type=int, default=None, help="evaluator slots")
@@ -76,6 +80,20 @@ def load_model(name: str, device: str, dtype):
     return model.to(device), tokenizer
 
 
+def start_adapter(adapter: str | None, model: str) -> tuple[str | None, bool]:
+    """(the adapter folder to start from or None, whether its prompts end with the element-type
+    line, as the shipped agents' training had them)."""
+    if adapter != "shipped":
+        return adapter, False
+    from multiminddev.agents.roles import AgentRole
+    from multiminddev.agents.shipped import shipped_agents
+
+    shipped = shipped_agents()
+    if shipped is None or shipped.model != model:
+        raise SystemExit(f"error: no shipped agents for --model {model}")
+    return str(shipped.adapters[AgentRole.GENERATOR]), shipped.element_type_line
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -101,9 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no problems in {args.problems!r}", file=sys.stderr)
         return 2
     model, tokenizer = load_model(args.model, device, torch.bfloat16 if bf16 else torch.float32)
+    adapter, element_type = start_adapter(args.adapter, args.model)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
 
     env = KernelEnvConfig(
         episode=EpisodeConfig(max_turns=args.max_turns, reward=RewardConfig(),
+                              element_type=element_type,
                               sampling=SamplingParams(temperature=args.temperature,
                                                       max_new_tokens=args.max_new_tokens)),
         max_response_tokens=args.max_completion_length)
@@ -116,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         use_cpu=device == "cpu", seed=args.seed, gradient_checkpointing=device == "cuda",
     )
     peft_config = None
-    if not args.full:
+    if not args.full and adapter is None:
         from peft import LoraConfig
 
         peft_config = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
@@ -126,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         rollout = KernelRolloutFunc(problems, evaluator, env)
         trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=config,
                               reward_funcs=[KernelReward.from_config(env)],
-                              train_dataset=kernel_dataset(problems), rollout_func=rollout,
+                              train_dataset=kernel_dataset(problems, element_type=element_type),
+                              rollout_func=rollout,
                               peft_config=peft_config)
         trainer.train()
     history = trainer.state.log_history
