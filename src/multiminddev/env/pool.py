@@ -121,6 +121,7 @@ class TimingGate:
 
 
 GATE_MARGIN_S = 5.0  # a gate wait leaves the stage at least this long to time in
+REAP_GRACE_S = 15.0  # how long a worker asked to stop may take to exit before it is killed
 
 
 class WorkerHandle:
@@ -203,7 +204,9 @@ class WorkerHandle:
         threading.Thread(target=self._reap, name="mmd-eval-reap", daemon=True).start()
 
     def _reap(self) -> None:
-        self.process.join(1.0)
+        # the caller does not wait for this: a worker asked to stop gets time to tear down its
+        # interpreter and CUDA context even on a loaded machine before it is killed
+        self.process.join(REAP_GRACE_S)
         self.kill()
 
 
