@@ -3,6 +3,7 @@ on the CPU, the real evaluator, compile-only without a GPU)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -92,12 +93,13 @@ def test_a_job_whose_agent_writes_a_kernel_gets_it_evaluated(server):
     model does not write one in a few tokens); compile-only on a machine without a GPU."""
     jobs = server.app.state.jobs
     tokenizer = server.app.state.registry.tokenizer
+    served = jobs.backend_for
     jobs.backend_for = lambda adapters: ReplayBackend(tokenizer,
                                                       lambda role, call, i: fenced(RELU_KERNEL))
     try:
         job = wait(server, submit(server).json()["id"])
     finally:
-        jobs.backend_for = server.app.state.registry.backend
+        jobs.backend_for = served
     assert job["status"] == "succeeded" and job["best_source"]
     assert job["best_result"]["status"] in ("ok", "no_gpu")
     assert job["compile_only"] == (job["best_result"]["status"] == "no_gpu")
@@ -128,3 +130,28 @@ def test_a_body_that_is_not_json_gets_400(server):
 
 def test_an_unknown_job_is_404(server):
     assert httpx.get(f"{server.url}/v1/kernels/jobs/nope", timeout=30).status_code == 404
+
+
+def test_concurrent_jobs_share_generate_calls(server):
+    """Jobs' turns go through the server's batcher: two one-turn jobs that wait while the model
+    decodes a completion request take one generate call between them (each alone would take
+    the model once), and each gets the greedy reply it gets alone."""
+    alone = wait(server, submit(server, max_new_tokens=4).json()["id"])
+    batcher = server.app.state.batcher
+    before = batcher.batches
+    long_reply = {"model": "base", "prompt": "Tell a long story.", "max_tokens": 64,
+                  "temperature": 0}
+
+    async def two_jobs_behind_a_completion():
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as http:
+            busy = asyncio.create_task(http.post("/v1/completions", json=long_reply))
+            await asyncio.sleep(0.5)  # the model is decoding the long reply now
+            replies = [await http.post("/v1/kernels/optimize",
+                                       json={"module": RELU, **SMALL, "max_new_tokens": 4})
+                       for _ in range(2)]
+            await busy
+            return [r.json()["id"] for r in replies]
+
+    together = [wait(server, job_id) for job_id in asyncio.run(two_jobs_behind_a_completion())]
+    assert batcher.batches - before == 2  # the completion, then both jobs' turns at once
+    assert [j["turns"][0]["text"] for j in together] == [alone["turns"][0]["text"]] * 2

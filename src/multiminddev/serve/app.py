@@ -2,7 +2,7 @@
 
 ``app.state`` holds what routers use: ``config`` (ServeConfig), ``registry`` (ModelRegistry:
 base model and adapters), ``jobs`` (JobManager: kernel-optimization jobs and their hooks),
-``batcher`` (completion requests decoded together), ``ready`` (the model has loaded) and
+``batcher`` (completion requests and kernel jobs' turns decoded together), ``ready`` (the model has loaded) and
 ``started_at``. These exist as soon as the app is created, so a component can register hooks
 (``app.state.jobs.on_finished.append(...)``) before the server starts; the model loads and the
 evaluator starts in the lifespan.
@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from multiminddev.serve import kernels_api, openai_api
-from multiminddev.serve.batching import Batcher
+from multiminddev.serve.batching import BatchedBackend, Batcher
 from multiminddev.serve.config import ServeConfig
 from multiminddev.serve.errors import ApiError, error_body, validation_message
 from multiminddev.serve.jobs import JobManager
@@ -37,6 +37,8 @@ def create_app(config: ServeConfig | None = None, *, routers: Iterable[Any] = ()
     registry = ModelRegistry(config)
     jobs = JobManager(config, registry)
     batcher = Batcher(registry, config.max_batch_size)
+    # kernel jobs decode through the batcher too: concurrent jobs' turns share generate calls
+    jobs.backend_for = lambda adapters: BatchedBackend(batcher, registry, adapters)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from multiminddev.agents.roles import AgentRole
 from multiminddev.policy.generation import GenerationOutput, SamplingParams
 
 
@@ -94,3 +95,28 @@ class Batcher:
                 start += len(p.prompts)
                 if not p.future.done():
                     p.future.set_result(mine)
+
+
+class BatchedBackend:
+    """The generation protocol (``generate(prompts, sampling, role)``) over a ``Batcher``: role
+    ``r`` decodes with model ``models[r]`` (else ``default``), and its turns share generate
+    calls with other kernel jobs' turns and with completion requests for the same model and
+    sampling settings, instead of taking the model one job at a time."""
+
+    def __init__(self, batcher: Batcher, registry: Any, models: dict[str, str] | None = None,
+                 default: str | None = None):
+        self.batcher = batcher
+        self.models = {AgentRole(k).value: v for k, v in (models or {}).items()}
+        self.default = default or registry.base_name
+        self.tokenizer = registry.tokenizer
+        self.context_window = registry.context_window
+        self.tokens_generated = 0
+
+    def model_for(self, role: AgentRole | str) -> str:
+        return self.models.get(AgentRole(role).value, self.default)
+
+    async def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                       role: AgentRole) -> list[GenerationOutput]:
+        outputs = await self.batcher.generate(prompts, sampling, self.model_for(role))
+        self.tokens_generated += sum(len(o.token_ids) for o in outputs)
+        return outputs

@@ -11,8 +11,9 @@ Hooks for other components (the A/B layer):
   adapters and arm; returns {role: model name} and the arm's name (either may be None).
 - ``on_finished``: callbacks ``f(job)`` called once per job when it ends (succeeded or failed);
   an exception in one is logged and ignored.
-- ``backend_for(adapters) -> GenerationBackend``: where a job's agents generate (default: the
-  served models, ``ModelRegistry.backend``).
+- ``backend_for(adapters) -> GenerationBackend``: where a job's agents generate (``create_app``
+  sets the served models through its batcher, ``serve.batching.BatchedBackend``, so concurrent
+  jobs share generate calls; a bare ``JobManager`` uses ``ModelRegistry.backend``).
 """
 
 from __future__ import annotations
