@@ -54,17 +54,23 @@ def _device_name(device: str) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
-def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, port: int, extra: list[str],
+                 log: Path | None = None) -> subprocess.Popen:
+    """``multiminddev serve`` on ``args.model`` and ``args.device`` with ``extra`` flags, once
+    it reports ready; its output goes to ``log`` (else only its errors are kept, for the
+    message if it exits)."""
     import httpx
 
     command = [sys.executable, "-m", "multiminddev.cli", "serve", "--model", args.model,
-               "--device", args.device, "--port", str(port)]
-    command += ["--adapters", args.adapters] if args.adapters else ["--adapters"]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+               "--device", args.device, "--port", str(port), *extra]
+    out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - the server's lifetime
+    server = subprocess.Popen(command, stdout=out,
+                              stderr=subprocess.STDOUT if log else subprocess.PIPE)
     deadline = time.monotonic() + args.start_timeout
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise SystemExit(f"the server exited: {server.stderr.read().decode()[-2000:]}")
+            why = f"see {log}" if log else server.stderr.read().decode()[-2000:]
+            raise SystemExit(f"the server exited with {server.returncode}: {why}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json().get("ready"):
                 return server
@@ -73,6 +79,20 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
         time.sleep(1)
     server.terminate()
     raise SystemExit("the server did not become ready")
+
+
+def write_record(args: argparse.Namespace, argv: list[str] | None, fields: dict[str, Any]
+                 ) -> None:
+    """Print the run's JSON record (command, device, date, commit, then ``fields``) and write
+    it to ``args.out`` where given."""
+    record = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
+              "device": _device_name(args.device),
+              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "commit": _commit(), **fields}
+    text = json.dumps(record, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
 
 
 def prompts_for(tokenizer: Any, count: int) -> list[list[int]]:
@@ -171,22 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     policy = load_policy(PolicyConfig(model=args.model, device=args.device,
                                       adapter_paths=adapters))
     port = _free_port()
-    server = start_server(args, port)
+    server = start_server(args, port, ["--adapters", *([args.adapters] if args.adapters else [])])
     try:
         figures = asyncio.run(run(args, policy, f"http://127.0.0.1:{port}/v1"))
     finally:
         server.terminate()
         server.wait(timeout=60)
-    record = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-              "device": _device_name(args.device),
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": _commit(), "model": args.model, "adapters": args.adapters,
-              "role": args.role, "prompts": args.prompts, "new_tokens": args.new_tokens,
-              **figures}
-    text = json.dumps(record, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_record(args, argv, {"model": args.model, "adapters": args.adapters, "role": args.role,
+                              "prompts": args.prompts, "new_tokens": args.new_tokens, **figures})
     return 0
 
 

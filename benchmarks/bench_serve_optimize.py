@@ -16,8 +16,6 @@ and commit.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,34 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serve import _commit, _device_name, _free_port
-
-
-def start_server(args: argparse.Namespace, port: int) -> Any:
-    import subprocess
-
-    import httpx
-
-    command = [sys.executable, "-m", "multiminddev.cli", "serve", "--model", args.model,
-               "--device", args.device, "--port", str(port),
-               "--max-running-jobs", str(args.max_running_jobs)]
-    if args.adapters is not None:
-        command += ["--adapters", *([] if args.adapters == "none" else [args.adapters])]
-    log = open(args.server_log, "w") if args.server_log else subprocess.DEVNULL  # noqa: SIM115
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + args.start_timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with {server.returncode}"
-                             + (f"; see {args.server_log}" if args.server_log else ""))
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json().get("ready"):
-                return server
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(1)
-    server.terminate()
-    raise SystemExit("the server did not become ready")
+from bench_serve import _free_port, start_server, write_record
 
 
 def job_row(job: dict[str, Any]) -> dict[str, Any]:
@@ -135,22 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     if not problems:
         raise SystemExit(f"{args.problems} gives no problem")
     port = _free_port()
-    server = start_server(args, port)
+    extra = ["--max-running-jobs", str(args.max_running_jobs)]
+    if args.adapters is not None:
+        extra += ["--adapters", *([] if args.adapters == "none" else [args.adapters])]
+    server = start_server(args, port, extra, args.server_log)
     start = time.perf_counter()
     try:
         rows = run_jobs(f"http://127.0.0.1:{port}", problems, args)
     finally:
         server.terminate()
         server.wait(timeout=60)
-    record = {"command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
-              "device": _device_name(args.device),
-              "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "commit": _commit(), "problems": args.problems, "turns": args.turns,
-              "wall_s": round(time.perf_counter() - start, 1), **totals(rows), "jobs_detail": rows}
-    text = json.dumps(record, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    write_record(args, argv, {"problems": args.problems, "turns": args.turns,
+                              "wall_s": round(time.perf_counter() - start, 1), **totals(rows),
+                              "jobs_detail": rows})
     return 0
 
 
