@@ -34,6 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_ray_grpo
+
 AGREEMENT_TOLERANCE = 0.05
 
 
@@ -223,19 +227,11 @@ class FirstRolloutProbe:
 
 def summarize(label: str, history: list[dict[str, Any]], warmup: int,
               extra: dict[str, Any], first_rollout_extra_s: float = 0.0) -> dict[str, Any]:
+    """``bench_ray_grpo.summarize``'s figures, plus generated tokens per second and the weights
+    version of each step."""
     for record in history[:1]:  # the probe's recomputation is not the rollout's
         record["time_rollout"] -= first_rollout_extra_s
-    timed = history[warmup:]
-
-    def median(key: str) -> float:
-        return statistics.median(r.get(key, 0.0) for r in timed)
-
-    step_s = [sum(v for k, v in r.items() if k.startswith("time_") and k.count("_") == 1)
-              for r in history]
-    return {"variant": label, "step_seconds": step_s,
-            "median_step_s": statistics.median(step_s[warmup:]),
-            "median_rollout_s": median("time_rollout"), "median_update_s": median("time_update"),
-            "median_rollout_generate_s": median("time_rollout_generate"),
+    return {**bench_ray_grpo.summarize(label, history, warmup, extra),
             # generated tokens per second of the rollout (decoding and evaluation), and of its
             # sampling time (local: decoding + the log-prob pass; remote: requests in flight)
             "tokens_per_s": [r["tokens"] / max(r["time_rollout"], 1e-9) for r in history],
@@ -243,11 +239,7 @@ def summarize(label: str, history: list[dict[str, Any]], warmup: int,
                                                       + r.get("time_rollout_logprobs", 0.0), 1e-9)
                                     for r in history],
             "tokens": [r["tokens"] for r in history],
-            "reward_mean": [r["reward_mean"] for r in history],
-            "compile_rate": [r["compile_rate"] for r in history],
-            "pass_rate": [r["pass_rate"] for r in history],
-            "weights_version": [r.get("weights_version") for r in history],
-            "episodes_per_step": history[0]["episodes"] if history else 0, **extra}
+            "weights_version": [r.get("weights_version") for r in history]}
 
 
 def run_remote(args: argparse.Namespace, adapters: dict[str, str], url: str, out: Path
