@@ -15,6 +15,7 @@ from multiminddev.distributed.rollout import (
     shard_episodes,
 )
 from multiminddev.train.planner import GPUInfo, plan_gpus
+from tests.policy.helpers import RELU_1024, save_tiny_model
 
 H100 = GPUInfo(index=0, name="H100", total_memory_bytes=80 * 1024**3)
 
@@ -66,26 +67,9 @@ def test_layout_rejects_zero_workers():
 
 # --------------------------------------------------------------------------- a real cluster
 
-RELU = '''
-import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-'''
-
-
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_base_model().save_pretrained(path)
-    gguf_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +117,7 @@ def one_step(cluster, tiny_model_dir, tmp_path_factory):
                         max_new_tokens=4, mini_batch_size=4, learning_rate=1e-2, eval_every=0)
     episode_config = EpisodeConfig(max_turns=1, patience=0, max_format_failures=5,
                                    sampling=SamplingParams(temperature=1.0, max_new_tokens=4))
-    problems = [load_problem_source(RELU, name=f"relu_{i}", tier=0) for i in range(2)]
+    problems = [load_problem_source(RELU_1024, name=f"relu_{i}", tier=0) for i in range(2)]
     out = tmp_path_factory.mktemp("run")
     trainer = GRPOTrainer(config, policy=learner, backend=None, evaluator=None,
                           curriculum=Curriculum.from_problems(problems), rollouts=rollouts,

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from multiminddev.agents.roles import AgentRole
+from multiminddev.tasks.curriculum import CurriculumConfig
 from multiminddev.train.grpo import (
     AdvantageMode,
     GRPOConfig,
@@ -17,25 +18,13 @@ from multiminddev.train.grpo import (
     checkpoint_score,
     score_episodes,
 )
-from multiminddev.tasks.curriculum import CurriculumConfig
-from tests.policy.helpers import tiny_policy
-
-RELU = '''
-import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-'''
+from tests.policy.helpers import RELU_1024, tiny_policy
 
 
 def problems(n: int = 2):
     from multiminddev.tasks.problem import load_problem_source
 
-    return [load_problem_source(RELU, name=f"relu_{i}", tier=0) for i in range(n)]
+    return [load_problem_source(RELU_1024, name=f"relu_{i}", tier=0) for i in range(n)]
 
 
 def sample(role, prompt, response, adv, group=0, turn=0):

@@ -19,29 +19,15 @@ from multiminddev.train.remote_rollouts import (
     StaleAdapters,
     base_model_name,
 )
+from tests.policy.helpers import RELU_1024, save_tiny_model
 from tests.serve.server_helpers import UvicornThread
 
-RELU = '''
-import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-'''
 FIXED_PROMPT = "Write a CUDA kernel that adds two vectors."
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from tests.policy.helpers import gguf_tokenizer, tiny_base_model
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_base_model().save_pretrained(path)
-    gguf_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +103,7 @@ def one_step(server, tiny_model_dir, tmp_path_factory):
                         train_roles=(AgentRole.GENERATOR,))
     episode_config = EpisodeConfig(max_turns=1, patience=0, max_format_failures=5,
                                    sampling=SamplingParams(temperature=1.0, max_new_tokens=4))
-    problem = load_problem_source(RELU, name="relu", tier=0)
+    problem = load_problem_source(RELU_1024, name="relu", tier=0)
     trainer = GRPOTrainer(config, policy=learner, backend=None, evaluator=evaluator,
                           curriculum=Curriculum.from_problems([problem]), rollouts=rollouts,
                           episode_config=episode_config, output_dir=out, compile_only=True)
