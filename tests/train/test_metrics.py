@@ -24,7 +24,7 @@ from multiminddev.train.metrics import (
     read_metrics,
     rollout_metrics,
 )
-from tests.train.test_grpo import RELU
+from tests.policy.helpers import RELU_1024
 
 
 def _result(status: EvalStatus, speedup: float = 0.0) -> EvalResult:
@@ -36,7 +36,7 @@ def _result(status: EvalStatus, speedup: float = 0.0) -> EvalResult:
 
 
 def _episode(*results):
-    problem = load_problem_source(RELU, name="relu", tier=0)
+    problem = load_problem_source(RELU_1024, name="relu", tier=0)
     turns = [Turn(index=i, role=AgentRole.GENERATOR if i == 0 else AgentRole.OPTIMIZER,
                   eval_result=r) for i, r in enumerate(results)]
     return Episode(problem=problem, turns=turns)
