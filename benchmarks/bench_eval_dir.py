@@ -92,15 +92,22 @@ def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
     watcher = threading.Thread(target=_watch_lines, args=(out, arrivals, stop), daemon=True)
     start = time.perf_counter()
     watcher.start()
-    proc = subprocess.run(command, env=_env(cache), capture_output=True, text=True, check=False,
-                          timeout=timeout_s)
+    try:
+        proc = subprocess.run(command, env=_env(cache), capture_output=True, text=True,
+                              check=False, timeout=timeout_s)
+        returncode, stderr = proc.returncode, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        # a run cut off by --timeout still reports the candidates it finished
+        returncode = "timeout"
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
+            else (exc.stderr or "")
     wall = time.perf_counter() - start
     stop.set()
     watcher.join()
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] \
         if out.exists() else []
-    return {"command": " ".join(command), "returncode": proc.returncode,
-            "stderr_tail": proc.stderr[-2000:], "wall_s": round(wall, 2),
+    return {"command": " ".join(command), "returncode": returncode,
+            "stderr_tail": stderr[-2000:], "wall_s": round(wall, 2),
             **throughput(len(rows), wall, [t - start for t in arrivals]), **split(rows)}
 
 

@@ -92,3 +92,20 @@ def test_interpreter_exits_without_close(tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=90, check=False)
     assert done.returncode == 0 and "started" in done.stdout
+
+
+def test_a_gpu_gets_two_slots_with_the_timing_gate_and_one_without():
+    from multiminddev.env.pool import default_slot_count
+
+    assert default_slot_count(0, True) == 1 and default_slot_count(0, False) == 1
+    assert default_slot_count(1, True) == 2 and default_slot_count(2, True) == 4
+    assert default_slot_count(1, False) == 1 and default_slot_count(2, False) == 2
+
+
+def test_an_evaluator_without_a_gpu_has_one_slot_unless_asked():
+    if gpu_available():
+        pytest.skip("counts slots on a machine without a GPU")
+    from multiminddev.env.pool import WorkerPool
+
+    assert WorkerPool(EvalConfig()).size == 1
+    assert WorkerPool(EvalConfig(num_workers=3)).size == 3

@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
                        help="sampling temperature (default 0.7)")
     bench.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling p (default 0.95)")
     bench.add_argument("--seed", type=int, default=0, help="sampling and evaluation seed (default 0)")
-    bench.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
+    bench.add_argument("--workers", type=int, default=None, help="evaluation slots (default: two per GPU, one without a GPU)")
     bench.add_argument("--no-benchmark", action="store_true", help="skip timing (correctness only)")
     bench.add_argument("--no-compile-baseline", action="store_true", help="skip the torch.compile baseline")
     bench.add_argument("--profile-feedback", action="store_true",

@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
                       help="write EvalResults as JSONL here, each as soon as it is known")
     many.add_argument("--resume", action="store_true",
                       help="keep the results already in --out and evaluate only the other candidates")
-    many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: one per GPU)")
+    many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: two per GPU, one without a GPU)")
     many.add_argument("--baseline-workers", type=int, default=None,
                       help="trusted processes measuring baselines ahead of the candidates "
                            "(default: EvalConfig's; 0: each evaluation measures its own)")

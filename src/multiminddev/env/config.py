@@ -52,7 +52,8 @@ TENSOR_TRANSFERS = ("pipe", "memfd")
 
 @dataclass(kw_only=True)
 class EvalConfig:
-    # Concurrency: evaluation slots (one active candidate each); None -> one per GPU (1 without).
+    # Concurrency: evaluation slots (one job each); None -> pool.default_slot_count: two per
+    # GPU with the timing gate (candidates still take the GPU one at a time), one without.
     num_workers: int | None = None
     max_jobs_per_worker: int = 1  # 1: a fresh process per candidate (no state leaks between them)
     # Started ahead per slot so the next job does not wait for a worker's startup (toolchain
@@ -170,7 +171,7 @@ class EvalConfig:
         if self.baseline_wait_s < 0:
             raise ValueError(f"baseline_wait_s must be >= 0 seconds, got {self.baseline_wait_s}")
         if self.num_workers is not None and self.num_workers < 1:
-            raise ValueError(f"num_workers must be >= 1 or None (one per GPU), got {self.num_workers}")
+            raise ValueError(f"num_workers must be >= 1 or None (the default per GPU), got {self.num_workers}")
         if (self.spare_workers is not None and self.spare_workers < 0) or self.warmup_runs < 0:
             raise ValueError("spare_workers and warmup_runs must be >= 0")
         for f in fields(self):

@@ -1,8 +1,8 @@
 """A pool of evaluation workers that replaces any worker that faults, hangs or dies.
 
-One *slot* per concurrent evaluation (default: one per GPU). A slot owns the worker running
-its current job plus ``spare_workers`` started ahead of time, so after a fault (or after every
-job, with the default ``max_jobs_per_worker=1``) the next job finds a warm process. The parent
+One *slot* per concurrent evaluation (default: ``default_slot_count``). A slot owns the worker
+running its current job plus ``spare_workers`` started ahead of time, so after a fault (or
+after every job, with the default ``max_jobs_per_worker=1``) the next job finds a warm process. The parent
 enforces every stage's time limit by polling the pipe and SIGKILLing the worker; the pool and
 the evaluator never die with it.
 
@@ -237,6 +237,22 @@ class Slot:
                 self.idle.popleft().stop()
 
 
+# Evaluation slots per GPU when EvalConfig.num_workers is None. With the timing gate a second
+# slot runs its job's trusted stages (worker start, reference setup, cached baselines) while
+# the first slot's candidate holds the gate, so the GPU is not idle between candidates; the
+# candidates themselves still run one at a time. Without the gate one slot: two candidates
+# on a GPU would time each other.
+SLOTS_PER_GPU_WITH_GATE = 2
+
+
+def default_slot_count(gpus: int, timing_gate: bool) -> int:
+    """Evaluation slots when none are asked for: SLOTS_PER_GPU_WITH_GATE per GPU with the
+    timing gate, one per GPU without it, one where there is no GPU."""
+    if gpus <= 0:
+        return 1
+    return gpus * (SLOTS_PER_GPU_WITH_GATE if timing_gate else 1)
+
+
 class WorkerPool:
     """``run(job) -> JobOutcome`` on a free slot; thread-safe; replaces faulted workers."""
 
@@ -256,7 +272,7 @@ class WorkerPool:
         self.gpu_count = devices
         self.spare_workers = (config.spare_workers if config.spare_workers is not None
                               else (3 if devices else 1))
-        n = config.num_workers or max(1, devices)
+        n = config.num_workers or default_slot_count(devices, config.timing_gate)
         self.slots = [Slot(self, (i % devices) if devices else None) for i in range(n)]
         # One gate per GPU, shared with the pools given the same dict (None: this pool's own).
         self.gates = gates if gates is not None else {}
