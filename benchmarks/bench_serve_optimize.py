@@ -16,6 +16,7 @@ and commit.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,9 @@ def run_jobs(url: str, problems: list[Any], args: argparse.Namespace) -> list[di
                 job = client.get(f"/v1/kernels/jobs/{job_id}").json()
                 if job.get("status") in ("succeeded", "failed"):
                     done[job_id] = job
+                    if args.jobs_out is not None:  # as each finishes: a cut run keeps them
+                        with args.jobs_out.open("a") as f:
+                            f.write(json.dumps(job) + "\n")
                     row = job_row(job)
                     print(f"{row['name']}: {row['status']} verified={row['verified']} "
                           f"speedup={row['speedup_vs_eager']} {row['latency_s']} s",
@@ -97,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--server-log", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--jobs-out", type=Path, default=None,
+                   help="append every finished job's full record (turns, kernels, results) "
+                        "to this JSONL as it finishes")
     args = p.parse_args(argv)
 
     from multiminddev.tasks.loaders import load_problems

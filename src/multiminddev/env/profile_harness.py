@@ -150,8 +150,11 @@ def profiled_run(problem_source: str, candidate_source: str, cfg: EvalConfig, na
 
     workdir = Path(tempfile.mkdtemp(prefix="mmd-profile-"))
     use_private_compile_caches(workdir)
-    sandbox.prepare_sandbox()
-    sandbox.install_sandbox(workdir, sandbox.SandboxPolicy())
+    # the launcher's network namespace already has a loopback alone; a namespace of the child's
+    # own would cut the injection library off from ncu, which it reaches over that loopback
+    policy = sandbox.SandboxPolicy(network_namespace=False)
+    sandbox.prepare_sandbox(policy)
+    sandbox.install_sandbox(workdir, policy)
     try:
         module = load_module_from_source(candidate_source, "mmd_profiled_candidate", workdir)
         model = module.ModelNew(*init_inputs).cuda()
