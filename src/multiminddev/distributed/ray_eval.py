@@ -164,10 +164,11 @@ class ClusterBaselines(TrustedBaselines):
 
 
 class EvaluationActor:
-    """One local ``Evaluator`` in a Ray actor: one slot (the actor's one GPU, or compile-only)."""
+    """One local ``Evaluator`` in a Ray actor, for the actor's one GPU (or compile-only) with
+    that GPU's default slots (``env.pool.default_slot_count``)."""
 
     def __init__(self, config: dict[str, Any], store: Any, threads: int | None = None):
-        cfg = replace(EvalConfig.from_dict(config), num_workers=1)
+        cfg = replace(EvalConfig.from_dict(config), num_workers=None)
         baselines = ClusterBaselines(store) if (cfg.benchmark and store is not None) else None
         self._evaluator = Evaluator(cfg, baselines=baselines)
         if self._evaluator.pool.gpu_count:

@@ -37,7 +37,7 @@ class RunSize:
     eval_every: int
     eval_problems: int
     final_eval_problems: int
-    eval_workers: int | None = None  # None: one evaluation worker per GPU
+    eval_workers: int | None = None  # None: the evaluator's default slots (env.pool.default_slot_count)
     learning_rate: float = 2e-5
     sft_learning_rate: float = 2e-4
     # The Generator learns the corpus's naive solutions only: one target per prompt ("correct
