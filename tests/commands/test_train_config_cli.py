@@ -145,3 +145,15 @@ def test_a_yaml_file_without_pyyaml_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "yaml", None)  # as if PyYAML were not installed
     with pytest.raises(ConfigError, match="pip install pyyaml"):
         read_config_file(TrainSettings, config)
+
+
+def test_the_run_config_of_the_measured_gpu_run_replays_its_recipe(tmp_path):
+    """docs/results/learning/recipe_cli/run_config.json, written by the recipe run that
+    docs/BENCHMARKS.md reports, gives back that recipe's settings (and its one --set)."""
+    from pathlib import Path
+
+    record = Path(__file__).resolve().parents[2] / "docs/results/learning/recipe_cli/run_config.json"
+    replay = _settings("train", "--config", record, "--output-dir", tmp_path / "again")
+    expected = _settings("train", "--recipe", "optimizer-grpo-greedy-generator",
+                         "--set", "eval_after_sft=false", "--output-dir", tmp_path / "again")
+    assert replay == expected

@@ -36,7 +36,7 @@ def create_app(config: ServeConfig | None = None, *, routers: Iterable[Any] = ()
     config = config or ServeConfig()
     registry = ModelRegistry(config)
     jobs = JobManager(config, registry)
-    batcher = Batcher(registry, config.max_batch_size)
+    batcher = Batcher(registry, config.max_batch_size, config.batch_wait_ms / 1000.0)
     # kernel jobs decode through the batcher too: concurrent jobs' turns share generate calls
     jobs.backend_for = lambda adapters: BatchedBackend(batcher, registry, adapters)
 

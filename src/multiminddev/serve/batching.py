@@ -3,8 +3,10 @@ settings are decoded in one generate call (up to ``max_batch_size`` prompts).
 
 One worker coroutine takes the oldest waiting request, adds every other waiting request that
 can share its batch, decodes them in a thread and hands each its own outputs. Requests with a
-``seed`` never share a batch (their samples must not depend on the other rows), and a request
-never waits for company: a batch is whatever is waiting when the model becomes free.
+``seed`` never share a batch (their samples must not depend on the other rows). A request that
+finds the model idle waits ``batch_wait_s`` (a few ms) for company, since a client's burst of
+requests arrives one by one and would otherwise decode as a batch of one and then a batch of
+the rest; requests that arrive while the model is busy go into the next batch without waiting.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class _Pending:
 
 
 class Batcher:
-    def __init__(self, registry: Any, max_batch_size: int):
+    def __init__(self, registry: Any, max_batch_size: int, batch_wait_s: float = 0.0):
         self.registry = registry
         self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
         self._waiting: list[_Pending] = []
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -68,11 +71,16 @@ class Batcher:
         return batch
 
     async def _run(self) -> None:
+        idle = True  # no generate call since the last request arrived
         while True:
             if not self._waiting:
                 self._wake.clear()  # type: ignore[union-attr]
                 await self._wake.wait()  # type: ignore[union-attr]
+                idle = True
                 continue
+            if idle and self.batch_wait_s > 0:  # let the rest of a burst arrive
+                await asyncio.sleep(self.batch_wait_s)
+            idle = False
             batch = self._take_batch()
             batch = [p for p in batch if not p.future.cancelled()]  # clients that went away
             if not batch:

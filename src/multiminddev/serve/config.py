@@ -27,6 +27,9 @@ class ServeConfig:
     max_module_bytes: int = 64_000  # largest module source /v1/kernels/optimize accepts
     max_tokens_limit: int = 4096  # largest max_tokens a completion request may ask for
     max_batch_size: int = 16  # prompts decoded together in one generate call
+    # How long a request that finds the model idle waits for others to share its generate call
+    # (a client's concurrent requests arrive milliseconds apart); 0: decode at once.
+    batch_wait_ms: float = 20.0
     # Kernel jobs: episodes running at once, and jobs waiting behind them before 429.
     max_running_jobs: int = 2
     max_queued_jobs: int = 64
@@ -65,6 +68,9 @@ class ServeConfig:
                 raise ValueError(f"ServeConfig.{name} must be >= 1")
         if self.max_queued_jobs < 0:
             raise ValueError("ServeConfig.max_queued_jobs must be >= 0")
+        if not 0 <= self.batch_wait_ms <= 10_000:
+            raise ValueError(f"ServeConfig.batch_wait_ms={self.batch_wait_ms} must be in "
+                             "0..10000 (milliseconds)")
 
     @property
     def jobs_dir(self) -> Path | None:
