@@ -366,3 +366,26 @@ def test_a_waiter_that_gives_up_leaves_the_line():
 def test_releasing_a_gate_nobody_holds_is_an_error():
     with pytest.raises(RuntimeError, match="not held"):
         TimingGate().release()
+
+
+def test_a_baseline_job_says_why_its_figures_were_not_kept():
+    from multiminddev.env.evaluator import prefetch_miss
+    from multiminddev.env.pool import JobOutcome
+
+    def outcome(**kw):
+        return JobOutcome(**kw)
+
+    kept = {"eager": {"median_ms": 1.0}, "compiled": {"median_ms": 0.5}, "ungated": []}
+    assert prefetch_miss(outcome(messages={"baseline": kept}), compile_baseline=True) == ""
+    assert prefetch_miss(outcome(messages={"done": {}}), compile_baseline=True) == ""  # all cached
+    assert "timing gate: compiled_baseline" in prefetch_miss(
+        outcome(messages={"baseline": {**kept, "ungated": ["compiled_baseline"]}}),
+        compile_baseline=True)
+    failed = {**kept, "compiled": None, "note": "torch.compile baseline failed: X"}
+    assert prefetch_miss(outcome(messages={"baseline": failed}), compile_baseline=True) \
+        == "torch.compile baseline failed: X"
+    assert prefetch_miss(outcome(messages={"baseline": failed}), compile_baseline=False) == ""
+    assert prefetch_miss(outcome(timed_out_stage="baseline"), compile_baseline=True) \
+        == "timed out in baseline"
+    assert "died in setup" in prefetch_miss(outcome(died_in_stage="setup", exitcode=-9),
+                                            compile_baseline=True)

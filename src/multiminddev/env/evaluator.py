@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -49,6 +50,8 @@ from multiminddev.env.results import (
     StaticCheckResult,
 )
 from multiminddev.env.static_checks import run_static_checks
+
+logger = logging.getLogger(__name__)
 
 
 class Evaluator:
@@ -123,6 +126,10 @@ class Evaluator:
         outcome = pool.run(job, before_send=lambda job, info: self._with_baselines(problem, job,
                                                                                    info))
         self._store_baselines(problem, outcome)
+        missed = prefetch_miss(outcome, compile_baseline=self.config.compile_baseline)
+        if missed:  # its candidates will measure in their own jobs: say why, once per problem
+            logger.warning("prefetched baselines of %s not kept (%s); its candidates measure "
+                           "them in their own jobs", problem.name, missed)
         return outcome
 
     def warm_up(self) -> None:
@@ -272,6 +279,27 @@ class Evaluator:
         # so nothing could be verified; prebuilt libraries then load unchecked).
         return result, {**job, "compile_timeout_s": self.config.compile_timeout_s,
                         "inline_libraries": digests}
+
+
+def prefetch_miss(outcome: Any, *, compile_baseline: bool) -> str:
+    """Why a baseline job left figures unmeasured or unkept ("" when it did not): its worker
+    failed, timed out or died, a figure was timed without the gate, or torch.compile failed."""
+    if outcome.infra_error:
+        return outcome.infra_error
+    if outcome.timed_out_stage:
+        return f"timed out in {outcome.timed_out_stage}"
+    if outcome.died_in_stage:
+        return f"the worker died in {outcome.died_in_stage} (exit {outcome.exitcode})"
+    if outcome.failure:
+        return str(outcome.failure.get("message") or outcome.failure.get("kind"))[:300]
+    base = outcome.messages.get("baseline")
+    if not isinstance(base, dict):
+        return ""  # nothing was missing
+    if base.get("ungated"):
+        return f"timed without the GPU's timing gate: {', '.join(base['ungated'])}"
+    if compile_baseline and base.get("compiled") is None:
+        return base.get("note") or "no torch.compile figure"
+    return ""
 
 
 PARENT_THREADS_PER_SLOT = 2
