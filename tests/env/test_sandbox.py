@@ -259,3 +259,24 @@ def test_describe_reports_the_workers_os_isolation(tmp_path):
     if described["isolation"]["status"] != "active":
         pytest.skip(f"this kernel refuses worker isolation: {described['isolation']['boundary']}")
     assert described["network_namespace"] == "isolated (the worker's own network namespace)"
+
+
+def test_a_policy_keeps_the_environment_prefixes_it_names(tmp_path):
+    """What the profile harness relies on: ncu's settings for its injection library survive the
+    scrub when named, and the rest goes as usual."""
+    script = textwrap.dedent(
+        r'''
+        import json, os, pathlib, sys
+        from multiminddev.env import sandbox
+        sandbox._scrub_environment(pathlib.Path(sys.argv[1]), {}, ("NV_",))
+        print(json.dumps(sorted(os.environ)))
+        ''')
+    env = {**__import__("os").environ, "NV_TPS_LAUNCH_TOKEN": "x", "HF_TOKEN": "secret"}
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    names = json.loads(out.stdout)
+    assert "NV_TPS_LAUNCH_TOKEN" in names and "HF_TOKEN" not in names
+    default = subprocess.run([sys.executable, "-c", script.replace('("NV_",)', "()"),
+                              str(tmp_path)], env=env, capture_output=True, text=True,
+                             timeout=120, check=True)
+    assert "NV_TPS_LAUNCH_TOKEN" not in json.loads(default.stdout)

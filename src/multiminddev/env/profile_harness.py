@@ -43,6 +43,7 @@ from multiminddev.env.isolation import (
     worker_readable_paths,
 )
 
+NCU_ENVIRONMENT_PREFIXES = ("NV_", "NVTX_", "NSIGHT", "NCU_", "CUPTI")
 NVTX_RANGE = "mmd_candidate"  # the range whose kernels ncu profiles (--nvtx-include)
 NO_GPU_EXIT = 10
 ISOLATION_EXIT = 11
@@ -150,9 +151,11 @@ def profiled_run(problem_source: str, candidate_source: str, cfg: EvalConfig, na
 
     workdir = Path(tempfile.mkdtemp(prefix="mmd-profile-"))
     use_private_compile_caches(workdir)
-    # the launcher's network namespace already has a loopback alone; a namespace of the child's
-    # own would cut the injection library off from ncu, which it reaches over that loopback
-    policy = sandbox.SandboxPolicy(network_namespace=False)
+    # The launcher's network namespace already has a loopback alone; a namespace of the child's
+    # own would cut the injection library off from ncu, which it reaches over that loopback.
+    # The environment keeps what ncu gave its injection library (no secrets: profiler settings).
+    policy = sandbox.SandboxPolicy(network_namespace=False,
+                                   keep_environment_prefixes=NCU_ENVIRONMENT_PREFIXES)
     sandbox.prepare_sandbox(policy)
     sandbox.install_sandbox(workdir, policy)
     try:

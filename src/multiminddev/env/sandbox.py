@@ -126,6 +126,9 @@ class SandboxPolicy:
     network_namespace: bool = True  # try unshare(CLONE_NEWNET); skipped silently when not allowed
     allowed_executables: tuple[str, ...] = ()  # basenames subprocess may run (e.g. "ninja")
     allowed_library_patterns: tuple[str, ...] = DEFAULT_LIBRARY_PATTERNS
+    # Environment variables kept besides ENV_KEEP_EXACT / ENV_KEEP_PREFIXES, by name prefix
+    # (the profile harness keeps the ones Nsight Compute gives its injection library).
+    keep_environment_prefixes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("max_file_bytes", "max_open_files", "max_cpu_seconds", "max_processes"):
@@ -134,6 +137,7 @@ class SandboxPolicy:
                 raise ValueError(f"SandboxPolicy.{name} must be a positive int or None (no "
                                  f"limit), got {value!r}")
         self.extra_writable_paths = tuple(self.extra_writable_paths)
+        self.keep_environment_prefixes = tuple(self.keep_environment_prefixes)
         for pattern in self.allowed_library_patterns:
             re.compile(pattern)  # fail early on a bad pattern
 
@@ -190,7 +194,7 @@ def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
     prepare_sandbox(policy)
-    _scrub_environment(workdir, caches)
+    _scrub_environment(workdir, caches, tuple(policy.keep_environment_prefixes))
     os.chdir(workdir)
     sys.dont_write_bytecode = True  # lazy imports would otherwise try to write .pyc files
     _STATE.rlimits = _set_rlimits(policy)
@@ -246,10 +250,11 @@ def _cache_dirs() -> dict[str, Path]:
     return {"MULTIMINDDEV_CACHE": Path(nvrtc), "TORCH_EXTENSIONS_DIR": Path(torch_ext)}
 
 
-def _scrub_environment(workdir: Path, caches: dict[str, Path]) -> None:
+def _scrub_environment(workdir: Path, caches: dict[str, Path],
+                       extra_prefixes: tuple[str, ...] = ()) -> None:
     keep = {
         k: v for k, v in os.environ.items()
-        if k in ENV_KEEP_EXACT or k.startswith(ENV_KEEP_PREFIXES)
+        if k in ENV_KEEP_EXACT or k.startswith(ENV_KEEP_PREFIXES + extra_prefixes)
     }
     keep.update({name: str(path) for name, path in caches.items()})
     keep.update({"HOME": str(workdir), "TMPDIR": str(workdir)})
