@@ -11,16 +11,9 @@ from multiminddev.agents.prompts import (
 from multiminddev.policy import encode_chat, render_chat
 from multiminddev.tasks.problem import load_problem_source
 from tests.policy.helpers import gguf_tokenizer
+from tests.problems import RELU_1024
 
-PROBLEM = load_problem_source('''import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-''', name="relu")
+PROBLEM = load_problem_source(RELU_1024, name="relu")
 
 
 def test_generator_prompt_holds_problem_and_format():

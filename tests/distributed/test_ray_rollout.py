@@ -15,7 +15,8 @@ from multiminddev.distributed.rollout import (
     shard_episodes,
 )
 from multiminddev.train.planner import GPUInfo, plan_gpus
-from tests.policy.helpers import RELU_1024, save_tiny_model
+from tests.policy.helpers import save_tiny_model
+from tests.problems import RELU_1024
 
 H100 = GPUInfo(index=0, name="H100", total_memory_bytes=80 * 1024**3)
 

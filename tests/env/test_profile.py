@@ -13,16 +13,9 @@ from multiminddev.env import profile_harness as harness
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.profile import ProfileStatus, profile_from_output, profile_kernel
 from multiminddev.tasks.problem import load_problem_source
+from tests.problems import RELU_1024
 
-RELU = load_problem_source("""import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-""", name="relu")
+RELU = load_problem_source(RELU_1024, name="relu")
 
 
 def test_without_ncu_nothing_runs(monkeypatch):

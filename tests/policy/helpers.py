@@ -66,19 +66,6 @@ def tiny_policy(seed: int = 0, **cfg_kwargs):
     return policy
 
 
-# A small relu problem (1024 elements): cheap to evaluate in trainer and rollout tests.
-RELU_1024 = '''
-import torch, torch.nn as nn
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.relu(x)
-def get_inputs():
-    return [torch.randn(1024)]
-def get_init_inputs():
-    return []
-'''
-
-
 def save_tiny_model(path):
     """``tiny_base_model`` with the embedded model's tokenizer, saved as a model folder (what
     a server or a Ray worker loads by path)."""

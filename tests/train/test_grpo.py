@@ -18,7 +18,8 @@ from multiminddev.train.grpo import (
     checkpoint_score,
     score_episodes,
 )
-from tests.policy.helpers import RELU_1024, tiny_policy
+from tests.policy.helpers import tiny_policy
+from tests.problems import RELU_1024
 
 
 def problems(n: int = 2):

@@ -24,7 +24,7 @@ from multiminddev.train.metrics import (
     read_metrics,
     rollout_metrics,
 )
-from tests.policy.helpers import RELU_1024
+from tests.problems import RELU_1024
 
 
 def _result(status: EvalStatus, speedup: float = 0.0) -> EvalResult:

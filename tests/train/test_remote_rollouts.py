@@ -19,7 +19,8 @@ from multiminddev.train.remote_rollouts import (
     StaleAdapters,
     base_model_name,
 )
-from tests.policy.helpers import RELU_1024, save_tiny_model
+from tests.policy.helpers import save_tiny_model
+from tests.problems import RELU_1024
 from tests.serve.server_helpers import UvicornThread
 
 FIXED_PROMPT = "Write a CUDA kernel that adds two vectors."
