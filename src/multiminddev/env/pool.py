@@ -2,9 +2,9 @@
 
 One *slot* per concurrent evaluation (default: ``default_slot_count``). A slot owns the worker
 running its current job plus ``spare_workers`` started ahead of time, so after a fault (or
-after every job, with the default ``max_jobs_per_worker=1``) the next job finds a warm process. The parent
-enforces every stage's time limit by polling the pipe and SIGKILLing the worker; the pool and
-the evaluator never die with it.
+after every job, with the default ``max_jobs_per_worker=1``) the next job finds a warm
+process. The parent enforces every stage's time limit by polling the pipe and SIGKILLing the
+worker; the pool and the evaluator never die with it.
 
 Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, the checked
 timed calls' expected outputs, baselines) are

@@ -43,7 +43,9 @@ from multiminddev.env.isolation import (
     worker_readable_paths,
 )
 
-NCU_ENVIRONMENT_PREFIXES = ("NV_", "NVTX_", "NSIGHT", "NCU_", "CUPTI")
+# What ncu may give its injection library besides the CUDA_ variables the sandbox keeps anyway
+# (NVTX_INJECTION64_PATH is read once, by the first NVTX range, opened before the sandbox).
+NCU_ENVIRONMENT_PREFIXES = ("NV_", "NSIGHT", "NCU_", "CUPTI")
 NVTX_RANGE = "mmd_candidate"  # the range whose kernels ncu profiles (--nvtx-include)
 NO_GPU_EXIT = 10
 ISOLATION_EXIT = 11

@@ -194,7 +194,7 @@ def install_sandbox(workdir: Path, policy: SandboxPolicy | None = None) -> None:
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
     prepare_sandbox(policy)
-    _scrub_environment(workdir, caches, tuple(policy.keep_environment_prefixes))
+    _scrub_environment(workdir, caches, policy.keep_environment_prefixes)
     os.chdir(workdir)
     sys.dont_write_bytecode = True  # lazy imports would otherwise try to write .pyc files
     _STATE.rlimits = _set_rlimits(policy)

@@ -71,7 +71,7 @@ class Batcher:
         return batch
 
     async def _run(self) -> None:
-        idle = True  # no generate call since the last request arrived
+        idle = True  # the model had nothing to do when the waiting requests came
         while True:
             if not self._waiting:
                 self._wake.clear()  # type: ignore[union-attr]
