@@ -1,7 +1,8 @@
 """GPU tests: baselines measured ahead by the trusted baseline workers.
 
 A prefetched problem's candidates find every baseline figure in their job and measure none;
-a second evaluator reads them from the authenticated disk cache; and with prefetching, several
+every problem of a baseline worker keeps its torch.compile figure; a second evaluator reads
+them from the authenticated disk cache; and with prefetching, several
 problems' first evaluations take less wall time than measuring each baseline in its
 candidate's own evaluation.
 """
@@ -38,6 +39,18 @@ def test_a_prefetched_problems_candidate_measures_no_baseline(tmp_path):
     assert result.timings["baseline.measured_in_job"] == 0.0
     assert result.benchmark.compiled is not None and result.benchmark.eager.median_ms > 0
     assert "parent.wait.gate" in result.timings  # the candidate's timing asked for the gate
+
+
+def test_every_prefetched_problem_keeps_its_torch_compile_figure(tmp_path):
+    # three triton-compiled problems on one baseline worker: each must get its figure
+    pairs = _pairs(HONEST[:3])
+    with Evaluator(_config(tmp_path, baseline_workers=1)) as ev:
+        assert ev.prefetch_baselines([problem for problem, _ in pairs]) == 3
+        results = [ev.evaluate(problem, source) for problem, source in pairs]
+    for result in results:
+        assert result.status is EvalStatus.OK, result.message
+        assert result.timings["baseline.measured_in_job"] == 0.0, result.problem
+        assert result.benchmark.compiled is not None
 
 
 def test_a_second_run_reads_the_baselines_from_the_disk_cache(tmp_path):

@@ -106,3 +106,15 @@ def test_an_out_of_memory_look_alike_is_not_taken_for_torchs():
     pipe = _Pipe()
     worker._report_exception(pipe, worker.Stage.RUN, OutOfMemoryError(TORCH_OOM), trusted=False)
     assert pipe.sent[0][1]["kind"] == worker.FailureKind.RUNTIME
+
+
+def test_failure_summary_keeps_a_subprocess_traceback_s_cause():
+    child = ("An exception occurred in a subprocess:\n\nName=triton_poi_fused_add_0\n"
+             "Traceback (most recent call last):\n" + '  File "x.py", line 1, in f\n' * 40
+             + "PermissionError: [Errno 13] Permission denied: '/home/.triton'\n")
+    summary = worker.failure_summary(RuntimeError(child))
+    assert summary.startswith("RuntimeError: An exception occurred in a subprocess:")
+    assert summary.endswith("PermissionError: [Errno 13] Permission denied: '/home/.triton'")
+    assert len(summary) <= 300
+    assert worker.failure_summary(ValueError("one line")) == "ValueError: one line"
+    assert worker.failure_summary(KeyError()) == "KeyError: "

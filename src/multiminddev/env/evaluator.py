@@ -303,9 +303,12 @@ def prefetch_miss(outcome: Any, *, compile_baseline: bool) -> str:
 
 
 PARENT_THREADS_PER_SLOT = 2
-# A baseline worker runs trusted code only, so it may serve many problems (its start-up and
-# torch.compile's warm caches are paid once); replaced now and then to bound its memory.
-BASELINE_JOBS_PER_WORKER = 64
+# One problem per baseline worker. A process's first torch.compile works; in a process that
+# already compiled another problem (graphs reset in between), inductor's triton compiles fail
+# in its compile subprocess (measured on an H100, torch 2.11: every problem after a worker's
+# first lost its prefetched figure). A fresh worker costs about a second, off the candidates'
+# path.
+BASELINE_JOBS_PER_WORKER = 1
 
 
 def _torch_version() -> str:

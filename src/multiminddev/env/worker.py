@@ -177,6 +177,18 @@ def timed(timings: dict[str, float], name: str) -> Any:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
+def failure_summary(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of an exception, plus its message's last line where the message
+    spans several: an error raised in a subprocess (inductor's compile workers) carries the
+    child's whole traceback, whose cause is at the end (pure)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    if len(lines) > 1:
+        cause = lines[-1][: max(limit // 2, 40)]
+        text = f"{text[: max(limit - len(cause) - 5, 20)]} ... {cause}"
+    return text[:limit]
+
+
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
     """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
     from multiminddev.env.isolation import isolate_worker_process
@@ -676,7 +688,7 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
             measured.append("compiled_baseline")
             ungated += [] if granted else ["compiled_baseline"]
         except Exception as exc:  # noqa: BLE001 - a baseline failure is noted, not fatal
-            out["note"] = f"torch.compile baseline failed: {type(exc).__name__}: {exc}"[:300]
+            out["note"] = f"torch.compile baseline failed: {failure_summary(exc)}"
     return out
 
 
