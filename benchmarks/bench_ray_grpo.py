@@ -94,7 +94,16 @@ def trainer_for(args: argparse.Namespace, out: Path, device: str, rollouts: Any 
     backend = HFGenerationBackend(policy) if rollouts is None else None
     return GRPOTrainer(cfg, policy=policy, backend=backend, evaluator=evaluator,
                        curriculum=Curriculum.from_problems(load_problems(args.problems)),
-                       episode_config=episode_config, output_dir=out, rollouts=rollouts)
+                       episode_config=episode_config, output_dir=out, rollouts=rollouts,
+                       console=progress_console())
+
+
+def progress_console() -> Any:
+    """Each step's line on stderr as it ends: a run cut off by a time limit still shows how far
+    it got (the JSON comes only at the end)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 def summarize(label: str, history: list[dict[str, Any]], warmup: int,

@@ -160,7 +160,8 @@ def trainer_for(args: argparse.Namespace, adapters: dict[str, str], out: Path, e
     return GRPOTrainer(cfg, policy=policy, backend=backend, evaluator=evaluator,
                        curriculum=Curriculum.from_problems(load_problems(args.problems)),
                        episode_config=episode_config, output_dir=out, rollouts=rollouts,
-                       compile_only=args.device == "cpu")
+                       compile_only=args.device == "cpu",
+                       console=bench_ray_grpo.progress_console())
 
 
 def agreement(differences: list[float]) -> dict[str, Any]:
@@ -294,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-remote-grpo-") as tmp:
         server, url = start_server(args, adapters, Path(tmp) / "server.log")
+        print(f"server up at {url}; remote variant ...", file=sys.stderr, flush=True)
         try:
             results.append(run_remote(args, adapters, url, Path(tmp) / "remote"))
             print(json.dumps(results[-1]), flush=True)
@@ -303,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 server.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 server.kill()
+        print("in-process variant ...", file=sys.stderr, flush=True)
         results.append(run_local(args, adapters, Path(tmp) / "local"))
         print(json.dumps(results[-1]), flush=True)
     report = {

@@ -21,8 +21,9 @@ the parent enforces by killing the process. Per job, in order:
    (``timed_checks.py``).
 
 A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
-with a candidate) runs a lighter setup and the baseline stage only, then serves the next one:
-a process that ever imported candidate code refuses it. Each baseline timing asks the parent
+with a candidate) runs a lighter setup and the baseline stage only (the evaluator's baseline
+pool gives each process one problem: ``evaluator.BASELINE_JOBS_PER_WORKER``); a process that
+ever imported candidate code refuses it. Each baseline timing asks the parent
 for the GPU's timing gate first (``timing_gate``), and so does a candidate's job before the
 candidate is imported: the parent then keeps the gate for that job until it ends, so no
 baseline is timed on that GPU while candidate code can run there.
@@ -414,7 +415,7 @@ def _run_baseline_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> boo
         reference.drop_model()
         import torch._dynamo
 
-        torch._dynamo.reset()  # this process serves the next problem: drop the compiled graphs
+        torch._dynamo.reset()  # should the pool send another problem: drop the compiled graphs
         torch.cuda.empty_cache()
         conn.send(("timings", dict(clock)))
         conn.send(("done", {"notes": []}))
