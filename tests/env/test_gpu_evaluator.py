@@ -106,3 +106,20 @@ def test_a_candidate_past_its_memory_cap_fails_alone_with_the_cap_in_its_message
     assert torch.cuda.mem_get_info()[0] > free_before - (8 << 30)
     after = evaluator.evaluate(problem_named("1_relu"), good)
     assert after.status is EvalStatus.OK, after.message
+
+
+def test_a_candidate_reaches_no_gpu_but_its_own(fixtures_dir):
+    # each worker sees its GPU alone: copies to another fail instead of loading its evaluations
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    path = fixtures_dir / "honest" / "relu_basic.py"
+    source = path.read_text().replace("y = torch.empty_like(x)",
+                                      "y = torch.empty_like(x)\n        x.to('cuda:1')")
+    assert "cuda:1" in source
+    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.3)
+    with Evaluator(cfg) as ev:
+        results = [ev.evaluate(problem_for(path), source) for _ in range(2)]
+    for result in results:
+        assert result.status is EvalStatus.RUNTIME_ERROR, result.message

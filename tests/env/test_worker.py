@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from multiminddev.env import worker
@@ -118,3 +119,15 @@ def test_failure_summary_keeps_a_subprocess_traceback_s_cause():
     assert len(summary) <= 300
     assert worker.failure_summary(ValueError("one line")) == "ValueError: one line"
     assert worker.failure_summary(KeyError()) == "KeyError: "
+
+
+def test_a_worker_sees_its_parents_gpu_alone():
+    assert worker.only_device_environment(1, None) == "1"
+    assert worker.only_device_environment(0, "2,3") == "2"
+    assert worker.only_device_environment(1, " 2, 3 ") == "3"
+    uuid = "GPU-39209553-d5c5-3079-561c-1ea134f16b3c"
+    assert worker.only_device_environment(0, f"{uuid},GPU-1") == uuid
+    with pytest.raises(ValueError, match="not among"):
+        worker.only_device_environment(2, "0,1")
+    with pytest.raises(ValueError, match="not among"):
+        worker.only_device_environment(0, "")

@@ -73,7 +73,7 @@ class FailureKind:
 @dataclass
 class WorkerState:
     gpu: bool
-    device_index: int | None
+    device_index: int | None  # this process's CUDA device: 0 (it sees one GPU), None without
     device_name: str
     workdir: Path
     stack_dump: Path | None = None
@@ -190,9 +190,26 @@ def failure_summary(exc: BaseException, limit: int = 300) -> str:
     return text[:limit]
 
 
+def only_device_environment(index: int, inherited: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for a worker that must see its parent's GPU ``index`` alone:
+    that entry of the parent's own list (indices, UUIDs or MIG names) where it has one, else
+    the index itself (pure). With every GPU visible, candidate code could allocate on, copy to
+    or launch work on the others and so disturb their evaluations and baseline timings, which
+    the timing gate of its own GPU does not cover."""
+    if inherited is None:
+        return str(index)
+    entries = [entry.strip() for entry in inherited.split(",") if entry.strip()]
+    if not 0 <= index < len(entries):
+        raise ValueError(f"GPU {index} is not among CUDA_VISIBLE_DEVICES={inherited!r}")
+    return entries[index]
+
+
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
     """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
     from multiminddev.env.isolation import isolate_worker_process
+    if device_index is not None:  # before anything in this process initialises CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = only_device_environment(
+            device_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
     isolate_worker_process(conn, config)  # first: namespaces need a single-threaded process
     try:
         state = _init_worker(device_index, EvalConfig.from_dict(config))
@@ -247,14 +264,15 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
 
     with timed(startup, "dynamo_import"):  # a no-op under the forkserver (preloaded there)
         import torch._dynamo  # noqa: F401 - its operator registrations predate the snapshot
+    local = 0  # the parent's GPU ``device_index`` is this process's only one (worker_main)
     with timed(startup, "cuda_init"):
-        torch.cuda.set_device(device_index)
+        torch.cuda.set_device(local)
         torch.cuda.init()
         torch.zeros(1, device="cuda")  # creates the context
-    state = WorkerState(gpu=True, device_index=device_index, workdir=workdir, stack_dump=stack_dump,
-                        device_name=torch.cuda.get_device_name(device_index), startup=startup)
+    state = WorkerState(gpu=True, device_index=local, workdir=workdir, stack_dump=stack_dump,
+                        device_name=torch.cuda.get_device_name(local), startup=startup)
     with timed(startup, "l2_flush_buffer"):
-        state.flush = l2_flush_buffer(device_index)
+        state.flush = l2_flush_buffer(local)
     with timed(startup, "kernel_launch"):
         _warm_kernel_launch(warm_module)
     with timed(startup, "host_copy_probe"):
