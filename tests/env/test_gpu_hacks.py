@@ -232,3 +232,18 @@ def test_inputs_mutated_by_kernel_are_detected(kernels):
     _relu(kernels, x, x)  # in place into the input
     assert [f.reason for f in guards.check_inputs_unchanged(snapshot, [x])] == [
         RejectReason.INPUT_MUTATION]
+
+
+def test_gpu_work_left_after_a_job_never_meets_the_next_timing():
+    # the layer behind the static refusal of finalizers (defenses off lets the fixture through):
+    # the worker is killed before the timing gate passes on, so its finalizer's spinning kernel
+    # never runs beside the next candidate's timing
+    hack = FIXTURES / "hacks" / "finalizer_kernel_after_exit.py"
+    honest = FIXTURES / "honest" / "relu_basic.py"
+    cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.5, defenses=False)
+    with Evaluator(cfg) as ev:
+        clean = ev.evaluate(_problem(honest), honest.read_text())
+        ev.evaluate(_problem(hack), hack.read_text())
+        after = ev.evaluate(_problem(honest), honest.read_text())
+    assert clean.status is after.status is EvalStatus.OK, (clean.message, after.message)
+    assert after.benchmark.candidate.median_ms < 1.5 * clean.benchmark.candidate.median_ms

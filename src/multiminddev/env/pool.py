@@ -357,7 +357,7 @@ class WorkerPool:
                          outcome.device or "cpu", reason,
                          (job.get("problem") or {}).get("name") or "a candidate")
         if faulted or worker.jobs_done >= self.config.max_jobs_per_worker or self.closed:
-            if faulted:
+            if faulted or not worker.process.is_alive():  # killed before the gate passed on
                 worker.kill()
             else:
                 worker.stop_soon()
@@ -368,16 +368,24 @@ class WorkerPool:
     def _collect(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any],
                  gate: TimingGate | None = None) -> None:
         """Read messages until done/fail; enforce each stage's time limit by killing; grant
-        and take back the timing gate (whatever happens, the job does not keep it)."""
+        and take back the timing gate (whatever happens, the job does not keep it).
+
+        A worker that held the gate with candidate code loaded, in its last job, is killed
+        before the gate passes on: candidate code could otherwise go on launching GPU work
+        after its job (a finalizer, a library's exit handler, a kernel still spinning) beside
+        the next job's timing. Killing skips its interpreter's teardown, where such code runs."""
         held: list[bool] = [False]
+        loaded: list[bool] = [False]
         try:
-            self._collect_messages(worker, outcome, job, gate, held)
+            self._collect_messages(worker, outcome, job, gate, held, loaded)
         finally:
             if held[0] and gate is not None:
+                if loaded[0] and worker.jobs_done + 1 >= self.config.max_jobs_per_worker:
+                    worker.kill()
                 gate.release()
 
     def _collect_messages(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any],
-                          gate: TimingGate | None, held: list[bool]) -> None:
+                          gate: TimingGate | None, held: list[bool], loaded: list[bool]) -> None:
         """``job["compile_timeout_s"]`` (load_inline builds in the worker) overrides the compile
         limit and extends the cap on all candidate stages by the same amount. Time spent waiting
         for the gate does not count against the stage."""
@@ -429,6 +437,7 @@ class WorkerPool:
                 stage, stage_start = Stage(payload), time.monotonic()
                 if stage is Stage.COMPILE:
                     candidate_start = stage_start
+                    loaded[0] = True
                 continue
             if tag in TRUSTED_TAGS and candidate_start is not None:
                 outcome.late_trusted.append(str(tag))

@@ -39,7 +39,7 @@ everything else is refused, wherever it appears in the module (not only in ``for
 
 On top of the allowlist, pattern checks catch the classic hacks that use only allowed names:
 torch compute in ``forward`` and its helpers, using the reference ``Model``, try/except
-fallbacks, threads and side streams, monkey-patching, file access, pointer-keyed caches,
+fallbacks, threads and side streams, finalizers, monkey-patching, file access, pointer-keyed caches,
 returning an input, precision downgrades (read from CUDA *code*: comments and string literals
 are blanked first, inline PTX kept), and rules for native ``load_inline`` C++ (torch ops,
 side streams, ``system()``, ``TORCH_LIBRARY`` registrations, cuBLAS/cuDNN calls).
@@ -1033,6 +1033,30 @@ def check_try_except_fallback(tree: ast.Module, source: str) -> list[Finding]:
     return _dedup(findings)
 
 
+FINALIZER_METHODS = frozenset({"__del__"})
+
+
+def check_finalizers(tree: ast.Module, source: str) -> list[Finding]:
+    """No finalizer (``__del__``) on the candidate's classes, defined or assigned.
+
+    Rationale: a finalizer runs when an object is collected, at the latest when the worker
+    exits, after its evaluation has ended: a kernel launched there runs beside the next
+    evaluation's timing on the GPU, where no check of this candidate sees it."""
+    findings = []
+    for cls in (node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)):
+        for item in cls.body:
+            names = ([item.name] if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     else [t.id for t in getattr(item, "targets", [getattr(item, "target", None)])
+                           if isinstance(t, ast.Name)])
+            for name in names:
+                if name in FINALIZER_METHODS:
+                    findings.append(_finding(
+                        "finalizer", RejectReason.CONCURRENCY,
+                        (f"`{name}` runs code after the evaluation has ended (when the object "
+                         "is collected or the worker exits); do all the work in forward"), item))
+    return findings
+
+
 def check_concurrency(tree: ast.Module, source: str) -> list[Finding]:
     """No threads, processes, async tasks, side streams, events or CUDA graphs.
 
@@ -1995,6 +2019,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_reference_use,
     check_try_except_fallback,
     check_concurrency,
+    check_finalizers,
     check_monkey_patch,
     check_file_access,
     check_pointer_cache,
