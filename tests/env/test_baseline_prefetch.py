@@ -193,15 +193,19 @@ def test_a_candidate_whose_figures_are_cached_does_not_wait(tmp_path):
 # ------------------------------------------------------------------ the timing gate
 
 
-def _collect_with_gate(messages, gate, config=None):
+def _collect_with_gate(messages, gate, config=None, kills=None):
     """Run the pool's collector over a real pipe; returns the outcome and what the worker's
-    end of the pipe received (the gate's answers)."""
+    end of the pipe received (the gate's answers). ``kills`` collects, per kill of the
+    worker, whether the gate was still held then."""
     pool = WorkerPool(config or EvalConfig(num_workers=1))
     parent, child = multiprocessing.Pipe(duplex=True)
     for message in messages:
         child.send(message)
     outcome = JobOutcome()
-    pool._collect(SimpleNamespace(conn=parent), outcome, {}, gate)
+    kills = [] if kills is None else kills
+    worker = SimpleNamespace(conn=parent, jobs_done=0,
+                             kill=lambda: kills.append(not gate.acquire(0.0)))
+    pool._collect(worker, outcome, {}, gate)
     pool.close()
     answers = []
     while child.poll(0.1):
@@ -264,10 +268,30 @@ def test_candidate_code_asking_for_a_busy_gate_is_answered_at_once():
 
 
 def test_a_job_that_held_the_gate_through_its_candidate_phase_frees_it_at_its_end():
-    gate = TimingGate()
+    gate, kills = TimingGate(), []
     _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("begin", "compile"),
-                        ("gate", "release"), ("begin", "benchmark"), ("done", {})], gate)
+                        ("gate", "release"), ("begin", "benchmark"), ("done", {})], gate,
+                       kills=kills)
+    # its worker is killed while the gate is still held: nothing the candidate left to run
+    # (a finalizer, an exit handler) meets the next job's timing
+    assert kills == [True]
     assert gate.acquire(0.0)
+
+
+def test_a_worker_that_ran_no_candidate_is_not_killed_at_its_jobs_end():
+    gate, kills = TimingGate(), []
+    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("done", {})], gate,
+                       kills=kills)
+    assert kills == [] and gate.acquire(0.0)
+
+
+def test_a_worker_that_serves_more_candidates_is_kept():
+    # max_jobs_per_worker > 1 keeps the process (docs/evaluator.md: weaker isolation)
+    gate, kills = TimingGate(), []
+    _collect_with_gate([("begin", "compile"), ("gate", "acquire"), ("begin", "benchmark"),
+                        ("done", {})], gate, EvalConfig(num_workers=1, max_jobs_per_worker=4),
+                       kills=kills)
+    assert kills == [] and gate.acquire(0.0)
 
 
 # ------------------------------------------------------------------ who may measure
