@@ -341,6 +341,7 @@ class WorkerPool:
         except (OSError, EOFError, BrokenPipeError) as exc:
             outcome.died_in_stage = outcome.died_in_stage or "send"
             outcome.infra_error = outcome.infra_error or f"pipe to worker failed: {exc}"
+        last = self._last_job(worker)
         worker.jobs_done += 1
         faulted = bool(outcome.timed_out_stage or outcome.died_in_stage
                        or (outcome.failure or {}).get("fatal"))
@@ -356,7 +357,7 @@ class WorkerPool:
                          time.strftime("%H:%M:%S", time.gmtime()), worker.process.pid,
                          outcome.device or "cpu", reason,
                          (job.get("problem") or {}).get("name") or "a candidate")
-        if faulted or worker.jobs_done >= self.config.max_jobs_per_worker or self.closed:
+        if faulted or last:
             if faulted or not worker.process.is_alive():  # killed before the gate passed on
                 worker.kill()
             else:
@@ -380,9 +381,13 @@ class WorkerPool:
             self._collect_messages(worker, outcome, job, gate, held, loaded)
         finally:
             if held[0] and gate is not None:
-                if loaded[0] and worker.jobs_done + 1 >= self.config.max_jobs_per_worker:
+                if loaded[0] and self._last_job(worker):
                     worker.kill()
                 gate.release()
+
+    def _last_job(self, worker: WorkerHandle) -> bool:
+        """Whether the job the worker is running is its last (then it is stopped)."""
+        return worker.jobs_done + 1 >= self.config.max_jobs_per_worker or self.closed
 
     def _collect_messages(self, worker: WorkerHandle, outcome: JobOutcome, job: dict[str, Any],
                           gate: TimingGate | None, held: list[bool], loaded: list[bool]) -> None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.core.devices import cuda_visible_ids
 from multiminddev.env import precision
 from multiminddev.env.candidate import (
     as_output_list,
@@ -198,7 +199,7 @@ def only_device_environment(index: int, inherited: str | None) -> str:
     the timing gate of its own GPU does not cover."""
     if inherited is None:
         return str(index)
-    entries = [entry.strip() for entry in inherited.split(",") if entry.strip()]
+    entries = cuda_visible_ids(inherited)
     if not 0 <= index < len(entries):
         raise ValueError(f"GPU {index} is not among CUDA_VISIBLE_DEVICES={inherited!r}")
     return entries[index]

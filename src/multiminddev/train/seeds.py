@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.core.devices import cuda_visible_ids
 from multiminddev.train.config_files import write_json_atomically
 
 SEED_METRICS = ("compile_rate", "correct_rate", "reward_mean", "fast_1")
@@ -369,7 +370,7 @@ def seed_gpu_ids(visible: str | None, device_count: int, num_gpus: int | None) -
     """The GPUs the seeds spread over: those ``CUDA_VISIBLE_DEVICES`` names (all
     ``device_count`` where it is unset), the first ``num_gpus`` of them where that is given."""
     if visible is not None and visible.strip():
-        ids = [v.strip() for v in visible.split(",") if v.strip()][:device_count]
+        ids = cuda_visible_ids(visible)[:device_count]
     else:
         ids = [str(i) for i in range(device_count)]
     return ids if num_gpus is None else ids[:num_gpus]
