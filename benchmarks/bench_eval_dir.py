@@ -1,7 +1,7 @@
 """`eval-dir` throughput over the exported fast solutions, cold and warm: run on a GPU machine.
 
     PYTHONPATH=src python3 benchmarks/bench_eval_dir.py --out $OUT [--tier 0 1]
-        [--baseline-workers 0 3] [--workers 1] [--runs cold warm] [--limit N] [--work DIR]
+        [--baseline-workers 0 3] [--workers 1] [--bench-budget 1 0.25] [--runs cold warm] [--limit N] [--work DIR]
 
 Exports the built-in corpus with its solutions (one shape per family), gathers the fast
 solutions into one folder and runs `multiminddev eval-dir` over them as a user would (a fresh
@@ -82,11 +82,14 @@ def _watch_lines(path: Path, arrivals: list[float], stop: threading.Event) -> No
 
 
 def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
-                 baseline_workers: int, workers: int | None, timeout_s: float) -> dict[str, Any]:
+                 baseline_workers: int, workers: int | None, timeout_s: float,
+                 bench_budget: float | None = None) -> dict[str, Any]:
     command = [*CLI, "eval-dir", str(corpus), str(candidates), "--out", str(out),
                "--baseline-workers", str(baseline_workers)]
     if workers is not None:
         command += ["--workers", str(workers)]
+    if bench_budget is not None:
+        command += ["--bench-budget", str(bench_budget)]
     arrivals: list[float] = []
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_lines, args=(out, arrivals, stop), daemon=True)
@@ -151,7 +154,8 @@ def _machine() -> dict[str, str]:
 
 SPLIT_KEYS = ("parent.wait.baseline", "parent.wait.slot", "parent.wait.worker",
               "parent.wait.gate", "parent.static", "stage.setup", "stage.baseline",
-              "stage.compile", "stage.run", "stage.guards", "stage.benchmark", "parent.verify",
+              "stage.compile", "stage.run", "stage.guards", "stage.benchmark", "stage.teardown",
+              "parent.verify",
               "baseline.measured_in_job")
 
 
@@ -159,13 +163,14 @@ def markdown(report: dict[str, Any]) -> str:
     machine = report["machine"]
     title = (f"# eval-dir throughput ({machine.get('gpu', '?')}, {machine['date']}, "
              f"commit {machine.get('commit', '?')})")
-    columns = ["baseline workers", "slots", "run", "candidates", "per min (all)",
+    columns = ["baseline workers", "slots", "bench budget (s)", "run", "candidates", "per min (all)",
                "per min (steady)", "statuses", *SPLIT_KEYS]
     lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for run in report["runs"]:
         means = [f"{run['timings'][k]['mean_s']:.2f}" if k in run["timings"] else "-"
                  for k in SPLIT_KEYS]
-        lines.append(f"| {run['baseline_workers']} | {run['workers'] or 'default'} | {run['run']} "
+        lines.append(f"| {run['baseline_workers']} | {run['workers'] or 'default'} "
+                     f"| {run.get('bench_budget') or 'default'} | {run['run']} "
                      f"| {run['candidates']} | {run['candidates_per_min']} "
                      f"| {run['steady_candidates_per_min']} | {run['status_counts']} | "
                      + " | ".join(means) + " |")
@@ -183,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="settings to compare (0: each evaluation measures its own)")
     parser.add_argument("--workers", type=int, nargs="+", default=[None],
                         help="evaluation slots (default: eval-dir's, one per GPU)")
+    parser.add_argument("--bench-budget", type=float, nargs="+", default=[None],
+                        help="seconds of timed calls per timed function (eval-dir's "
+                             "--bench-budget; default: eval-dir's)")
     parser.add_argument("--runs", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per eval-dir run, seconds")
@@ -203,28 +211,29 @@ def main(argv: list[str] | None = None) -> int:
                 for path in sorted(candidates.glob("*.py"))[args.limit:]:
                     path.unlink()
         report["candidate_files"] = sorted(p.name for p in candidates.glob("*.py"))
-        for baseline_workers in args.baseline_workers:
-            for workers in args.workers:
-                cache = work / f"cache-b{baseline_workers}-w{workers}"
-                for run in args.runs:
-                    if run == "cold":
-                        shutil.rmtree(cache, ignore_errors=True)
-                        cache.with_name(cache.name + ".key").unlink(missing_ok=True)
-                    out = work / f"results-b{baseline_workers}-w{workers}-{run}.jsonl"
-                    out.unlink(missing_ok=True)
-                    result = run_eval_dir(corpus, candidates, out, cache,
-                                          baseline_workers=baseline_workers, workers=workers,
-                                          timeout_s=args.timeout)
-                    result.update(run=run, baseline_workers=baseline_workers, workers=workers,
-                                  baseline_cache=str(cache / "baselines"))
-                    report["runs"].append(result)
-                    print(f"[bench] b={baseline_workers} w={workers} {run}: "
-                          f"{result['candidates']} candidates, "
-                          f"{result['candidates_per_min']}/min "
-                          f"(steady {result['steady_candidates_per_min']}/min), "
-                          f"{result['status_counts']}", flush=True)
-                    if out.exists():
-                        shutil.copy(out, args.out / out.name)
+        settings = [(b, w, budget) for b in args.baseline_workers for w in args.workers
+                    for budget in args.bench_budget]
+        for baseline_workers, workers, budget in settings:
+            name = f"b{baseline_workers}-w{workers}" + (f"-t{budget:g}" if budget else "")
+            cache = work / f"cache-{name}"
+            for run in args.runs:
+                if run == "cold":
+                    shutil.rmtree(cache, ignore_errors=True)
+                    cache.with_name(cache.name + ".key").unlink(missing_ok=True)
+                out = work / f"results-{name}-{run}.jsonl"
+                out.unlink(missing_ok=True)
+                result = run_eval_dir(corpus, candidates, out, cache,
+                                      baseline_workers=baseline_workers, workers=workers,
+                                      timeout_s=args.timeout, bench_budget=budget)
+                result.update(run=run, baseline_workers=baseline_workers, workers=workers,
+                              bench_budget=budget, baseline_cache=str(cache / "baselines"))
+                report["runs"].append(result)
+                print(f"[bench] {name} {run}: {result['candidates']} candidates, "
+                      f"{result['candidates_per_min']}/min "
+                      f"(steady {result['steady_candidates_per_min']}/min), "
+                      f"{result['status_counts']}", flush=True)
+                if out.exists():
+                    shutil.copy(out, args.out / out.name)
     (args.out / "bench_eval_dir.json").write_text(json.dumps(report, indent=2))
     (args.out / "bench_eval_dir.md").write_text(markdown(report))
     return 0

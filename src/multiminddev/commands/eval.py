@@ -70,11 +70,17 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-compile-baseline", action="store_true",
                         help="skip the torch.compile baseline")
     parser.add_argument("--arch", default=None, help="compile target without a GPU (default sm_90)")
+    parser.add_argument("--bench-budget", type=float, default=None, metavar="SECONDS",
+                        help="seconds of timed calls per timed function: the candidate and each "
+                             "baseline measured on first sight (default: EvalConfig's "
+                             f"{EvalConfig.bench_budget_s}; at least "
+                             f"{EvalConfig.min_timed_runs} calls are timed whatever the budget)")
 
 
 def _config(args: argparse.Namespace, workers: int | None = 1) -> Any:
+    budget = {} if args.bench_budget is None else {"bench_budget_s": args.bench_budget}
     return EvalConfig(num_workers=workers, num_trials=args.trials, benchmark=not args.no_benchmark,
-                      compile_baseline=not args.no_compile_baseline, arch=args.arch)
+                      compile_baseline=not args.no_compile_baseline, arch=args.arch, **budget)
 
 
 def run_eval(args: argparse.Namespace) -> int:

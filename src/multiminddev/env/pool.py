@@ -382,7 +382,9 @@ class WorkerPool:
         finally:
             if held[0] and gate is not None:
                 if loaded[0] and self._last_job(worker):
-                    worker.kill()
+                    killed_at = time.monotonic()
+                    worker.kill()  # returns once the process, and so its CUDA context, is gone
+                    outcome.stages_seconds["teardown"] = time.monotonic() - killed_at
                 gate.release()
 
     def _last_job(self, worker: WorkerHandle) -> bool:

@@ -22,7 +22,7 @@ the parent enforces by killing the process. Per job, in order:
 
 A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
 with a candidate) runs a lighter setup and the baseline stage only (the evaluator's baseline
-pool gives each process one problem: ``evaluator.BASELINE_JOBS_PER_WORKER``); a process that
+pool gives each process up to ``evaluator.BASELINE_JOBS_PER_WORKER`` problems); a process that
 ever imported candidate code refuses it. Each baseline timing asks the parent
 for the GPU's timing gate first (``timing_gate``), and so does a candidate's job before the
 candidate is imported: the parent then keeps the gate for that job until it ends, so no
@@ -697,10 +697,16 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
         out["compiled"] = job["compiled_baseline"]
     elif cfg.compile_baseline:
         try:
+            import torch._inductor.config as inductor_config
+
             compiled_model = torch.compile(ref.model)
-            with timed(clock, "baseline.torch_compile"):  # CPU work mostly: ungated
-                with torch.no_grad():
-                    compiled_model(*ref.draw_inputs())
+            # Compiled here, in this process: inductor's compile subprocess pool, once ready,
+            # failed every triton compile of a worker's later problems (H100, torch 2.11), so a
+            # worker could measure only its first problem's figure. One problem's few kernels
+            # compile as fast in process, and baseline workers run side by side.
+            with (timed(clock, "baseline.torch_compile"),  # CPU work mostly: ungated
+                  inductor_config.patch(compile_threads=1), torch.no_grad()):
+                compiled_model(*ref.draw_inputs())
                 torch.cuda.synchronize()
             with timing_gate(conn, gate, clock) as granted, timed(clock, "baseline.compiled"):
                 compiled = time_like_candidate(state, cfg, ref, compiled_model)
