@@ -122,3 +122,21 @@ def test_eval_dir_names_a_file_given_as_folder(exported, tmp_path, capsys):
     problem = next(_level(exported).glob("*.py"))
     assert_one_line_error(*run_cli(capsys, "eval-dir", problem, tmp_path),
                           contains="is a file, not a directory")
+
+
+def test_eval_dir_refuses_a_timing_budget_that_is_not_positive(exported, tmp_path, capsys):
+    level = _level(exported)
+    assert_one_line_error(*run_cli(capsys, "eval-dir", level, level, "--bench-budget", "0"),
+                          contains="bench_budget_s must be > 0")
+
+
+def test_the_timing_budget_reaches_the_evaluators_config():
+    from multiminddev.cli import build_parser
+    from multiminddev.commands.eval import _config
+    from multiminddev.env import EvalConfig
+
+    parser = build_parser()
+    given = parser.parse_args(["eval-dir", "p", "c", "--bench-budget", "0.25"])
+    default = parser.parse_args(["eval-dir", "p", "c"])
+    assert _config(given).bench_budget_s == 0.25
+    assert _config(default).bench_budget_s == EvalConfig.bench_budget_s

@@ -269,20 +269,22 @@ def test_candidate_code_asking_for_a_busy_gate_is_answered_at_once():
 
 def test_a_job_that_held_the_gate_through_its_candidate_phase_frees_it_at_its_end():
     gate, kills = TimingGate(), []
-    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("begin", "compile"),
-                        ("gate", "release"), ("begin", "benchmark"), ("done", {})], gate,
-                       kills=kills)
+    outcome, _ = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"),
+                                     ("begin", "compile"), ("gate", "release"),
+                                     ("begin", "benchmark"), ("done", {})], gate, kills=kills)
     # its worker is killed while the gate is still held: nothing the candidate left to run
     # (a finalizer, an exit handler) meets the next job's timing
     assert kills == [True]
     assert gate.acquire(0.0)
+    assert outcome.stages_seconds["teardown"] >= 0.0  # the kill's cost is in the timings
 
 
 def test_a_worker_that_ran_no_candidate_is_not_killed_at_its_jobs_end():
     gate, kills = TimingGate(), []
-    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("done", {})], gate,
-                       kills=kills)
+    outcome, _ = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("done", {})],
+                                    gate, kills=kills)
     assert kills == [] and gate.acquire(0.0)
+    assert "teardown" not in outcome.stages_seconds
 
 
 def test_a_worker_that_serves_more_candidates_is_kept():
