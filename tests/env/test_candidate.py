@@ -108,19 +108,75 @@ def test_memfd_send_works_under_the_sandbox_and_leaves_the_worker_no_handle(tmp_
         proc.join(30)
 
 
-def test_memfd_receiver_refuses_bytes_outside_the_file():
+def _hand_over_memfd(data: bytes, seals: int) -> tuple[object, dict]:
+    """A memfd holding ``data`` with ``seals``, sent over a fresh pipe the way a worker does."""
+    import fcntl
     import os
     from multiprocessing import reduction
 
     parent, child = multiprocessing.Pipe(duplex=True)
-    fd = os.memfd_create("test", os.MFD_CLOEXEC)
-    os.write(fd, b"\0" * 16)
+    fd = os.memfd_create("test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
     reduction.send_handle(child, fd, os.getpid())
     os.close(fd)
-    payload = {"memfd_bytes": 16, "outputs": [[{"kind": "tensor", "dtype": "float32",
-                                                 "shape": [4], "nbytes": 16, "offset": 8}]]}
+    return parent, {"memfd_bytes": len(data)}
+
+
+def _float_meta(offset: int, count: int) -> dict:
+    return {"kind": "tensor", "dtype": "float32", "shape": [count], "nbytes": 4 * count,
+            "offset": offset}
+
+
+def test_memfd_receiver_refuses_bytes_outside_the_file():
+    from multiminddev.env.candidate import transfer_seals
+
+    parent, payload = _hand_over_memfd(b"\0" * 16, transfer_seals())
+    payload["outputs"] = [[_float_meta(8, 4)]]
     with pytest.raises(OSError, match="outside"):
         receive_frames(parent, payload)
+
+
+def test_memfd_receiver_refuses_a_file_that_could_still_change():
+    # without the seals, whoever else holds the file could rewrite the bytes before they are
+    # verified, or shrink it under the evaluator's mapping (a read past the end: SIGBUS)
+    import fcntl
+
+    for seals in (0, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW, fcntl.F_SEAL_WRITE):
+        parent, payload = _hand_over_memfd(b"\0" * 16, seals)
+        payload["outputs"] = [[_float_meta(0, 4)]]
+        with pytest.raises(OSError, match="not sealed"):
+            receive_frames(parent, payload)
+
+
+def test_candidate_code_that_reopened_the_transfer_file_cannot_change_what_was_sent(monkeypatch):
+    import os
+
+    from multiminddev.env import candidate
+
+    reopened: list[int] = []
+    write_all = candidate._write_all
+
+    def write_and_reopen(fd, raw):  # what a candidate thread could do while the file is written
+        reopened.append(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
+        write_all(fd, raw)
+
+    monkeypatch.setattr(candidate, "_write_all", write_and_reopen)
+    parent, child = multiprocessing.Pipe(duplex=True)
+    sent = torch.arange(16, dtype=torch.float32)
+    send_tensor_lists(child, "outputs", [[sent]], transfer="memfd")
+    _, payload = parent.recv()
+    receive_frames(parent, payload)
+    try:
+        with pytest.raises(PermissionError):
+            os.pwrite(reopened[0], b"\xff" * 64, 0)
+        with pytest.raises(PermissionError):
+            os.ftruncate(reopened[0], 0)
+    finally:
+        os.close(reopened[0])
+    (back,) = [unpack_tensor(m) for m in payload["outputs"][0]]
+    assert torch.equal(back, sent)
 
 
 def test_kind_detection():

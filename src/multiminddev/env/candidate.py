@@ -3,15 +3,16 @@
 Tensors cross the worker -> evaluator pipe as plain bytes (``pack_tensor``), never through
 torch's shared-memory reducers, so a dead worker cannot leave half-shared storage behind and
 the evaluator's copy is its own. With ``transfer="memfd"`` the bytes go into an anonymous
-memory file instead, whose descriptor is passed over the pipe and then closed in the worker:
-the worker keeps no handle on it (candidate code that runs later cannot change what was sent),
-and the kernel frees it when the evaluator drops its mapping, even if the worker dies.
+memory file instead, sealed against writes and resizing, whose descriptor is passed over the
+pipe and then closed in the worker: neither the worker's handles nor any candidate code can
+change what was sent, and the evaluator refuses a file without those seals. The kernel frees it when the evaluator drops its mapping, even if the worker dies.
 """
 
 from __future__ import annotations
 
 import ast
 import enum
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -121,7 +122,7 @@ def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
     from multiprocessing import reduction
 
     frames = [[tensor_frame(t) for t in group] for group in lists]
-    fd = os.memfd_create("mmd-tensors", os.MFD_CLOEXEC)
+    fd = os.memfd_create("mmd-tensors", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         size = 0
         for group in frames:
@@ -130,6 +131,10 @@ def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
                     meta["offset"] = size
                     _write_all(fd, raw)
                     size += meta["nbytes"]
+        # Sealed before it leaves: candidate code that reopened the file (/proc/self/fd) while
+        # it was written can neither change the bytes the evaluator verifies later nor shrink
+        # the file under the evaluator's mapping (a read past the end would kill the evaluator).
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, transfer_seals() | fcntl.F_SEAL_SEAL)
         conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames],
                          "memfd_bytes": size}))
         if size:
@@ -139,6 +144,11 @@ def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
                 reduction.send_handle(conn, fd, os.getppid())  # the pid matters on Windows only
     finally:
         os.close(fd)  # from here on nothing in this process can reach the file
+
+
+def transfer_seals() -> int:
+    """The seals a tensor transfer file must carry (Linux; memfd transfer is Linux only)."""
+    return fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
 
 
 def _write_all(fd: int, raw: Any) -> None:
@@ -171,6 +181,8 @@ def _receive_memfd(conn: Any, payload: dict[str, Any]) -> None:
         return
     fd = reduction.recv_handle(conn)
     try:
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & transfer_seals() != transfer_seals():
+            raise OSError("the tensor transfer file is not sealed against writes and resizing")
         if os.fstat(fd).st_size < size:
             raise OSError(f"tensor transfer file holds {os.fstat(fd).st_size} bytes, "
                           f"the message announced {size}")
