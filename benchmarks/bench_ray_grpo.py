@@ -1,6 +1,7 @@
 """GRPO step time with rollouts on 1 vs 2 (or more) Ray rollout workers, same recipe.
 
     python benchmarks/bench_ray_grpo.py --workers 1 2 --steps 3 --out ray_grpo.json
+    python benchmarks/bench_ray_grpo.py --workers 1 2 --adapters shipped   # kernels evaluated too
     python benchmarks/bench_ray_grpo.py --adapters RUN/sft_checkpoints --local   # + in-process
 
 One local Ray cluster over this machine's GPUs. For each worker count: a fresh learner (the
@@ -39,7 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default="default", help="base model (default: embedded SmolLM2)")
     p.add_argument("--adapters", default=None,
                    help="a folder with generator/ and optimizer/ adapters (e.g. an SFT run's "
-                        "RUN/sft_checkpoints); default: fresh adapters")
+                        "RUN/sft_checkpoints), or 'shipped': the package's agents with the "
+                        "prompts they were trained on (the recipe's SFT stage: rollouts write "
+                        "kernels that compile); default: fresh adapters (the base model writes "
+                        "no kernel, so no evaluation is timed)")
     p.add_argument("--problems", default="builtin:tier0,tier1:train")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup-steps", type=int, default=1)
@@ -64,9 +68,23 @@ def policy_config(args: argparse.Namespace, device: str) -> Any:
     from multiminddev.policy import PolicyConfig
     from multiminddev.policy.model import adapter_paths_in
 
-    adapters = adapter_paths_in(args.adapters) if args.adapters else {}
+    shipped = shipped_or_none(args)
+    adapters = (shipped.adapter_paths() if shipped is not None
+                else adapter_paths_in(args.adapters) if args.adapters else {})
     return PolicyConfig(model=args.model, device=device, adapter_paths=adapters,
                         compiled_decoding=args.compiled_decoding == "on")
+
+
+def shipped_or_none(args: argparse.Namespace) -> Any:
+    """The package's shipped agents when ``--adapters shipped``, else None."""
+    if args.adapters != "shipped":
+        return None
+    from multiminddev.agents.shipped import shipped_agents
+
+    agents = shipped_agents()
+    if agents is None:
+        raise SystemExit("bench_ray_grpo: this installation ships no agents; pass a folder")
+    return agents
 
 
 def eval_config(args: argparse.Namespace) -> Any:
@@ -89,8 +107,10 @@ def trainer_for(args: argparse.Namespace, out: Path, device: str, rollouts: Any 
     cfg = GRPOConfig(num_steps=args.steps, problems_per_step=args.problems_per_step,
                      group_size=args.group_size, max_turns=args.max_turns,
                      max_new_tokens=args.max_new_tokens, eval_every=0, seed=args.seed)
+    shipped = shipped_or_none(args)
     episode_config = EpisodeConfig(max_turns=cfg.max_turns, sampling=SamplingParams(
-        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens))
+        temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens),
+        element_type=shipped is not None and shipped.element_type_line)
     backend = HFGenerationBackend(policy) if rollouts is None else None
     return GRPOTrainer(cfg, policy=policy, backend=backend, evaluator=evaluator,
                        curriculum=Curriculum.from_problems(load_problems(args.problems)),
