@@ -343,7 +343,7 @@ def test_a_retired_worker_exits_on_its_own_while_the_caller_goes_on():
     worker = pool.start_worker(None)
     assert worker.wait_ready(120.0), worker.startup_error
     worker.stop_soon()  # returns at once; the exit is reaped in the background
-    worker.process.join(30.0)
+    worker.reaper.join(30.0)
     pool.close()
     assert worker.process.exitcode == 0  # it left when asked, it was not killed
 

@@ -138,6 +138,7 @@ class WorkerHandle:
         child.close()
         self.info: dict[str, Any] | None = None
         self.jobs_done = 0
+        self.reaper: threading.Thread | None = None  # set by stop_soon
         self.startup_error = ""
 
     def wait_ready(self, timeout_s: float) -> bool:
@@ -201,7 +202,10 @@ class WorkerHandle:
         next job need not wait for."""
         with contextlib.suppress(Exception):
             self.conn.send(None)
-        threading.Thread(target=self._reap, name="mmd-eval-reap", daemon=True).start()
+        # the reaper alone waits on the process: two threads waiting on one forkserver child
+        # race for its exit status, and the loser records 255
+        self.reaper = threading.Thread(target=self._reap, name="mmd-eval-reap", daemon=True)
+        self.reaper.start()
 
     def _reap(self) -> None:
         # the caller does not wait for this: a worker asked to stop gets time to tear down its
