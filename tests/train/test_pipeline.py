@@ -199,6 +199,26 @@ def test_checkpoint_resolves_to_adapter_dirs_or_a_model(tmp_path):
         "model", "Qwen/Qwen2.5-Coder-1.5B-Instruct")
 
 
+def test_shipped_checkpoint_is_the_packages_agent_of_each_role(tmp_path, monkeypatch):
+    from multiminddev.agents.shipped import SHIPPED_DIR
+    monkeypatch.chdir(tmp_path)
+    for role in (AgentRole.GENERATOR, AgentRole.OPTIMIZER):
+        assert resolve_checkpoint("shipped", role) == ("adapter", str(SHIPPED_DIR / role.value))
+    # a folder called "shipped" here is what the user means
+    local = tmp_path / "shipped" / "generator"
+    local.mkdir(parents=True)
+    (local / "adapter_config.json").write_text("{}")
+    assert resolve_checkpoint("shipped", AgentRole.GENERATOR) == ("adapter", "shipped/generator")
+
+
+def test_shipped_checkpoint_without_shipped_agents_says_so(tmp_path, monkeypatch):
+    import multiminddev.train.pipeline as pipeline
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(pipeline, "shipped_agents", lambda: None)
+    with pytest.raises(ValueError, match="ships no agents"):
+        resolve_checkpoint("shipped", AgentRole.OPTIMIZER)
+
+
 def test_quickstart_is_small_on_cpu():
     size = run_size(Preset.QUICKSTART, gpu=False)
     episodes = size.rl_steps * size.problems_per_step * size.group_size

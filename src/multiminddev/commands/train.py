@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+from multiminddev.agents.roles import AgentRole
 
 from multiminddev.commands._io import USAGE_ERROR, fail
 from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
@@ -27,7 +28,7 @@ from multiminddev.train.config_files import (
     settings_record,
     write_json_atomically,
 )
-from multiminddev.train.pipeline import TrainSettings, run_pipeline
+from multiminddev.train.pipeline import TrainSettings, resolve_checkpoint, run_pipeline
 from multiminddev.train.recipes import get_recipe, recipe_table
 from multiminddev.train.seeds import (
     SEEDS_CONFIG_FILE,
@@ -116,8 +117,9 @@ def _rl_flags(p: argparse.ArgumentParser) -> None:
                         "(the recipe that raised held-out reward: --recipe "
                         "optimizer-grpo-greedy-generator)")
     p.add_argument("--generator-checkpoint", default=None,
-                   help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator) or "
-                        "a base model")
+                   help="Generator start: an adapter dir (e.g. RUN/sft_checkpoints/generator), "
+                        "'shipped' (the package's agent; with --skip-sft, GRPO continues from "
+                        "the shipped agents) or a base model")
     p.add_argument("--optimizer-checkpoint", default=None, help="Optimizer start, as above")
     p.add_argument("--resume", nargs="?", const="", default=None, type=str,
                    help="resume from RUN_DIR/rl_checkpoints/latest (default: --output-dir)")
@@ -282,7 +284,9 @@ def check_model_inputs(settings) -> None:
     for role in ("generator", "optimizer"):
         checkpoint = getattr(settings, f"{role}_checkpoint")
         if checkpoint is not None:
-            check_checkpoint(checkpoint, role)
+            # "shipped" names the package's agent of that role: it must exist in the package
+            kind, resolved = resolve_checkpoint(checkpoint, AgentRole(role))
+            check_checkpoint(resolved if kind == "adapter" else checkpoint, role)
 
 
 def folder_inputs_problem(output_dir: Path | None, resume: Path | None) -> str | None:

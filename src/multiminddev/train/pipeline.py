@@ -25,6 +25,7 @@ from typing import Any
 
 from multiminddev.agents.prompts import generator_messages, optimizer_messages
 from multiminddev.agents.roles import AgentRole
+from multiminddev.agents.shipped import shipped_agents
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.episode import EpisodeConfig, write_episodes_jsonl
 from multiminddev.episode.infra import InfraFailure, check_episodes
@@ -326,9 +327,19 @@ def policy_config(ctx: Context, device: str) -> Any:
                                            else s.compiled_decoding))
 
 
+SHIPPED_CHECKPOINT = "shipped"  # --generator-checkpoint shipped: the package's agent of that role
+
+
 def resolve_checkpoint(ckpt: str, role: AgentRole) -> tuple[str, str]:
-    """("adapter", dir) for a LoRA/SFT checkpoint directory, else ("model", id-or-path)."""
+    """("adapter", dir) for a LoRA/SFT checkpoint directory or ``shipped`` (the agents this
+    package ships, unless a folder of that name exists here), else ("model", id-or-path)."""
     path = Path(ckpt)
+    if ckpt == SHIPPED_CHECKPOINT and not path.exists():
+        agents = shipped_agents()
+        if agents is None:
+            raise ValueError(f"--{role.value}-checkpoint shipped: this installation ships no "
+                             "agents; pass an adapter directory (e.g. RUN/sft_checkpoints)")
+        return "adapter", str(agents.adapters[role])
     for candidate in (path, path / role.value, path / "sft_checkpoints" / role.value):
         if (candidate / "adapter_config.json").exists():
             return "adapter", str(candidate)
