@@ -27,6 +27,12 @@ def test_version_prints_the_package_version(capsys):
     assert capsys.readouterr().out.strip() == f"multiminddev {multiminddev.__version__}"
 
 
+def test_python_m_multiminddev_is_the_command():
+    out = subprocess.run([sys.executable, "-m", "multiminddev", "--version"], capture_output=True,
+                         text=True, env=_env(), check=True)
+    assert out.stdout.strip() == f"multiminddev {multiminddev.__version__}"
+
+
 HEAVY_STACKS = ("torch", "transformers", "peft", "trl", "ray", "fastapi", "datasets", "matplotlib")
 
 

@@ -167,6 +167,51 @@ def test_the_weight_version_advances_with_the_update(one_step):
     assert rollouts.version == one_step["trainer"].step == 1
 
 
+def test_an_evaluation_is_spread_over_the_workers_with_the_policys_adapters_as_they_are(
+        one_step):
+    """select@ and held-out evaluations under ``train --ray``: after early stopping loads an
+    earlier step's agents, the workers must judge those, decoding as the evaluation decodes,
+    and give the episodes an in-process evaluation gives."""
+    import torch
+
+    from multiminddev.distributed.rollout import adapter_weights, load_adapter_weights
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import HFGenerationBackend, LogprobSource, SamplingParams
+    from multiminddev.tasks.problem import load_problem_source
+    from multiminddev.train.grpo import LocalRollouts
+
+    trainer, rollouts = one_step["trainer"], one_step["rollouts"]
+    learner = trainer.policy
+    trained = adapter_weights(learner)
+    load_adapter_weights(learner, one_step["before"])  # the agents of step 0, as early stopping
+    greedy = EpisodeConfig(max_turns=1, patience=0, max_format_failures=5,
+                           sampling=SamplingParams(temperature=0.0, max_new_tokens=6))
+    decoding = {"logprob_source": LogprobSource.SAMPLER, "max_batch_size": 4,
+                "compiled_decoding": False, "sampling_dtype": torch.float32}
+    problems = [load_problem_source(RELU_1024, name=f"relu_eval_{i}", tier=0) for i in range(3)]
+
+    remote = rollouts.evaluate(learner, problems, greedy, decoding)
+
+    assert sorted(b["worker"] for b in rollouts.last_batches) == [0, 1]
+    assert sum(b["episodes"] for b in rollouts.last_batches) == 3
+    before = one_step["before"]
+    for worker in rollouts.worker_adapter_weights():
+        assert all(torch.equal(worker[r][k], v) for r in before for k, v in before[r].items())
+    evaluator = Evaluator(EvalConfig(num_workers=1))
+    try:
+        local = LocalRollouts(HFGenerationBackend(learner, **decoding),
+                              evaluator).run_episodes(problems, 1, greedy)
+    finally:
+        evaluator.close()
+    assert [e.problem.name for e in remote] == [p.name for p in problems]
+    assert ([t.response_ids for e in remote for t in e.turns]
+            == [t.response_ids for e in local for t in e.turns])
+    assert any(t.response_ids for e in remote for t in e.turns)
+    load_adapter_weights(learner, trained)  # as the other tests found them
+    rollouts.publish(learner, trainer.step)
+
+
 def test_a_rollout_before_any_publish_is_refused(cluster):
     from multiminddev.distributed.rollout import RayRollouts
 

@@ -52,7 +52,7 @@ def ray_run(tmp_path_factory):
     gguf_tokenizer().save_pretrained(model)
     out = tmp_path_factory.mktemp("run")
     settings = TrainSettings(output_dir=out, model=str(model), preset="quick-test", skip_sft=True,
-                             skip_eval=True, num_steps=1, batch_size=1, group_size=2, max_turns=1,
+                             num_steps=1, batch_size=1, group_size=2, max_turns=1,
                              max_new_tokens=4, lora_rank=4, compiled_decoding=False)
     result = run_ray_pipeline(settings)
     return out, result
@@ -83,6 +83,14 @@ def test_the_ray_run_trains_one_step(ray_run):
     out, result = ray_run
     assert result.rl_steps == 1
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_the_held_out_evaluation_is_played_by_the_rollout_workers(ray_run):
+    out, result = ray_run
+    record = json.loads((out / "eval_results.json").read_text())
+    workers = json.loads((out / "layout.json").read_text())["layout"]["rollout_workers"]
+    assert record["evaluated_by"] == f"{workers} Ray rollout workers"
+    assert record["problems"] >= 1 and result.evaluation["reward_mean"] == record["reward_mean"]
 
 
 def test_the_workers_decoding_time_is_logged_within_the_rollouts(ray_run):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,20 +193,24 @@ class RolloutWorker:
         return adapter_weights(self.policy)
 
     def run(self, problems: Sequence[Any], slots: Sequence[tuple[int, int]],
-            config: Any) -> RolloutBatch:
+            config: Any, decoding: Mapping[str, Any] | None = None) -> RolloutBatch:
         """One episode per slot; ``problems[i]`` is slot i's problem. Each episode's group is
-        its problem's index in the whole rollout, so the learner sees the usual groups."""
+        its problem's index in the whole rollout, so the learner sees the usual groups.
+        ``decoding``: ``HFGenerationBackend`` settings for this call alone (an evaluation's:
+        the sampler's log-probs, a float32 copy, eager decoding); None: the rollout backend."""
         if self.version is None:
             raise StaleWeights(f"rollout worker {self.index} has no published weights yet")
-        tokens, seconds = self.backend.tokens_generated, dict(self.backend.seconds)
-        episodes = run_episodes(list(problems), self.backend, self.evaluator, config)
+        backend = (self.backend if decoding is None
+                   else HFGenerationBackend(self.policy, **dict(decoding)))
+        tokens, seconds = backend.tokens_generated, dict(backend.seconds)
+        episodes = run_episodes(list(problems), backend, self.evaluator, config)
         for episode, (group, sample) in zip(episodes, slots):
             episode.group = group
             episode.episode_id = f"{episode.problem.name}-{group}-{sample}"
         return RolloutBatch(
             worker=self.index, version=self.version, episodes=episodes,
-            tokens=self.backend.tokens_generated - tokens,
-            seconds={k: v - seconds.get(k, 0.0) for k, v in self.backend.seconds.items()})
+            tokens=backend.tokens_generated - tokens,
+            seconds={k: v - seconds.get(k, 0.0) for k, v in backend.seconds.items()})
 
     def close(self) -> None:
         close = getattr(self.evaluator, "close", None)
@@ -279,14 +283,16 @@ class RayRollouts:
         self.version = version
         self.publish_seconds += time.perf_counter() - start
 
-    def run_episodes(self, problems: list[Any], group_size: int, config: Any) -> list[Any]:
-        """``group_size`` episodes per problem, problem by problem, spread over the workers."""
+    def run_episodes(self, problems: list[Any], group_size: int, config: Any,
+                     decoding: Mapping[str, Any] | None = None) -> list[Any]:
+        """``group_size`` episodes per problem, problem by problem, spread over the workers;
+        ``decoding`` as in ``RolloutWorker.run``."""
         import ray
 
         if self.version is None:
             raise StaleWeights("publish the learner's adapters before the first rollout")
         shards = shard_episodes(len(problems), group_size, len(self.workers))
-        calls = [w.run.remote([problems[p] for p, _ in shard], shard, config)
+        calls = [w.run.remote([problems[p] for p, _ in shard], shard, config, decoding)
                  for w, shard in zip(self.workers, shards) if shard]
         batches: list[RolloutBatch] = ray.get(calls)
         stale = [(b.worker, b.version) for b in batches if b.version != self.version]
@@ -301,6 +307,15 @@ class RayRollouts:
         self.last_batches = [{"worker": b.worker, "episodes": len(b.episodes),
                               "version": b.version} for b in batches]
         return [e for b in batches for e in b.episodes]
+
+    def evaluate(self, policy: Any, problems: list[Any], config: Any,
+                 decoding: Mapping[str, Any]) -> list[Any]:
+        """One episode per problem with ``policy``'s adapters as they are now (a select@ or
+        held-out evaluation), spread over the workers. The adapters are published first under
+        the current version: after early stopping has loaded an earlier step's agents, the
+        workers hold other weights than the policy."""
+        self.publish(policy, self.version or 0)
+        return self.run_episodes(problems, 1, config, decoding)
 
     def worker_adapter_weights(self) -> list[dict[str, dict[str, Any]]]:
         import ray

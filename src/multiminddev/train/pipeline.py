@@ -488,18 +488,22 @@ def heldout_episode_config(ctx: Context, grpo: Any) -> Any:
                                                             temperature=s.eval_temperature))
 
 
-def evaluation_backend(ctx: Context) -> Any:
-    """The generation backend of evaluations: nothing is trained, so the sampler's own
-    log-probs spare the recomputation pass; ``eval_dtype`` float32 decodes from a float32 copy
-    of the weights, ``eval_compiled_decoding`` overrides the training's decoding."""
+def evaluation_decoding(ctx: Context) -> dict[str, Any]:
+    """The generation backend settings of evaluations (``HFGenerationBackend``'s keywords):
+    nothing is trained, so the sampler's own log-probs spare the recomputation pass;
+    ``eval_dtype`` float32 decodes from a float32 copy of the weights,
+    ``eval_compiled_decoding`` overrides the training's decoding."""
     import torch
 
     s = ctx.settings
-    return HFGenerationBackend(ctx.policy, logprob_source=LogprobSource.SAMPLER,
-                               max_batch_size=s.generation_batch_size,
-                               compiled_decoding=s.eval_compiled_decoding,
-                               sampling_dtype=(None if s.eval_dtype == "same"
-                                               else getattr(torch, s.eval_dtype)))
+    return {"logprob_source": LogprobSource.SAMPLER, "max_batch_size": s.generation_batch_size,
+            "compiled_decoding": s.eval_compiled_decoding,
+            "sampling_dtype": None if s.eval_dtype == "same" else getattr(torch, s.eval_dtype)}
+
+
+def evaluation_backend(ctx: Context) -> Any:
+    """The generation backend of evaluations in this process (``evaluation_decoding``)."""
+    return HFGenerationBackend(ctx.policy, **evaluation_decoding(ctx))
 
 
 def grpo_config(ctx: Context) -> Any:
@@ -577,17 +581,30 @@ def rl_phase(ctx: Context, evaluator: Any) -> Any:
 
 def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any]:
     """One episode per problem with the agents the policy holds now, decoded as the held-out
-    evaluation decodes (``heldout_episode_config``, ``evaluation_backend``)."""
+    evaluation decodes (``heldout_episode_config``, ``evaluation_decoding``): spread over the
+    rollout workers where they can evaluate (``train --ray``: they are sent the policy's
+    adapters first), else in this process."""
     from multiminddev.train.grpo import LocalRollouts
 
-    # In this process, whatever GRPO's rollouts were: the policy here holds the agents judged.
+    config = heldout_episode_config(ctx, trainer.cfg)
+    if hasattr(trainer.rollouts, "evaluate"):
+        return trainer.rollouts.evaluate(ctx.policy, problems, config, evaluation_decoding(ctx))
+    # A server's or this process's rollouts: evaluated here, where the policy holds the agents.
     rollouts, episodes_cfg = trainer.rollouts, trainer.episode_config
     trainer.rollouts = LocalRollouts(evaluation_backend(ctx), trainer.evaluator)
-    trainer.episode_config = heldout_episode_config(ctx, trainer.cfg)
+    trainer.episode_config = config
     try:
         return trainer.run_episodes(problems, 1)
     finally:
         trainer.rollouts, trainer.episode_config = rollouts, episodes_cfg
+
+
+def evaluation_place(trainer: Any) -> str:
+    """Where ``evaluate_agents`` plays its episodes, for the results' record."""
+    workers = getattr(trainer.rollouts, "workers", None)
+    if hasattr(trainer.rollouts, "evaluate") and workers:
+        return f"{len(workers)} Ray rollout workers"
+    return "this process"
 
 
 def selection_problems(ctx: Context) -> list[Any]:
@@ -669,6 +686,7 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
     _, rewards = score_episodes(episodes, cfg)
     out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
            "compile_only": ctx.compile_only, "measured_on": _device_name(),
+           "evaluated_by": evaluation_place(runner),
            **rollout_metrics(episodes, compile_only=ctx.compile_only)}
     path = ctx.settings.output_dir / f"{stage}eval_results.json"
     path.write_text(json.dumps(out, indent=2))
