@@ -54,6 +54,7 @@ LAYERS: dict[str, int] = {
     # and cli.py only parses arguments and dispatches to them.
     "commands": 11,
     "cli": 12,
+    "__main__": 13,  # ``python -m multiminddev``: runs cli
 }
 
 # Upward imports that remain, as (importing module, imported module), each with its reason.
