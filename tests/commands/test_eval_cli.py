@@ -140,3 +140,15 @@ def test_the_timing_budget_reaches_the_evaluators_config():
     default = parser.parse_args(["eval-dir", "p", "c"])
     assert _config(given).bench_budget_s == 0.25
     assert _config(default).bench_budget_s == EvalConfig.bench_budget_s
+
+
+def test_the_tensor_transfer_reaches_the_evaluators_config():
+    from multiminddev.cli import build_parser
+    from multiminddev.commands.eval import _config
+    from multiminddev.env import EvalConfig
+
+    parser = build_parser()
+    assert _config(parser.parse_args(["eval-dir", "p", "c", "--tensor-transfer", "memfd"])
+                   ).tensor_transfer == "memfd"
+    assert _config(parser.parse_args(["eval", "p", "c"])).tensor_transfer == (
+        EvalConfig.tensor_transfer)

@@ -20,6 +20,7 @@ from multiminddev.commands._io import InputError, dir_problem, fail, read_text, 
 from multiminddev.distributed.cluster import add_ray_argument
 from multiminddev.distributed.ray_eval import make_evaluator
 from multiminddev.env import EvalConfig, Evaluator
+from multiminddev.env.config import TENSOR_TRANSFERS
 from multiminddev.env.results import (
     EvalResult,
     EvalStatus,
@@ -75,12 +76,17 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                              "baseline measured on first sight (default: EvalConfig's "
                              f"{EvalConfig.bench_budget_s}; at least "
                              f"{EvalConfig.min_timed_runs} calls are timed whatever the budget)")
+    parser.add_argument("--tensor-transfer", choices=TENSOR_TRANSFERS, default=None,
+                        help="how outputs reach the evaluator: 'pipe' (default) or 'memfd', a "
+                             "sealed memory file (Linux; about half the transfer time, "
+                             "docs/evaluator.md)")
 
 
 def _config(args: argparse.Namespace, workers: int | None = 1) -> Any:
-    budget = {} if args.bench_budget is None else {"bench_budget_s": args.bench_budget}
+    given = {"bench_budget_s": args.bench_budget, "tensor_transfer": args.tensor_transfer}
     return EvalConfig(num_workers=workers, num_trials=args.trials, benchmark=not args.no_benchmark,
-                      compile_baseline=not args.no_compile_baseline, arch=args.arch, **budget)
+                      compile_baseline=not args.no_compile_baseline, arch=args.arch,
+                      **{k: v for k, v in given.items() if v is not None})
 
 
 def run_eval(args: argparse.Namespace) -> int:
