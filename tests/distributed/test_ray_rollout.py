@@ -212,6 +212,41 @@ def test_an_evaluation_is_spread_over_the_workers_with_the_policys_adapters_as_t
     rollouts.publish(learner, trainer.step)
 
 
+def test_a_worker_that_dies_is_replaced_and_its_episodes_are_played(one_step):
+    """Killing a rollout worker (as an OOM kill or a lost node would) loses no episode: a
+    replacement loads the published adapters and plays the dead worker's shard again."""
+    import ray
+    import torch
+
+    from multiminddev.distributed.rollout import adapter_weights
+    from multiminddev.tasks.problem import load_problem_source
+
+    trainer, rollouts = one_step["trainer"], one_step["rollouts"]
+    dead, restarts = rollouts.workers[0], rollouts.restarts
+    ray.kill(dead, no_restart=True)
+    problems = [load_problem_source(RELU_1024, name=f"relu_kill_{i}", tier=0) for i in range(2)]
+
+    episodes = rollouts.run_episodes(problems, 2, trainer.episode_config)
+
+    assert len(episodes) == 4 and [e.group for e in episodes] == [0, 0, 1, 1]
+    assert rollouts.restarts == restarts + 1 and rollouts.workers[0] is not dead
+    assert {b["worker"]: b["attempts"] for b in rollouts.last_batches} == {0: 2, 1: 1}
+    assert all(b["version"] == rollouts.version for b in rollouts.last_batches)
+    learner = adapter_weights(trainer.policy)
+    replacement = rollouts.worker_adapter_weights()[0]
+    assert all(torch.equal(replacement[r][k], v) for r in learner for k, v in learner[r].items())
+
+
+def test_a_worker_dead_at_publish_is_replaced_with_the_new_adapters(one_step):
+    import ray
+
+    trainer, rollouts = one_step["trainer"], one_step["rollouts"]
+    restarts = rollouts.restarts
+    ray.kill(rollouts.workers[1], no_restart=True)
+    rollouts.publish(trainer.policy, trainer.step)
+    assert rollouts.restarts == restarts + 1 and rollouts.version == trainer.step
+
+
 def test_a_rollout_before_any_publish_is_refused(cluster):
     from multiminddev.distributed.rollout import RayRollouts
 

@@ -16,6 +16,7 @@ from multiminddev.agents.roles import AgentRole
 from multiminddev.commands._io import USAGE_ERROR, fail
 from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
 from multiminddev.distributed.grpo import run_ray_pipeline
+from multiminddev.distributed.rollout import StaleWeights, WorkerLost
 from multiminddev.policy import PolicyError
 from multiminddev.policy.model import check_checkpoint, resolve_model_source
 from multiminddev.policy.remote import RemoteGenerationError, list_served_models
@@ -320,6 +321,9 @@ def _run(settings, ray: str | None = None) -> int:
     except (CheckpointError, PolicyError, RayUnavailableError, RemoteGenerationError,
             ValueError) as exc:
         return fail(" ".join(str(exc).split()))
+    except (WorkerLost, StaleWeights) as exc:  # the cluster's doing: checkpoints are kept
+        return fail(f"{' '.join(str(exc).split())}; continue the run with --resume "
+                    f"{settings.output_dir}")
     return 0
 
 

@@ -12,7 +12,9 @@ After each update the learner publishes the trained adapters (only the LoRA tens
 ``get_peft_model_state_dict``) once through the object store (``ray.put``); every worker loads
 them (``set_peft_model_state_dict``) before its next rollout. A batch of episodes carries the
 version of the weights it was sampled with, and ``RayRollouts`` refuses one that is not the
-version last published.
+version last published. A worker that dies is replaced, and the replacement plays its shard
+again with the same weights (``RayRollouts``). select@ and held-out evaluations are spread over
+the same workers (``RayRollouts.evaluate``).
 
 Where workers and the learner go is ``layout_from_plan``, a pure function of the GPU planner's
 plan, so one machine with N GPUs and several machines take the same path.
@@ -20,6 +22,7 @@ plan, so one machine with N GPUs and several machines take the same path.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,6 +34,9 @@ from multiminddev.policy import HFGenerationBackend, load_policy, release_compil
 from multiminddev.train.planner import GPUPlan, PlanTier
 
 WORKER_START_TIMEOUT_S = 900.0  # loading a model on a fresh node can take minutes
+# A shard whose worker died is played again by a replacement at most this many times in all:
+# a worker that dies on every attempt points at the shard (or the node), not at bad luck.
+SHARD_ATTEMPTS = 3
 
 
 class StaleWeights(RuntimeError):
@@ -232,17 +238,33 @@ def worker_policy_config(policy_config: Any) -> Any:
     return dataclasses.replace(policy_config, device="auto", adapter_paths={})
 
 
+class WorkerLost(RuntimeError):
+    """A rollout worker died (its process, or its node) and no replacement could play its
+    episodes within ``SHARD_ATTEMPTS``."""
+
+
 class RayRollouts:
-    """A ``RolloutSource`` (train.grpo) whose episodes are played by Ray actors."""
+    """A ``RolloutSource`` (train.grpo) whose episodes are played by Ray actors.
+
+    A worker that dies (its process killed, out of memory, its node gone) loses no episode: a
+    replacement actor is started where Ray finds the resources, loads the adapters last
+    published, and plays the dead worker's shard again with the same weights; ``restarts``
+    counts them, and each batch says how many attempts it took."""
 
     def __init__(self, workers: list[Any], layout: RolloutLayout,
-                 placements: list[dict[str, Any]]) -> None:
+                 placements: list[dict[str, Any]],
+                 spawn: Callable[[int], Any] | None = None,
+                 start_timeout_s: float = WORKER_START_TIMEOUT_S) -> None:
         self.workers, self.layout, self.placements = workers, layout, placements
+        self._spawn = spawn  # index -> a new actor in that worker's place; None: no replacing
+        self.start_timeout_s = start_timeout_s
+        self._weights: Any = None  # the object-store reference of the last published adapters
         self.version: int | None = None
         self.tokens_generated = 0
         self.seconds: dict[str, float] = {}
         self.publish_seconds = 0.0
-        self.last_batches: list[dict[str, int]] = []  # worker, episodes, version per batch
+        self.restarts = 0
+        self.last_batches: list[dict[str, int]] = []  # worker, episodes, version, attempts
 
     @classmethod
     def start(cls, layout: RolloutLayout, policy_config: Any,
@@ -257,9 +279,12 @@ class RayRollouts:
         config = worker_policy_config(policy_config)
         options = {"num_cpus": 1, "num_gpus": layout.gpus_per_worker}
         actor = ray.remote(RolloutWorker)
-        workers = [actor.options(**options).remote(i, config, evaluator_factory,
+
+        def spawn(index: int) -> Any:
+            return actor.options(**options).remote(index, config, evaluator_factory,
                                                    max_batch_size=max_batch_size)
-                   for i in range(layout.rollout_workers)]
+
+        workers = [spawn(i) for i in range(layout.rollout_workers)]
         try:
             placements = ray.get([w.describe.remote() for w in workers], timeout=start_timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -269,19 +294,54 @@ class RayRollouts:
                 f"{layout.rollout_workers} rollout workers ({options}) did not start within "
                 f"{start_timeout_s:.0f}s; the cluster has {ray.available_resources()} free: add "
                 "nodes or lower --num-gpus") from None
-        return cls(workers, layout, placements)
+        return cls(workers, layout, placements, spawn, start_timeout_s)
 
     def publish(self, policy: Any, version: int) -> None:
-        """Send the learner's adapters to every worker once through the object store."""
+        """Send the learner's adapters to every worker once through the object store (a worker
+        found dead is replaced, and the replacement loads them)."""
         import ray
 
         start = time.perf_counter()
-        ref = ray.put(adapter_weights(policy))
-        loaded = ray.get([w.load_adapters.remote(ref, version) for w in self.workers])
+        self._weights = ray.put(adapter_weights(policy))
+        loaded = []
+        calls = [w.load_adapters.remote(self._weights, version) for w in self.workers]
+        for index, call in enumerate(calls):
+            try:
+                loaded.append(ray.get(call))
+            except ray.exceptions.RayActorError:
+                loaded.append(self._replace(index, version, "it died before loading the "
+                                            "adapters"))
         if any(v != version for v in loaded):
             raise StaleWeights(f"workers loaded versions {loaded}, not {version}")
         self.version = version
         self.publish_seconds += time.perf_counter() - start
+
+    def _replace(self, index: int, version: int, why: str) -> int:
+        """Start a new actor in worker ``index``'s place and give it the last published
+        adapters as ``version``; returns the version it loaded. Raises ``WorkerLost`` when it
+        cannot (no spawner, no resources within the start timeout)."""
+        import ray
+
+        if self._spawn is None:
+            raise WorkerLost(f"rollout worker {index} was lost ({why}) and this source cannot "
+                             "start another")
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(self.workers[index], no_restart=True)
+        worker = self._spawn(index)
+        try:
+            placement = ray.get(worker.describe.remote(), timeout=self.start_timeout_s)
+            loaded = ray.get(worker.load_adapters.remote(self._weights, version),
+                             timeout=self.start_timeout_s)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
+            with contextlib.suppress(Exception):
+                ray.kill(worker, no_restart=True)
+            raise WorkerLost(f"rollout worker {index} was lost ({why}) and its replacement did "
+                             f"not start ({type(exc).__name__}); the cluster has "
+                             f"{ray.available_resources()} free") from None
+        self.workers[index] = worker
+        self.placements[index] = placement
+        self.restarts += 1
+        return loaded
 
     def run_episodes(self, problems: list[Any], group_size: int, config: Any,
                      decoding: Mapping[str, Any] | None = None) -> list[Any]:
@@ -292,9 +352,29 @@ class RayRollouts:
         if self.version is None:
             raise StaleWeights("publish the learner's adapters before the first rollout")
         shards = shard_episodes(len(problems), group_size, len(self.workers))
-        calls = [w.run.remote([problems[p] for p, _ in shard], shard, config, decoding)
-                 for w, shard in zip(self.workers, shards) if shard]
-        batches: list[RolloutBatch] = ray.get(calls)
+
+        def submit(index: int) -> Any:
+            shard = shards[index]
+            return self.workers[index].run.remote([problems[p] for p, _ in shard], shard,
+                                                  config, decoding)
+
+        calls = {i: submit(i) for i, shard in enumerate(shards) if shard}
+        attempts = dict.fromkeys(calls, 1)
+        batches: list[RolloutBatch] = []
+        for index in sorted(calls):
+            while True:
+                try:
+                    batches.append(ray.get(calls[index]))
+                    break
+                except ray.exceptions.RayActorError as exc:
+                    if attempts[index] >= SHARD_ATTEMPTS:
+                        raise WorkerLost(f"rollout worker {index} died on each of "
+                                         f"{SHARD_ATTEMPTS} attempts at its "
+                                         f"{len(shards[index])} episodes ({type(exc).__name__})"
+                                         ) from None
+                    self._replace(index, self.version, f"{type(exc).__name__} mid-rollout")
+                    attempts[index] += 1
+                    calls[index] = submit(index)
         stale = [(b.worker, b.version) for b in batches if b.version != self.version]
         if stale:
             raise StaleWeights(f"workers sampled with weight versions {stale}, but the learner "
@@ -305,7 +385,8 @@ class RayRollouts:
             self.seconds[key] = (self.seconds.get(key, 0.0)
                                  + max(b.seconds.get(key, 0.0) for b in batches))
         self.last_batches = [{"worker": b.worker, "episodes": len(b.episodes),
-                              "version": b.version} for b in batches]
+                              "version": b.version, "attempts": attempts[b.worker]}
+                             for b in batches]
         return [e for b in batches for e in b.episodes]
 
     def evaluate(self, policy: Any, problems: list[Any], config: Any,

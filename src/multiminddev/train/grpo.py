@@ -599,6 +599,9 @@ class GRPOTrainer:
         version = getattr(self.rollouts, "version", None)
         if version is not None:
             stats["weights_version"] = float(version)
+        restarts = getattr(self.rollouts, "restarts", None)  # Ray workers replaced so far
+        if restarts is not None:
+            stats["rollout_worker_restarts"] = float(restarts)
         return episodes, stats
 
     def check_rollout_temperatures(self) -> None:
