@@ -148,6 +148,27 @@ def test_legal_forward_code_is_not_compute(body):
     assert reasons(candidate(forward_with(body))) == set()
 
 
+@pytest.mark.parametrize("body", [
+    "act = x.clamp\nreturn act(min=0)",
+    "return getattr(x, 'clamp')(min=0)",
+    "fs = [x.clamp]\nreturn fs[0](min=0)",
+    "g = y.add_\ng(1)\nreturn y",
+    "return (x.relu if n else x.abs)()",
+])
+def test_a_tensor_method_taken_as_a_value_is_compute(body):
+    assert RejectReason.TORCH_COMPUTE in reasons(candidate(forward_with(body)))
+
+
+@pytest.mark.parametrize("body", [
+    "reshape = y.view\nreturn reshape(-1)",
+    "size = x.size\nrows = getattr(x, 'shape')[0]\nreturn y if size(0) == rows else y",
+    "ptr = x.data_ptr\nreturn y if ptr() else y",
+    "return y if x.is_contiguous() and x.device.type == 'cuda' else y.T.contiguous()",
+])
+def test_views_queries_and_attributes_as_values_are_not_compute(body):
+    assert reasons(candidate(forward_with(body))) == set()
+
+
 def test_list_methods_taking_tensors_are_not_compute():
     assert reasons(candidate(forward_with("outs = []\nouts.append(y)\nreturn outs[0]"))) == set()
 

@@ -1982,6 +1982,50 @@ def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
     return findings
 
 
+# What a tensor expression's attribute may name when it is not called on the spot: what may be
+# called (views, queries), plain attributes, and the tensors behind T/mT/data.
+TENSOR_VALUE_ATTRIBUTES = (VIEW_METHODS | QUERY_METHODS | LOW_PRECISION_METHODS
+                           | NON_TENSOR_ATTRIBUTES | TENSOR_ATTRIBUTES)
+
+
+def check_tensor_method_values(tree: ast.Module, source: str) -> list[Finding]:
+    """No tensor method taken as a value in forward: ``f = x.clamp; f(min=0)``,
+    ``getattr(x, "clamp")(min=0)``, ``helper(x.add_)``.
+
+    Rationale: ``check_torch_compute`` reads calls of tensor methods; a bound method stored,
+    passed on or fetched with ``getattr`` and called later runs the same torch compute under a
+    name the call rule cannot see. Views, shape queries and plain attributes stay allowed.
+    """
+    info = _analyse_cached(source)
+    parents = _parents(tree)
+    findings = []
+    for scope, node in _walk_scopes(info):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
+                and node.attr not in TENSOR_VALUE_ATTRIBUTES
+                and not _called_here(node, parents)
+                and is_tensor_expr(node.value, scope.tensors, info)):
+            name = node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "getattr" and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and node.args[1].value not in TENSOR_VALUE_ATTRIBUTES
+              and is_tensor_expr(node.args[0], scope.tensors, info)):
+            name = node.args[1].value
+        else:
+            continue
+        findings.append(_finding(
+            "torch_compute", RejectReason.TORCH_COMPUTE,
+            f"tensor method `.{name}` taken as a value in forward (torch compute under another "
+            "name); call only allocation, view and shape methods, and compute in your kernel",
+            node))
+    return _dedup(findings)
+
+
+def _called_here(node: ast.Attribute, parents: dict[int, ast.AST]) -> bool:
+    parent = parents.get(id(node))
+    return isinstance(parent, ast.Call) and parent.func is node
+
+
 def check_dynamic_torch_access(tree: ast.Module, source: str) -> list[Finding]:
     """No ``getattr(torch, ...)``-style access to torch functions in forward.
 
@@ -2015,6 +2059,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_model_new,
     check_kernel_defined_and_launched,
     check_torch_compute,
+    check_tensor_method_values,
     check_dynamic_torch_access,
     check_reference_use,
     check_try_except_fallback,
