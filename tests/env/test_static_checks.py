@@ -393,9 +393,18 @@ def test_half_is_fine_on_fp16_problem():
 
 
 @pytest.mark.parametrize("body", ["return x", "return x.view(-1)", "z = x.reshape(-1)\nreturn z",
-                                  "return y, x"])
+                                  "return y, x", "return x.contiguous()", "return x.float()",
+                                  "return x.to(x.device)", "return x[:]", "return x.T.T",
+                                  "return torch.reshape(x, (-1,))", "return torch.nn.Parameter(x)",
+                                  "z = x.narrow(0, 0, 1).cuda()\nreturn z"])
 def test_returning_an_input_is_aliasing(body):
     assert RejectReason.OUTPUT_ALIASING in reasons(candidate(forward_with(body)))
+
+
+@pytest.mark.parametrize("body", ["return y.view(x.shape)", "return torch.reshape(y, x.shape)",
+                                  "x = x.contiguous()\nreturn y", "return x.new_empty(x.shape)"])
+def test_outputs_of_the_same_shape_are_not_aliasing(body):
+    assert RejectReason.OUTPUT_ALIASING not in reasons(candidate(forward_with(body)))
 
 
 def test_rebound_input_name_is_not_aliasing():

@@ -783,7 +783,7 @@ def _input_aliases(forward: ast.AST, params: set[str], info: ModuleInfo) -> set[
     for _ in range(4):
         grown = {
             name for name, values in assigned.items()
-            if all(_is_view_of(v, aliases | params) for v in values)
+            if all(_is_view_of(v, aliases | params, info.aliases) for v in values)
         }
         if grown <= aliases:
             break
@@ -791,13 +791,38 @@ def _input_aliases(forward: ast.AST, params: set[str], info: ModuleInfo) -> set[
     return aliases
 
 
-def _is_view_of(node: ast.AST, aliases: set[str]) -> bool:
+# Tensor methods whose result may share the storage of the tensor they are called on: views,
+# and conversions that return the tensor itself when there is nothing to convert
+# (``x.contiguous()``, ``x.float()``, ``x.to(x.device)``). The new_* allocators do not.
+ALIAS_METHODS = VIEW_METHODS - {"new_empty", "new_zeros", "new_ones", "new_full",
+                                "new_empty_strided"}
+ALIAS_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real"})
+# torch functions (and nn.Parameter) whose result shares its first argument's storage.
+ALIAS_TORCH_FUNCTIONS = frozenset(
+    {*(f"torch.{n}" for n in ("reshape", "flatten", "unflatten", "permute", "transpose", "t",
+                              "squeeze", "unsqueeze", "narrow", "as_strided", "broadcast_to",
+                              "movedim", "swapaxes", "chunk", "split", "unbind", "select")),
+     "torch.nn.Parameter"})
+
+
+def _is_view_of(node: ast.AST, aliases: set[str], imports: dict[str, str] | None = None
+                ) -> bool:
+    """Whether ``node`` may be one of ``aliases`` or share its storage: a view, an indexing,
+    ``.T``/``.data``, or a conversion that returns the tensor itself when there is nothing to
+    convert. ``imports`` (import aliases) resolves ``torch.reshape(x)``-style calls."""
     if isinstance(node, ast.Name):
         return node.id in aliases
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr in {"view", "reshape", "view_as", "flatten", "squeeze",
-                                   "unsqueeze", "detach", "expand", "as_strided"}):
-        return _is_view_of(node.func.value, aliases)
+    if isinstance(node, ast.Subscript):
+        return _is_view_of(node.value, aliases, imports)
+    if isinstance(node, ast.Attribute) and node.attr in ALIAS_ATTRIBUTES:
+        return _is_view_of(node.value, aliases, imports)
+    if isinstance(node, ast.Call):
+        function = resolve(node.func, imports) if imports is not None else None
+        if function is not None and function.startswith("torch."):  # torch.reshape(x, ...)
+            return (function in ALIAS_TORCH_FUNCTIONS and bool(node.args)
+                    and _is_view_of(node.args[0], aliases, imports))
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ALIAS_METHODS:
+            return _is_view_of(node.func.value, aliases, imports)
     return False
 
 
@@ -1848,10 +1873,12 @@ def check_returns_input(tree: ast.Module, source: str) -> list[Finding]:
     for node in ast.walk(scopes[0].fn):
         if isinstance(node, ast.Return) and node.value is not None:
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-            if any(_is_view_of(v, aliases) for v in values):
+            if any(_is_view_of(v, aliases, info.aliases) for v in values):
                 findings.append(_finding("returns_input", RejectReason.OUTPUT_ALIASING,
-                                         "forward returns its input (or a view of it): write to "
-                                         "a new output tensor", node))
+                                         "forward returns its input, a view of it, or a "
+                                         "conversion that can be the input itself "
+                                         "(`.contiguous()`, `.to()`, `.float()`): write to a new "
+                                         "output tensor", node))
     return findings
 
 
