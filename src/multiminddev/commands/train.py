@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
-from multiminddev.agents.roles import AgentRole
 
+from multiminddev.agents.roles import AgentRole
 from multiminddev.commands._io import USAGE_ERROR, fail
 from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
 from multiminddev.distributed.grpo import run_ray_pipeline

@@ -389,6 +389,11 @@ class RayRollouts:
                              for b in batches]
         return [e for b in batches for e in b.episodes]
 
+    @property
+    def evaluated_by(self) -> str:
+        """Where ``evaluate`` plays its episodes, for the results' record."""
+        return f"{len(self.workers)} Ray rollout workers"
+
     def evaluate(self, policy: Any, problems: list[Any], config: Any,
                  decoding: Mapping[str, Any]) -> list[Any]:
         """One episode per problem with ``policy``'s adapters as they are now (a select@ or

@@ -148,10 +148,26 @@ CONCURRENCY_TORCH = frozenset(
         "futures", "jit.fork", "jit.wait",
     )
 )
+# Tensor methods whose result may share the storage of the tensor they are called on: views,
+# and conversions that return the tensor itself when there is nothing to convert
+# (``x.contiguous()``, ``x.float()``, ``x.to(x.device)``). The new_* allocators do not.
+ALIAS_METHODS = VIEW_METHODS - {"new_empty", "new_zeros", "new_ones", "new_full",
+                                "new_empty_strided"}
+ALIAS_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real"})
+# torch functions (and nn.Parameter) whose result shares its first argument's storage.
+ALIAS_TORCH_FUNCTIONS = frozenset(
+    {*(f"torch.{n}" for n in ("reshape", "flatten", "unflatten", "permute", "transpose", "t",
+                              "squeeze", "unsqueeze", "narrow", "as_strided", "broadcast_to",
+                              "movedim", "swapaxes", "chunk", "split", "unbind", "select")),
+     "torch.nn.Parameter"})
 LOW_PRECISION_DTYPES = frozenset(
     {"torch.float16", "torch.half", "torch.bfloat16", "torch.float8_e4m3fn", "torch.float8_e5m2"}
 )
 LOW_PRECISION_METHODS = frozenset({"half", "bfloat16"})
+# What a tensor expression's attribute may name when it is not called on the spot: what may be
+# called (views, queries), plain attributes, and the tensors behind T/mT/data.
+TENSOR_VALUE_ATTRIBUTES = (VIEW_METHODS | QUERY_METHODS | LOW_PRECISION_METHODS
+                           | NON_TENSOR_ATTRIBUTES | TENSOR_ATTRIBUTES)
 # Low-precision types and intrinsics in CUDA code (read after comments and strings are blanked,
 # so a float32 kernel whose comment says ``__half`` passes). ``half`` alone is also a common
 # variable name (``int half = n / 2``), so it counts only where it is used as a type.
@@ -789,20 +805,6 @@ def _input_aliases(forward: ast.AST, params: set[str], info: ModuleInfo) -> set[
             break
         aliases |= grown
     return aliases
-
-
-# Tensor methods whose result may share the storage of the tensor they are called on: views,
-# and conversions that return the tensor itself when there is nothing to convert
-# (``x.contiguous()``, ``x.float()``, ``x.to(x.device)``). The new_* allocators do not.
-ALIAS_METHODS = VIEW_METHODS - {"new_empty", "new_zeros", "new_ones", "new_full",
-                                "new_empty_strided"}
-ALIAS_ATTRIBUTES = frozenset({"T", "mT", "H", "mH", "data", "real"})
-# torch functions (and nn.Parameter) whose result shares its first argument's storage.
-ALIAS_TORCH_FUNCTIONS = frozenset(
-    {*(f"torch.{n}" for n in ("reshape", "flatten", "unflatten", "permute", "transpose", "t",
-                              "squeeze", "unsqueeze", "narrow", "as_strided", "broadcast_to",
-                              "movedim", "swapaxes", "chunk", "split", "unbind", "select")),
-     "torch.nn.Parameter"})
 
 
 def _is_view_of(node: ast.AST, aliases: set[str], imports: dict[str, str] | None = None
@@ -2007,12 +2009,6 @@ def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
                                     message=f"native code calls torch ops ({what}); compute in "
                                             "your kernel"))
     return findings
-
-
-# What a tensor expression's attribute may name when it is not called on the spot: what may be
-# called (views, queries), plain attributes, and the tensors behind T/mT/data.
-TENSOR_VALUE_ATTRIBUTES = (VIEW_METHODS | QUERY_METHODS | LOW_PRECISION_METHODS
-                           | NON_TENSOR_ATTRIBUTES | TENSOR_ATTRIBUTES)
 
 
 def check_tensor_method_values(tree: ast.Module, source: str) -> list[Finding]:

@@ -599,14 +599,6 @@ def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any
         trainer.rollouts, trainer.episode_config = rollouts, episodes_cfg
 
 
-def evaluation_place(trainer: Any) -> str:
-    """Where ``evaluate_agents`` plays its episodes, for the results' record."""
-    workers = getattr(trainer.rollouts, "workers", None)
-    if hasattr(trainer.rollouts, "evaluate") and workers:
-        return f"{len(workers)} Ray rollout workers"
-    return "this process"
-
-
 def selection_problems(ctx: Context) -> list[Any]:
     """The early-stopping sample (train/selection.py); a bad spec is a ``SelectionError``."""
     s = ctx.settings
@@ -686,7 +678,8 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
     _, rewards = score_episodes(episodes, cfg)
     out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
            "compile_only": ctx.compile_only, "measured_on": _device_name(),
-           "evaluated_by": evaluation_place(runner),
+           # a source that evaluates (Ray workers) says where; else evaluate_agents ran here
+           "evaluated_by": getattr(runner.rollouts, "evaluated_by", "this process"),
            **rollout_metrics(episodes, compile_only=ctx.compile_only)}
     path = ctx.settings.output_dir / f"{stage}eval_results.json"
     path.write_text(json.dumps(out, indent=2))
