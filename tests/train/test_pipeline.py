@@ -316,3 +316,17 @@ def test_sft_data_flag_adds_the_archives_generator_examples_before_the_model_loa
         assert "1 Generator example(s) from 1 task(s)" in ctx.console.file.getvalue()
     assert loaded(["sft", "--sft-data", spec, "--role", "optimizer"]).sakana_sft is None
     assert loaded(["train"]).sakana_sft is None
+
+
+@pytest.mark.parametrize("argv0, program", [
+    ("/usr/local/bin/multiminddev", ["multiminddev"]),
+    ("/site-packages/multiminddev/__main__.py", ["python", "-m", "multiminddev"]),
+    ("", ["multiminddev"]),
+])
+def test_resume_command_is_one_the_user_can_type(monkeypatch, argv0, program):
+    from multiminddev.train.pipeline import _resume_argv
+
+    monkeypatch.setattr("sys.argv", [argv0, "train", "--recipe", "r"])
+    argv = _resume_argv(TrainSettings(output_dir=Path("/tmp/run")))
+    assert argv == [*program, "train", "--recipe", "r", "--resume", "/tmp/run",
+                    "--output-dir", "/tmp/run"]

@@ -793,8 +793,17 @@ def resume_hint(settings: TrainSettings) -> str:
             f"{' '.join(_resume_argv(settings))}")
 
 
+def _program(argv0: str) -> list[str]:
+    """How the user started this program, as a command to type again: ``python -m multiminddev``
+    runs ``__main__.py``, whose name alone is not a command."""
+    name = Path(argv0).name if argv0 else ""
+    if not name:
+        return ["multiminddev"]
+    return ["python", "-m", "multiminddev"] if name == "__main__.py" else [name]
+
+
 def _resume_argv(settings: TrainSettings) -> list[str]:
-    argv = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["multiminddev"]
+    argv = [*_program(sys.argv[0] if sys.argv else ""), *sys.argv[1:]]
     if "--resume" not in argv:
         argv += ["--resume", str(settings.output_dir)]
     if "--output-dir" not in argv:
