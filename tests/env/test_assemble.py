@@ -112,6 +112,17 @@ def test_a_trusted_message_sent_after_the_candidate_loaded_is_a_forgery():
     assert result.reject_reason is RejectReason.MONKEY_PATCH and "baseline" in result.message
 
 
+def test_a_frame_outside_the_protocol_rejects_only_after_the_candidate_loaded():
+    after = assemble_result(problem_named("1_relu"), "src", STATIC, JobOutcome(
+        messages={"compile": COMPILED}, refused_message="run: undecodable frame",
+        refused_after_load=True), PARENT_CFG)
+    assert after.status is EvalStatus.REJECTED
+    assert after.reject_reason is RejectReason.SANDBOX_VIOLATION and "own frame" in after.message
+    before = assemble_result(problem_named("1_relu"), "src", STATIC, JobOutcome(
+        refused_message="setup: undecodable frame"), PARENT_CFG)
+    assert before.status is EvalStatus.INFRA_ERROR and before.reject_reason is None
+
+
 def test_matching_outputs_are_ok():
     out = JobOutcome(messages={"reference": _outputs([[1.0, 2.0]] * 5), "compile": COMPILED,
                                "outputs": _outputs([[1.0, 2.0]] * 5), "done": {}})

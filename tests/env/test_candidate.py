@@ -16,6 +16,7 @@ from multiminddev.env.candidate import (
     send_tensor_lists,
     unpack_tensor,
 )
+from multiminddev.env.messages import PlainConnection, recv_message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
@@ -36,10 +37,11 @@ def test_non_tensor_output_is_marked():
 
 
 def test_framed_send_over_a_pipe():
+    """Through the worker's connection and the evaluator's plain-data decoder, as in a job."""
     parent, child = multiprocessing.Pipe()
     groups = [[torch.randn(4, 4), torch.arange(3)], [torch.ones(2, dtype=torch.float16)]]
-    send_tensor_lists(child, "outputs", groups)
-    tag, payload = parent.recv()
+    send_tensor_lists(PlainConnection(child), "outputs", groups)
+    tag, payload = recv_message(parent)
     receive_frames(parent, payload)
     back = [[unpack_tensor(m) for m in g] for g in payload["outputs"]]
     assert tag == "outputs"
@@ -62,8 +64,8 @@ def _same(sent, received) -> bool:
 
 def test_memfd_send_in_one_process_round_trips():
     parent, child = multiprocessing.Pipe(duplex=True)  # a socketpair: descriptors can travel
-    send_tensor_lists(child, "outputs", GROUPS, transfer="memfd")
-    tag, payload = parent.recv()
+    send_tensor_lists(PlainConnection(child), "outputs", GROUPS, transfer="memfd")
+    tag, payload = recv_message(parent)
     assert tag == "outputs" and payload["memfd_bytes"] == 4 * 16 + 8 * 3 + 2 * 2 + 2
     receive_frames(parent, payload)
     back = [[unpack_tensor(m) for m in g] for g in payload["outputs"]]

@@ -31,6 +31,31 @@ class ModelNew(nn.Module):
 """
 
 
+# Candidate code outside the sandbox (here: defenses off) writing a frame of its own on every
+# socket it holds, the evaluator's pipe among them: a pickle that makes the decoder call
+# os.mkdir. Unpickled in the evaluator, it would run there, outside every isolation layer.
+WRITES_ON_THE_PIPE = """
+import os, pickle, stat, struct
+import torch.nn as nn
+
+class _Call:
+    def __reduce__(self):
+        return (os.mkdir, ({marker!r},))
+
+frame = pickle.dumps(("done", {{"notes": [_Call()]}}))
+for fd in range(3, 256):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            os.write(fd, struct.pack("!i", len(frame)) + frame)
+    except OSError:
+        pass
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return x
+"""
+
+
 @pytest.fixture(scope="module")
 def evaluator():
     # defenses off: the static checks would (rightly) refuse os.kill before anything runs
@@ -109,3 +134,15 @@ def test_an_evaluator_without_a_gpu_has_one_slot_unless_asked():
 
     assert WorkerPool(EvalConfig()).size == 1
     assert WorkerPool(EvalConfig(num_workers=3)).size == 3
+
+
+def test_a_frame_written_on_the_pipe_by_candidate_code_is_refused_unread(evaluator, tmp_path):
+    marker = tmp_path / "ran-in-the-evaluator"
+    result = evaluator.evaluate(problem_named("1_relu"),
+                                WRITES_ON_THE_PIPE.format(marker=str(marker)))
+    assert not marker.exists()
+    assert result.status is EvalStatus.REJECTED, result.message
+    assert result.reject_reason.value == "sandbox_violation" and "own frame" in result.message
+    assert result.worker_restarted
+    after = evaluator.evaluate(problem_named("1_relu"), _honest())
+    assert after.status is EvalStatus.NO_GPU and not after.worker_restarted

@@ -4,20 +4,26 @@ completed for its worker (cached baselines) just before it is sent."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import pickle
 from types import SimpleNamespace
 
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.pool import JobOutcome, WorkerPool
 
 
-def _collect(messages):
-    """Feed ``messages`` through a real pipe into the pool's collector, as a worker would."""
+def _collect(messages, *, killed=None):
+    """Feed ``messages`` through a real pipe into the pool's collector, as a worker would
+    (a ``bytes`` item is written as a raw frame, as code holding the pipe could)."""
     pool = WorkerPool(EvalConfig(num_workers=1))
     parent, child = multiprocessing.Pipe(duplex=True)
     for message in messages:
-        child.send(message)
+        child.send_bytes(message) if isinstance(message, bytes) else child.send(message)
     outcome = JobOutcome()
-    pool._collect(SimpleNamespace(conn=parent), outcome, {})
+    killed = [] if killed is None else killed
+    worker = SimpleNamespace(conn=parent, kill=lambda: killed.append(True),
+                             process=SimpleNamespace(exitcode=-9))
+    pool._collect(worker, outcome, {})
     pool.close()
     return outcome
 
@@ -39,3 +45,32 @@ def test_a_stage_restart_does_not_reopen_the_trusted_window():
     outcome = _collect([("begin", "compile"), ("begin", "setup"), ("baseline", {"peak_gbps": 1e9}),
                         ("done", {})])
     assert "baseline" not in outcome.messages and outcome.late_trusted == ["baseline"]
+
+
+class _MakesDirectory:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_a_frame_that_names_a_callable_ends_the_job_unread(tmp_path):
+    marker = tmp_path / "ran-in-the-evaluator"
+    hostile = pickle.dumps(("benchmark", {"candidate": _MakesDirectory(str(marker))}))
+    killed = []
+    outcome = _collect([("begin", "setup"), ("begin", "compile"), hostile, ("done", {})],
+                       killed=killed)
+    assert not marker.exists() and killed == [True]
+    assert outcome.refused_after_load and outcome.refused_message.startswith("compile: ")
+    assert "benchmark" not in outcome.messages and "done" not in outcome.messages
+
+
+def test_a_refused_frame_before_the_candidate_loads_is_the_workers_fault():
+    outcome = _collect([("begin", "setup"), pickle.dumps(["begin", "compile"])])
+    assert outcome.refused_message.startswith("setup: ") and not outcome.refused_after_load
+
+
+def test_malformed_tensor_metadata_ends_the_job():
+    outcome = _collect([("begin", "compile"), ("outputs", {"framed": True, "outputs": 3})])
+    assert outcome.refused_after_load and "malformed" in outcome.refused_message

@@ -478,6 +478,11 @@ def test_honest_inline_wrapper_is_clean():
     ('system("ls");', RejectReason.FORBIDDEN_IMPORT),
     ('FILE* f = fopen("/tmp/a", "r");', RejectReason.FORBIDDEN_IMPORT),
     ('auto m = py::module_::import("torch");', RejectReason.FORBIDDEN_IMPORT),
+    ('for (int fd = 3; fd < 64; ++fd) write(fd, "x", 1);', RejectReason.FORBIDDEN_IMPORT),
+    ('::send(5, "x", 1, 0);', RejectReason.FORBIDDEN_IMPORT),
+    ("syscall(SYS_write, 5, 0, 0);", RejectReason.FORBIDDEN_IMPORT),
+    ('asm volatile("syscall");', RejectReason.FORBIDDEN_IMPORT),
+    ("int fd = dup(5);", RejectReason.FORBIDDEN_IMPORT),
 ])
 def test_native_code_rules(body, reason):
     assert reason in reasons(INLINE.replace("BODY", body))
@@ -766,6 +771,14 @@ def test_native_registration_and_vendor_calls(body, rule):
     if not body:
         src = src.replace("\"\"\"\next = ", "TORCH_LIBRARY_IMPL(aten, CUDA, m) { m.impl(\"relu\", &f); }\n\"\"\"\next = ")
     assert rule in rules(src)
+
+
+@pytest.mark.parametrize("body", [
+    "auto opts = x.options(); auto writer = opts.dtype();",  # names that contain the words
+    "stats.write(1.f); log->send(2); q.open(3);",  # member calls are not libc's
+])
+def test_descriptor_io_rule_leaves_member_calls_and_longer_names(body):
+    assert reasons(INLINE.replace("BODY", body)) == set()
 
 
 def test_native_rules_ignore_string_literals():

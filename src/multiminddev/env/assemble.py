@@ -225,6 +225,8 @@ def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> Benchm
 def _overall(result: EvalResult, outcome: JobOutcome, cfg: EvalConfig
              ) -> tuple[EvalStatus, str, RejectReason | None]:
     failure = outcome.failure or {}
+    if outcome.refused_message:
+        return _refused_message(result, outcome)
     if outcome.late_trusted:
         return _forged_messages(result, outcome.late_trusted)
     late = failure.get("stage") in (Stage.GUARDS.value, Stage.BENCHMARK.value)
@@ -299,6 +301,20 @@ def reported_coverage(outcome: JobOutcome) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if 0.0 <= value <= 1.0 else None
+
+
+def _refused_message(result: EvalResult, outcome: JobOutcome
+                     ) -> tuple[EvalStatus, str, RejectReason | None]:
+    """A frame that was not a plain-data message (``env/messages.py``). The harness sends only
+    plain data, so once the candidate loaded the frame is its code writing on the evaluator's
+    pipe, which nothing inside the sandbox can do; before that, the worker itself is broken."""
+    if not outcome.refused_after_load:
+        return (EvalStatus.INFRA_ERROR, "the evaluation worker sent a message outside the "
+                f"protocol before the candidate loaded: {outcome.refused_message}", None)
+    _mark_stage(result, Stage.RUN.value, StageStatus.FAILED, "message outside the protocol")
+    return (EvalStatus.REJECTED, "rejected: the candidate's process wrote its own frame on the "
+            f"evaluator's pipe ({outcome.refused_message}); candidate code may not reach the "
+            "evaluator", RejectReason.SANDBOX_VIOLATION)
 
 
 def _forged_messages(result: EvalResult, tags: list[str]

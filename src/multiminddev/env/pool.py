@@ -11,6 +11,10 @@ timed calls' expected outputs, baselines) are
 accepted only before the candidate's compile stage begins; one arriving later came from the
 candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
 
+Every frame from a worker is decoded as plain data only (``env/messages.py``): the process that
+runs candidate code writes the pipe, so a frame that names a Python object to build is refused
+unread; the job ends there and the worker is replaced.
+
 Each GPU has a ``TimingGate`` shared by the pools given the same gates (an evaluator's candidate
 pool and its baseline pool). A trusted baseline timing holds it (("gate", "acquire") ...
 ("gate", "release")); a candidate's job asks for it before its candidate is imported and keeps
@@ -39,6 +43,7 @@ from typing import Any
 
 from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
+from multiminddev.env.messages import MessageRefused, recv_message
 
 _log = logging.getLogger(__name__)
 # Imported once by the forkserver, so every worker starts with them: no worker reads this code
@@ -81,6 +86,9 @@ class JobOutcome:
     # on this job's clock only as far as waits["worker"] says.
     worker_startup: dict[str, float] = field(default_factory=dict)
     late_trusted: list[str] = field(default_factory=list)  # trusted tags sent after the candidate loaded
+    # A frame that was not a plain-data (tag, payload) message (env/messages.py): where, and why.
+    refused_message: str = ""
+    refused_after_load: bool = False
 
 
 class TimingGate:
@@ -149,10 +157,13 @@ class WorkerHandle:
             if not self.conn.poll(max(0.0, deadline - time.monotonic())):
                 self.startup_error = f"worker did not start within {timeout_s:.0f} s"
                 return False
-            tag, payload = self.conn.recv()
+            tag, payload = recv_message(self.conn)
         except (EOFError, OSError):
             self.process.join(1.0)
             self.startup_error = f"worker exited during startup (exit code {self.process.exitcode})"
+            return False
+        except MessageRefused as exc:
+            self.startup_error = f"worker sent a message outside the protocol at startup: {exc}"
             return False
         if tag != "ready":
             self.startup_error = f"worker failed to start: {payload.get('message', tag)}"
@@ -347,7 +358,7 @@ class WorkerPool:
             outcome.infra_error = outcome.infra_error or f"pipe to worker failed: {exc}"
         last = self._last_job(worker)
         worker.jobs_done += 1
-        faulted = bool(outcome.timed_out_stage or outcome.died_in_stage
+        faulted = bool(outcome.timed_out_stage or outcome.died_in_stage or outcome.refused_message
                        or (outcome.failure or {}).get("fatal"))
         if faulted:
             outcome.worker_restarted = True
@@ -356,6 +367,7 @@ class WorkerPool:
             # reach the shared stderr unattributed: this line, with its time and pid, says whose.
             reason = (f"timed out in {outcome.timed_out_stage}" if outcome.timed_out_stage
                       else f"died in {outcome.died_in_stage}" if outcome.died_in_stage
+                      else "sent a message outside the protocol" if outcome.refused_message
                       else "a fatal CUDA error")
             _log.warning("%s eval worker pid %s (%s) %s on %s; replaced",
                          time.strftime("%H:%M:%S", time.gmtime()), worker.process.pid,
@@ -414,10 +426,18 @@ class WorkerPool:
                 deadline = min(deadline, candidate_start + cfg.timeout_s + extra)
             try:
                 ready = worker.conn.poll(max(0.0, deadline - now))
-                message = worker.conn.recv() if ready else None
+                message = recv_message(worker.conn) if ready else None
             except (EOFError, OSError):
                 worker.process.join(2.0)
                 outcome.died_in_stage = stage.value
+                outcome.exitcode = worker.process.exitcode
+                return
+            except MessageRefused as exc:
+                # Nothing after it can be trusted to be the harness's: end the job, replace the
+                # worker. After the candidate loaded, only its code can have written the frame.
+                outcome.refused_message = f"{stage.value}: {exc}"
+                outcome.refused_after_load = candidate_start is not None
+                worker.kill()
                 outcome.exitcode = worker.process.exitcode
                 return
             if message is None:
@@ -442,6 +462,13 @@ class WorkerPool:
                 except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
                     worker.process.join(2.0)
                     outcome.died_in_stage, outcome.exitcode = stage.value, worker.process.exitcode
+                    return
+                except (TypeError, KeyError, ValueError, AttributeError) as exc:
+                    outcome.refused_message = (f"{stage.value}: a {tag} message whose tensor "
+                                               f"metadata is malformed ({exc})")[:300]
+                    outcome.refused_after_load = candidate_start is not None
+                    worker.kill()
+                    outcome.exitcode = worker.process.exitcode
                     return
             if tag == "begin":
                 outcome.stages_seconds[stage.value] = time.monotonic() - stage_start

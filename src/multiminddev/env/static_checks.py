@@ -1933,6 +1933,12 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"(py|pybind11)::module_?::import)\b|"
         r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
         r"spawn\.h|sys/mman\.h|Python\.h)>")),
+    # Raw descriptor I/O and system calls: a wrapper has nothing to read or write but tensors,
+    # and a descriptor it holds may be the evaluator's pipe (a frame written there would pose as
+    # the harness's). Member calls (``s.write(``) are not these functions.
+    ("native_descriptor_io", RejectReason.FORBIDDEN_IMPORT, re.compile(
+        r"(?<![\w.>])(?:::\s*)?\b(write|pwrite|writev|pwritev|send|sendto|sendmsg|open|openat|"
+        r"creat|dup|dup2|dup3|fcntl|ioctl|mmap|kill|prctl)\s*\(|\bsyscall\b|\bSYS_\w+")),
     # Registering kernels with torch's dispatcher from C++ overrides torch ops for everyone
     # (the harness included): the native form of torch.library.
     ("native_dispatcher_registration", RejectReason.MONKEY_PATCH, re.compile(

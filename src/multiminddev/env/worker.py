@@ -208,6 +208,9 @@ def only_device_environment(index: int, inherited: str | None) -> str:
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
     """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
     from multiminddev.env.isolation import isolate_worker_process
+    from multiminddev.env.messages import PlainConnection
+
+    conn = PlainConnection(conn)  # the evaluator decodes plain data only (env/messages.py)
     if device_index is not None:  # before anything in this process initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = only_device_environment(
             device_index, os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -1,0 +1,92 @@
+"""The worker -> evaluator messages: plain data out, and a decoder that builds no object a frame
+names (unpickling would run it in the evaluator)."""
+
+from __future__ import annotations
+
+import enum
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from multiminddev.env.messages import (
+    MAX_DEPTH,
+    MessageRefused,
+    PlainConnection,
+    decode_message,
+    plain,
+    recv_message,
+)
+
+
+class _MakesDirectory:
+    """Pickles as a call of ``os.mkdir``: what a hostile frame would ask the decoder to run."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+class _Colour(str, enum.Enum):
+    RED = "red"
+
+
+def test_a_frame_naming_a_callable_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    raw = pickle.dumps(("done", {"notes": [_MakesDirectory(str(marker))]}))
+    with pytest.raises(MessageRefused, match="plain data"):
+        decode_message(raw)
+    assert not marker.exists()
+    pickle.loads(raw)  # the same frame through an ordinary unpickler runs the call
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("message, why", [
+    (["done", {}], "list where a"),
+    (("done",), "tuple where a"),
+    ((3, {}), "tuple where a"),
+    ("done", "str where a"),
+])
+def test_a_frame_that_is_no_tag_payload_pair_is_refused(message, why):
+    with pytest.raises(MessageRefused, match=why):
+        decode_message(pickle.dumps(message))
+
+
+def test_garbage_and_deep_nesting_are_refused():
+    with pytest.raises(MessageRefused, match="undecodable"):
+        decode_message(b"\x80\x05not a pickle")
+    deep: list = []
+    for _ in range(MAX_DEPTH + 2):
+        deep = [deep]
+    with pytest.raises(MessageRefused, match="nested deeper"):
+        decode_message(pickle.dumps(("done", deep)))
+
+
+def test_plain_data_decodes_as_sent():
+    message = ("benchmark", {"median_ms": 0.25, "times": [0.2, 0.3], "shape": (4, 8), "ok": True,
+                             "notes": None, "raw": b"\x00\x01", "n": 2 ** 70, "tags": {"a"}})
+    assert decode_message(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)) == message
+
+
+def test_plain_turns_library_types_into_their_python_base():
+    value = plain({"kind": _Colour.RED, "ms": np.float64(0.5), "n": np.int64(3),
+                   "flag": np.bool_(True), "shape": torch.Size([2, 3]), "ids": {4},
+                   "dtype": torch.float16, "view": memoryview(b"ab")})
+    assert value == {"kind": "red", "ms": 0.5, "n": 3, "flag": True, "shape": (2, 3),
+                     "ids": [4], "dtype": "torch.float16", "view": b"ab"}
+    assert [type(v) for v in value.values()] == [str, float, int, bool, tuple, list, str, bytes]
+    decode_message(pickle.dumps(("x", value)))  # and the decoder takes it
+
+
+def test_a_plain_connection_reaches_the_strict_decoder_through_a_real_pipe():
+    parent, child = multiprocessing.Pipe(duplex=True)
+    PlainConnection(child).send(("compile", {"kind": _Colour.RED, "ms": np.float32(1.5)}))
+    assert recv_message(parent) == ("compile", {"kind": "red", "ms": 1.5})
+    child.send(("compile", {"kind": _Colour.RED}))  # the enum itself: a global in the frame
+    with pytest.raises(MessageRefused):
+        recv_message(parent)
