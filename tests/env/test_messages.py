@@ -7,6 +7,7 @@ import enum
 import multiprocessing
 import os
 import pickle
+import struct
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import torch
 
 from multiminddev.env.messages import (
     MAX_DEPTH,
+    MAX_MESSAGE_BYTES,
     MessageRefused,
     PlainConnection,
     decode_message,
@@ -89,4 +91,11 @@ def test_a_plain_connection_reaches_the_strict_decoder_through_a_real_pipe():
     assert recv_message(parent) == ("compile", {"kind": "red", "ms": 1.5})
     child.send(("compile", {"kind": _Colour.RED}))  # the enum itself: a global in the frame
     with pytest.raises(MessageRefused):
+        recv_message(parent)
+
+
+def test_an_oversized_frame_is_refused_before_it_is_read():
+    parent, child = multiprocessing.Pipe(duplex=True)
+    os.write(child.fileno(), struct.pack("!i", MAX_MESSAGE_BYTES + 1))  # the length alone
+    with pytest.raises(MessageRefused, match="over the"):
         recv_message(parent)

@@ -19,6 +19,9 @@ from typing import Any
 
 # A nesting deeper than this is no message of ours; it would only spend the evaluator's stack.
 MAX_DEPTH = 64
+# The largest message frame (tensor bytes travel in frames of their own): compile logs and
+# tracebacks are cut to tens of kilobytes, so a bigger frame is no message of the harness's.
+MAX_MESSAGE_BYTES = 16 << 20
 
 
 class MessageRefused(Exception):
@@ -30,7 +33,7 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"the frame names {module}.{name}; messages are plain data")
 
 
-def decode_message(raw: bytes) -> tuple[str, Any]:
+def decode_message(raw: bytes | bytearray) -> tuple[str, Any]:
     """One frame's bytes as a ``(tag, payload)`` message, or ``MessageRefused``."""
     try:
         message = _PlainDataUnpickler(io.BytesIO(raw)).load()
@@ -44,7 +47,13 @@ def decode_message(raw: bytes) -> tuple[str, Any]:
 
 def recv_message(conn: Any) -> tuple[str, Any]:
     """The next message on ``conn`` (EOFError/OSError when the worker is gone)."""
-    return decode_message(conn.recv_bytes())
+    from multiminddev.env.candidate import recv_bytes_fast
+
+    try:
+        raw = recv_bytes_fast(conn, max_bytes=MAX_MESSAGE_BYTES)
+    except ValueError as exc:
+        raise MessageRefused(str(exc)) from None
+    return decode_message(raw)
 
 
 def _check_depth(value: Any, depth: int) -> None:
