@@ -70,7 +70,7 @@ def test_garbage_and_deep_nesting_are_refused():
 
 
 def test_plain_data_decodes_as_sent():
-    message = ("benchmark", {"median_ms": 0.25, "times": [0.2, 0.3], "shape": (4, 8), "ok": True,
+    message = ("timings", {"median_ms": 0.25, "times": [0.2, 0.3], "shape": (4, 8), "ok": True,
                              "notes": None, "raw": b"\x00\x01", "n": 2 ** 70, "tags": {"a"}})
     assert decode_message(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)) == message
 
@@ -82,7 +82,7 @@ def test_plain_turns_library_types_into_their_python_base():
     assert value == {"kind": "red", "ms": 0.5, "n": 3, "flag": True, "shape": (2, 3),
                      "ids": [4], "dtype": "torch.float16", "view": b"ab"}
     assert [type(v) for v in value.values()] == [str, float, int, bool, tuple, list, str, bytes]
-    decode_message(pickle.dumps(("x", value)))  # and the decoder takes it
+    decode_message(pickle.dumps(("timings", value)))  # and the decoder takes it
 
 
 def test_a_plain_connection_reaches_the_strict_decoder_through_a_real_pipe():
@@ -99,3 +99,32 @@ def test_an_oversized_frame_is_refused_before_it_is_read():
     os.write(child.fileno(), struct.pack("!i", MAX_MESSAGE_BYTES + 1))  # the length alone
     with pytest.raises(MessageRefused, match="over the"):
         recv_message(parent)
+
+
+@pytest.mark.parametrize("message, why", [
+    (("verdict", {"status": "ok"}), "no harness message"),
+    (("begin", "celebrate"), "no stage"),
+    (("begin", 3), "payload is a int"),
+    (("fail", {"kind": "rejected", "message": 7}), "message is a int"),
+    (("benchmark", "fast"), "payload is a str"),
+    (("guards", {"coverage": "1.0"}), "coverage is a str"),
+    (("outputs", {"outputs": [3]}), "group that is no list"),
+    (("outputs", {"outputs": [[{"kind": "tensor", "dtype": "load", "shape": [2], "nbytes": 8}]]}),
+     "dtype, shape or size"),
+    # nothing to read, and a shape the evaluator would have to allocate: 4 TB of zeros
+    (("outputs", {"outputs": [[{"kind": "tensor", "dtype": "float32", "shape": [1 << 20, 1 << 20],
+                                "nbytes": 0}]]}), "announcing 0 bytes"),
+    (("reference", {"outputs": [[{"kind": "tensor", "dtype": "float16", "shape": [4], "nbytes": 8,
+                                  "data": b"\x00"}]]}), "not the announced"),
+])
+def test_a_payload_of_another_shape_than_the_harness_sends_is_refused(message, why):
+    with pytest.raises(MessageRefused, match=why):
+        decode_message(pickle.dumps(message))
+
+
+def test_every_kind_of_output_the_harness_describes_passes_the_check():
+    from multiminddev.env.candidate import pack_tensor, tensor_frame
+
+    outputs = [[pack_tensor(torch.ones(3, 2, dtype=torch.bfloat16)), pack_tensor(torch.empty(0, 5)),
+                tensor_frame(torch.arange(4))[0], pack_tensor(2.5)]]
+    decode_message(pickle.dumps(("outputs", {"outputs": outputs, "framed": True})))

@@ -17,6 +17,8 @@ import io
 import pickle
 from typing import Any
 
+from multiminddev.env.config import Stage
+
 # A nesting deeper than this is no message of ours; it would only spend the evaluator's stack.
 MAX_DEPTH = 64
 # The largest message frame (tensor bytes travel in frames of their own): compile logs and
@@ -42,6 +44,7 @@ def decode_message(raw: bytes | bytearray) -> tuple[str, Any]:
     if not (isinstance(message, tuple) and len(message) == 2 and isinstance(message[0], str)):
         raise MessageRefused(f"a {type(message).__name__} where a (tag, payload) pair belongs")
     _check_depth(message[1], 0)
+    check_payload(*message)
     return message
 
 
@@ -54,6 +57,81 @@ def recv_message(conn: Any) -> tuple[str, Any]:
     except ValueError as exc:
         raise MessageRefused(str(exc)) from None
     return decode_message(raw)
+
+
+STAGE_NAMES = frozenset(stage.value for stage in Stage)
+_STR_OR_NONE = (str, type(None))
+_NUMBER_OR_NONE = (int, float, type(None))
+_DICT_OR_NONE = (dict, type(None))
+_TENSOR_LISTS = {"outputs": list, "framed": bool, "memfd_bytes": int}
+# Each tag the harness sends, with the type of its payload, or of each payload key the
+# evaluator reads (a key may be absent; one of another type, or a tag not listed, is refused):
+# the evaluator then reads a payload without meeting a type it does not expect.
+PAYLOAD_TYPES: dict[str, Any] = {
+    "ready": dict, "startup_failed": {"message": str},
+    "begin": str, "gate": str,
+    "compile": {"result": dict},
+    "fail": {"kind": str, "stage": str, "message": str, "reason": str, "traceback": str,
+             "fatal": bool, "findings": list},
+    "outputs": _TENSOR_LISTS, "timed_outputs": _TENSOR_LISTS, "reference": _TENSOR_LISTS,
+    "timed_reference": _TENSOR_LISTS, "ground_truth": _TENSOR_LISTS,
+    "output_layouts": {"layouts": list},
+    "reference_layouts": {"layouts": list, "ground_truth_note": str},
+    "guards": {"coverage": _NUMBER_OR_NONE, "notes": list},
+    "benchmark": {"candidate": dict, "checked_calls": int},
+    "baseline": {"eager": _DICT_OR_NONE, "compiled": _DICT_OR_NONE, "peak_gbps": _NUMBER_OR_NONE,
+                 "gpu_name": _STR_OR_NONE, "torch_version": _STR_OR_NONE, "note": _STR_OR_NONE,
+                 "measured": list, "ungated": list},
+    "timings": dict,
+    "done": {"notes": list},
+}
+
+
+def check_payload(tag: str, payload: Any) -> None:
+    """``MessageRefused`` unless ``payload`` has the types ``PAYLOAD_TYPES`` gives ``tag``, and
+    every tensor it announces has a torch dtype and as many bytes as its shape needs."""
+    expected = PAYLOAD_TYPES.get(tag)
+    if expected is None:
+        raise MessageRefused(f"no harness message is tagged {tag[:40]!r}")
+    if not isinstance(expected, dict):
+        if not isinstance(payload, expected):
+            raise MessageRefused(f"a {tag} message whose payload is a {type(payload).__name__}")
+        if tag == "begin" and payload not in STAGE_NAMES:
+            raise MessageRefused(f"a begin message for no stage ({payload[:40]!r})")
+        return
+    if not isinstance(payload, dict):
+        raise MessageRefused(f"a {tag} message whose payload is a {type(payload).__name__}")
+    for key, types in expected.items():
+        if key in payload and not isinstance(payload[key], types):
+            raise MessageRefused(f"a {tag} message whose {key} is a {type(payload[key]).__name__}")
+    if expected is _TENSOR_LISTS and "outputs" in payload:
+        for group in payload["outputs"]:
+            if not isinstance(group, list):
+                raise MessageRefused(f"a {tag} message with a group that is no list")
+            for meta in group:
+                _check_tensor_meta(tag, meta)
+
+
+def _check_tensor_meta(tag: str, meta: Any) -> None:
+    if not isinstance(meta, dict) or not isinstance(meta.get("kind"), str):
+        raise MessageRefused(f"a {tag} message with an output that is no described value")
+    if meta["kind"] != "tensor":
+        return
+    import torch
+
+    dtype = getattr(torch, meta.get("dtype"), None) if isinstance(meta.get("dtype"), str) else None
+    shape, nbytes = meta.get("shape"), meta.get("nbytes")
+    if (not isinstance(dtype, torch.dtype) or not isinstance(shape, list) or not isinstance(nbytes, int)
+            or not all(type(d) is int and d >= 0 for d in shape)):
+        raise MessageRefused(f"a {tag} message with a tensor whose dtype, shape or size is not one")
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel * dtype.itemsize != nbytes:
+        raise MessageRefused(f"a {tag} message announcing {nbytes} bytes for a {dtype} tensor of "
+                             f"shape {shape[:8]}")
+    if "data" in meta and not (isinstance(meta["data"], bytes) and len(meta["data"]) == nbytes):
+        raise MessageRefused(f"a {tag} message whose tensor bytes are not the announced {nbytes}")
 
 
 def _check_depth(value: Any, depth: int) -> None:
