@@ -8,6 +8,8 @@ import os
 import pickle
 from types import SimpleNamespace
 
+import pytest
+
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.pool import JobOutcome, WorkerPool
 
@@ -82,3 +84,21 @@ def test_a_tensor_frame_of_another_size_than_announced_ends_the_job():
                                                                  "shape": [2], "nbytes": 8}]]}),
                         b"\x00" * 4096])
     assert outcome.refused_after_load and "announced" in outcome.refused_message
+
+
+def test_the_hang_stack_file_is_read_only_when_it_is_a_regular_file(tmp_path):
+    from multiminddev.env.pool import _read_worker_file_tail
+
+    dump = tmp_path / "stack.txt"
+    dump.write_text("x" * 5000 + "File candidate.py, line 7")
+    assert _read_worker_file_tail(dump, 40).endswith("line 7")
+    assert len(_read_worker_file_tail(dump, 40)) == 40
+    secret = tmp_path / "secret"
+    secret.write_text("the evaluator's secret")
+    link = tmp_path / "link.txt"
+    link.symlink_to(secret)  # a worker that swapped its dump file for a link to another file
+    with pytest.raises(OSError):
+        _read_worker_file_tail(link, 4000)
+    fifo = tmp_path / "fifo.txt"
+    os.mkfifo(fifo)  # opening a FIFO to read would wait for a writer
+    assert _read_worker_file_tail(fifo, 4000) == ""

@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import stat
 import threading
 import time
 import weakref
@@ -182,10 +183,10 @@ class WorkerHandle:
             text = ""
             while time.monotonic() < deadline:
                 time.sleep(0.05)
-                text = Path(path).read_text()
+                text = _read_worker_file_tail(Path(path), 4000)
                 if text.strip():
                     break
-            return text[-4000:]
+            return text
         except OSError:
             return ""
 
@@ -537,6 +538,23 @@ def _main_script_hidden() -> Any:
             yield
         finally:
             main.__file__ = path
+
+
+def _read_worker_file_tail(path: Path, limit: int) -> str:
+    """The last ``limit`` characters of a regular file the worker writes. Candidate code in the
+    worker may have put something else at that path: a link is not followed (it could name any
+    file the evaluator may read), and a FIFO or device is not read (opening one could block the
+    evaluator); those read as ''."""
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        start = max(0, info.st_size - 4 * limit)  # a UTF-8 character is at most 4 bytes
+        return os.pread(fd, info.st_size - start, start).decode("utf-8", "replace")[-limit:]
+    finally:
+        os.close(fd)
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
