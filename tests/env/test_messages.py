@@ -116,6 +116,8 @@ def test_an_oversized_frame_is_refused_before_it_is_read():
                                 "nbytes": 0}]]}), "announcing 0 bytes"),
     (("reference", {"outputs": [[{"kind": "tensor", "dtype": "float16", "shape": [4], "nbytes": 8,
                                   "data": b"\x00"}]]}), "not the announced"),
+    (("outputs", {"outputs": [[{"kind": "tensor", "dtype": "float32", "shape": [2], "nbytes": 8,
+                                "offset": "0"}]], "memfd_bytes": 8}), "offset that is no integer"),
 ])
 def test_a_payload_of_another_shape_than_the_harness_sends_is_refused(message, why):
     with pytest.raises(MessageRefused, match=why):

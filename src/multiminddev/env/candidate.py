@@ -16,7 +16,6 @@ import fcntl
 import hashlib
 import importlib.util
 import os
-import struct
 import sys
 import types
 import warnings
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev import pyast
+from multiminddev.env.messages import recv_bytes_fast
 
 
 class CandidateKind(str, enum.Enum):
@@ -198,38 +198,6 @@ def _receive_memfd(conn: Any, payload: dict[str, Any]) -> None:
                 if start < 0 or end > size:
                     raise OSError(f"tensor bytes [{start}, {end}) lie outside the {size}-byte transfer")
                 meta["data"] = view[start:end]
-
-
-def recv_bytes_fast(conn: Any, *, expected: int | None = None,
-                    max_bytes: int | None = None) -> bytearray:
-    """``Connection.recv_bytes`` without its per-read allocation of the whole remaining size
-    (which makes a 64 MB frame crawl at ~50 MB/s): read straight into one buffer.
-
-    Follows ``multiprocessing.connection``'s framing: a 4-byte signed big-endian length, or
-    -1 followed by an 8-byte length for frames of 2 GiB and more. The length is the sender's
-    word: a frame of another size than ``expected``, or over ``max_bytes``, is refused
-    (``ValueError``) before anything is allocated for it."""
-    fd = conn.fileno()
-    (size,) = struct.unpack("!i", _read_exact(fd, 4))
-    if size == -1:
-        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
-    if size < 0 or (expected is not None and size != expected):
-        raise ValueError(f"a frame of {size} bytes where {expected} were announced")
-    if max_bytes is not None and size > max_bytes:
-        raise ValueError(f"a frame of {size} bytes, over the {max_bytes}-byte limit")
-    return _read_exact(fd, size)
-
-
-def _read_exact(fd: int, size: int) -> bytearray:
-    buf = bytearray(size)
-    view = memoryview(buf)
-    pos = 0
-    while pos < size:
-        n = os.readv(fd, [view[pos:]])
-        if n == 0:
-            raise EOFError("the worker closed the pipe mid-frame")
-        pos += n
-    return buf
 
 
 def unpack_tensor(packed: dict[str, Any]) -> Any:

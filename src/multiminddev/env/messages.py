@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import enum
 import io
+import os
 import pickle
+import struct
 from typing import Any
 
 from multiminddev.env.config import Stage
@@ -50,13 +52,39 @@ def decode_message(raw: bytes | bytearray) -> tuple[str, Any]:
 
 def recv_message(conn: Any) -> tuple[str, Any]:
     """The next message on ``conn`` (EOFError/OSError when the worker is gone)."""
-    from multiminddev.env.candidate import recv_bytes_fast
+    return decode_message(recv_bytes_fast(conn, max_bytes=MAX_MESSAGE_BYTES))
 
-    try:
-        raw = recv_bytes_fast(conn, max_bytes=MAX_MESSAGE_BYTES)
-    except ValueError as exc:
-        raise MessageRefused(str(exc)) from None
-    return decode_message(raw)
+
+def recv_bytes_fast(conn: Any, *, expected: int | None = None,
+                    max_bytes: int | None = None) -> bytearray:
+    """``Connection.recv_bytes`` without its per-read allocation of the whole remaining size
+    (which makes a 64 MB frame crawl at ~50 MB/s): read straight into one buffer.
+
+    Follows ``multiprocessing.connection``'s framing: a 4-byte signed big-endian length, or
+    -1 followed by an 8-byte length for frames of 2 GiB and more. The length is the sender's
+    word: a frame of another size than ``expected``, or over ``max_bytes``, is refused
+    (``MessageRefused``) before anything is allocated for it."""
+    fd = conn.fileno()
+    (size,) = struct.unpack("!i", _read_exact(fd, 4))
+    if size == -1:
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
+    if size < 0 or (expected is not None and size != expected):
+        raise MessageRefused(f"a frame of {size} bytes where {expected} were announced")
+    if max_bytes is not None and size > max_bytes:
+        raise MessageRefused(f"a frame of {size} bytes, over the {max_bytes}-byte limit")
+    return _read_exact(fd, size)
+
+
+def _read_exact(fd: int, size: int) -> bytearray:
+    buf = bytearray(size)
+    view = memoryview(buf)
+    pos = 0
+    while pos < size:
+        n = os.readv(fd, [view[pos:]])
+        if n == 0:
+            raise EOFError("the worker closed the pipe mid-frame")
+        pos += n
+    return buf
 
 
 STAGE_NAMES = frozenset(stage.value for stage in Stage)
@@ -130,6 +158,8 @@ def _check_tensor_meta(tag: str, meta: Any) -> None:
     if numel * dtype.itemsize != nbytes:
         raise MessageRefused(f"a {tag} message announcing {nbytes} bytes for a {dtype} tensor of "
                              f"shape {shape[:8]}")
+    if "offset" in meta and type(meta["offset"]) is not int:
+        raise MessageRefused(f"a {tag} message with a tensor offset that is no integer")
     if "data" in meta and not (isinstance(meta["data"], bytes) and len(meta["data"]) == nbytes):
         raise MessageRefused(f"a {tag} message whose tensor bytes are not the announced {nbytes}")
 
@@ -159,8 +189,6 @@ def plain(value: Any) -> Any:
         return [plain(v) for v in value]
     if isinstance(value, tuple):
         return tuple(plain(v) for v in value)
-    if isinstance(value, bool):
-        return bool(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):

@@ -428,7 +428,9 @@ class WorkerPool:
             try:
                 ready = worker.conn.poll(max(0.0, deadline - now))
                 message = recv_message(worker.conn) if ready else None
-            except (EOFError, OSError):
+                if message is not None and isinstance(message[1], dict):
+                    receive_frames(worker.conn, message[1])  # the tensors a message announces
+            except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
                 worker.process.join(2.0)
                 outcome.died_in_stage = stage.value
                 outcome.exitcode = worker.process.exitcode
@@ -457,20 +459,6 @@ class WorkerPool:
                     candidate_start += waited
                 outcome.waits["gate"] = outcome.waits.get("gate", 0.0) + waited
                 continue
-            if isinstance(payload, dict):  # receive_frames knows which messages carry tensors
-                try:
-                    receive_frames(worker.conn, payload)
-                except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
-                    worker.process.join(2.0)
-                    outcome.died_in_stage, outcome.exitcode = stage.value, worker.process.exitcode
-                    return
-                except (TypeError, KeyError, ValueError, AttributeError) as exc:
-                    outcome.refused_message = (f"{stage.value}: a {tag} message whose tensor "
-                                               f"metadata is malformed ({exc})")[:300]
-                    outcome.refused_after_load = candidate_start is not None
-                    worker.kill()
-                    outcome.exitcode = worker.process.exitcode
-                    return
             if tag == "begin":
                 outcome.stages_seconds[stage.value] = time.monotonic() - stage_start
                 stage, stage_start = Stage(payload), time.monotonic()
@@ -545,7 +533,6 @@ def _read_worker_file_tail(path: Path, limit: int) -> str:
     worker may have put something else at that path: a link is not followed (it could name any
     file the evaluator may read), and a FIFO or device is not read (opening one could block the
     evaluator); those read as ''."""
-
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
