@@ -17,6 +17,7 @@ from multiminddev.env.messages import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
     MessageRefused,
+    check_payload,
     PlainConnection,
     decode_message,
     plain,
@@ -130,3 +131,31 @@ def test_every_kind_of_output_the_harness_describes_passes_the_check():
     outputs = [[pack_tensor(torch.ones(3, 2, dtype=torch.bfloat16)), pack_tensor(torch.empty(0, 5)),
                 tensor_frame(torch.arange(4))[0], pack_tensor(2.5)]]
     decode_message(pickle.dumps(("outputs", {"outputs": outputs, "framed": True})))
+
+
+def _tensors(nbytes):
+    return {"framed": True, "outputs": [[{"kind": "tensor", "dtype": "uint8", "shape": [nbytes],
+                                          "nbytes": nbytes}]]}
+
+
+@pytest.mark.parametrize("job", [
+    [("begin", "setup"), ("reference", _tensors(100)), ("timed_reference", _tensors(100)),
+     ("ground_truth", _tensors(800)), ("reference_layouts", {"layouts": []}),
+     ("begin", "baseline"), ("gate", "acquire"), ("gate", "release"), ("gate", "acquire"),
+     ("gate", "release"), ("baseline", {}), ("gate", "acquire"), ("begin", "compile"),
+     ("compile", {"result": {}}), ("begin", "run"), ("outputs", _tensors(100)),
+     ("output_layouts", {"layouts": []}), ("begin", "guards"), ("guards", {"notes": []}),
+     ("begin", "benchmark"), ("benchmark", {"candidate": {}, "checked_calls": 8}),
+     ("timed_outputs", _tensors(100)), ("timings", {}), ("done", {"notes": []})],
+    [("begin", "baseline"), ("gate", "acquire"), ("gate", "release"), ("baseline", {}),
+     ("timings", {}), ("done", {"notes": []})],
+    [("begin", "compile"), ("compile", {"result": {}}), ("fail", {"kind": "no_gpu"})],
+    [("fail", {"kind": "infra_error"})],
+], ids=["candidate", "baseline-only", "compile-only", "failed-at-start"])
+def test_the_harness_own_message_orders_are_admitted(job):
+    from multiminddev.env.messages import JobProtocol
+
+    protocol = JobProtocol()
+    for tag, payload in job:
+        check_payload(tag, payload)
+        protocol.admit(tag, payload)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -19,14 +20,24 @@ def _collect(messages, *, killed=None):
     (a ``bytes`` item is written as a raw frame, as code holding the pipe could)."""
     pool = WorkerPool(EvalConfig(num_workers=1))
     parent, child = multiprocessing.Pipe(duplex=True)
-    for message in messages:
-        child.send_bytes(message) if isinstance(message, bytes) else child.send(message)
+
+    def write() -> None:  # from a thread: frames larger than the pipe's buffer block until read
+        try:
+            for message in messages:
+                child.send_bytes(message) if isinstance(message, bytes) else child.send(message)
+        except OSError:  # the collector stopped reading and the test closed the pipe
+            pass
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
     outcome = JobOutcome()
     killed = [] if killed is None else killed
     worker = SimpleNamespace(conn=parent, kill=lambda: killed.append(True),
                              process=SimpleNamespace(exitcode=-9))
     pool._collect(worker, outcome, {})
     pool.close()
+    parent.close()
+    writer.join(5.0)
     return outcome
 
 
@@ -43,10 +54,19 @@ def test_a_baseline_sent_after_the_candidate_loaded_is_dropped():
     assert outcome.late_trusted == ["baseline"]
 
 
-def test_a_stage_restart_does_not_reopen_the_trusted_window():
+def test_a_baseline_sent_after_the_candidate_loaded_ends_the_job_unread():
+    killed = []
+    outcome = _collect([("begin", "compile"), ("baseline", {"peak_gbps": 1e9}), ("done", {})],
+                       killed=killed)
+    assert "baseline" not in outcome.messages and outcome.late_trusted == ["baseline"]
+    assert killed == [True] and "done" not in outcome.messages
+
+
+def test_a_stage_restart_is_refused():
     outcome = _collect([("begin", "compile"), ("begin", "setup"), ("baseline", {"peak_gbps": 1e9}),
                         ("done", {})])
-    assert "baseline" not in outcome.messages and outcome.late_trusted == ["baseline"]
+    assert outcome.refused_after_load and "begin of the setup stage" in outcome.refused_message
+    assert "baseline" not in outcome.messages
 
 
 class _MakesDirectory:
@@ -78,8 +98,78 @@ def test_malformed_tensor_metadata_ends_the_job():
     assert outcome.refused_after_load and "outputs is a int" in outcome.refused_message
 
 
+def _tensor_message(nbytes, tag="outputs"):
+    return (tag, {"framed": True, "outputs": [[{"kind": "tensor", "dtype": "uint8",
+                                              "shape": [nbytes], "nbytes": nbytes}]]})
+
+
+def test_a_second_benchmark_message_ends_the_job():
+    """Native candidate code that writes its own benchmark frame must also stop the harness's
+    from coming: the harness's own message then arrives as a second one and is refused."""
+    outcome = _collect([("begin", "compile"), ("begin", "run"), ("begin", "benchmark"),
+                        ("benchmark", {"candidate": {"median_ms": 1e-3}, "checked_calls": 8}),
+                        ("benchmark", {"candidate": {"median_ms": 2.0}, "checked_calls": 8}),
+                        ("done", {})])
+    assert outcome.refused_after_load and "second benchmark" in outcome.refused_message
+    assert "done" not in outcome.messages
+
+
+@pytest.mark.parametrize("messages, why", [
+    ([("begin", "compile"), ("benchmark", {"candidate": {}, "checked_calls": 1})],
+     "benchmark message in the compile stage"),
+    ([("begin", "compile"), ("gate", "acquire")], "gate message in the compile stage"),
+    ([("begin", "compile"), ("begin", "run"), ("begin", "run")], "begin of the run stage"),
+    ([("begin", "compile"), ("begin", "benchmark"), ("outputs", {"framed": True, "outputs": []})],
+     "outputs message in the benchmark stage"),
+])
+def test_a_message_out_of_the_harness_order_ends_the_job(messages, why):
+    killed = []
+    outcome = _collect([*messages, ("done", {})], killed=killed)
+    assert killed == [True] and outcome.refused_after_load and why in outcome.refused_message
+
+
+def test_candidate_outputs_far_larger_than_the_reference_are_refused_before_allocation():
+    """The evaluator allocates what a tensor frame announces: a candidate message may announce
+    at most output_byte_limit(reference bytes), so a forged 1 TiB tensor is never allocated."""
+    from multiminddev.env.messages import output_byte_limit
+
+    reference = _tensor_message(1000, tag="reference")
+    setup = [("begin", "setup"), reference, b"\x00" * 1000, ("begin", "compile"), ("begin", "run")]
+    fits = output_byte_limit(1000)
+    outcome = _collect([*setup, _tensor_message(fits), b"\x00" * fits, ("done", {})])
+    assert not outcome.refused_message and len(outcome.messages["outputs"]["outputs"][0][0]["data"]) == fits
+    outcome = _collect([*setup, ("outputs", {"framed": True, "outputs": [[{
+        "kind": "tensor", "dtype": "float32", "shape": [1 << 38], "nbytes": 1 << 40}]]})])
+    assert outcome.refused_after_load and "over the" in outcome.refused_message
+
+
+def test_a_worker_that_stops_mid_frame_is_timed_out_not_waited_for(monkeypatch):
+    """A frame header promises bytes the writer may never send: the evaluator waits for them
+    no longer than the stage's deadline plus FRAME_GRACE_S, then times the stage out."""
+    import time
+
+    from multiminddev.env import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "FRAME_GRACE_S", 0.5)
+    start = time.monotonic()
+    killed = []
+    pool = WorkerPool(EvalConfig(num_workers=1, run_timeout_s=1.0))
+    parent, child = multiprocessing.Pipe(duplex=True)
+    for message in [("begin", "compile"), ("begin", "run"), _tensor_message(64)]:
+        child.send(message)
+    os.write(child.fileno(), (64).to_bytes(4, "big") + b"\x00" * 10)  # 10 of 64 bytes, then nothing
+    outcome = JobOutcome()
+    worker = SimpleNamespace(conn=parent, kill=lambda: killed.append(True),
+                             process=SimpleNamespace(exitcode=-9, is_alive=lambda: False),
+                             stack_at_hang=lambda: "")
+    pool._collect(worker, outcome, {})
+    pool.close()
+    assert outcome.timed_out_stage == "run" and killed == [True]
+    assert time.monotonic() - start < 30
+
+
 def test_a_tensor_frame_of_another_size_than_announced_ends_the_job():
-    outcome = _collect([("begin", "compile"),
+    outcome = _collect([("begin", "compile"), ("begin", "run"),
                         ("outputs", {"framed": True, "outputs": [[{"kind": "tensor", "dtype": "float32",
                                                                  "shape": [2], "nbytes": 8}]]}),
                         b"\x00" * 4096])

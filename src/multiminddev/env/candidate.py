@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev import pyast
-from multiminddev.env.messages import recv_bytes_fast
+from multiminddev.env.messages import recv_bytes_fast, wait_readable
 
 
 class CandidateKind(str, enum.Enum):
@@ -88,12 +88,18 @@ def pack_tensor(t: Any) -> dict[str, Any]:
     return meta
 
 
-def tensor_frame(t: Any) -> tuple[dict[str, Any], Any]:
-    """(metadata, raw byte buffer or None) for sending the bytes as a separate frame."""
+def tensor_frame(t: Any, room: int | None = None) -> tuple[dict[str, Any], Any]:
+    """(metadata, raw byte buffer or None) for sending the bytes as a separate frame. A tensor
+    of more than ``room`` bytes is described, not sent (it reads as a wrong output)."""
     import torch
 
     if not isinstance(t, torch.Tensor):
         return {"kind": "other", "type": type(t).__name__, "repr": repr(t)[:200]}, None
+    if room is not None and t.numel() * t.element_size() > room:
+        return {"kind": "other", "type": "Tensor",
+                "repr": f"a {str(t.dtype).removeprefix('torch.')} tensor of shape "
+                        f"{list(t.shape)[:8]}, larger than the evaluator takes for this "
+                        f"problem's outputs"}, None
     cpu = t.detach().to("cpu").contiguous()
     meta = {"kind": "tensor", "dtype": str(cpu.dtype).removeprefix("torch."),
             "shape": list(cpu.shape), "nbytes": cpu.numel() * cpu.element_size()}
@@ -103,14 +109,16 @@ def tensor_frame(t: Any) -> tuple[dict[str, Any], Any]:
 
 
 def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]], *,
-                      transfer: str = "pipe") -> None:
+                      transfer: str = "pipe", limit_bytes: int | None = None) -> None:
     """Send ``(tag, {"outputs": metadata})`` then each tensor's bytes as its own frame
     (no pickling of tensor data: one copy into the pipe, one out), or, with ``transfer=
-    "memfd"``, the bytes in one anonymous memory file whose descriptor follows the message."""
+    "memfd"``, the bytes in one anonymous memory file whose descriptor follows the message.
+    Past ``limit_bytes`` in all (``messages.output_byte_limit``: the evaluator refuses more),
+    tensors are described instead of sent."""
+    frames = _frames(lists, limit_bytes)
     if transfer == "memfd":
-        _send_via_memfd(conn, tag, lists)
+        _send_via_memfd(conn, tag, frames)
         return
-    frames = [[tensor_frame(t) for t in group] for group in lists]
     conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames], "framed": True}))
     for group in frames:
         for _, raw in group:
@@ -118,10 +126,28 @@ def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]], *,
                 conn.send_bytes(raw)
 
 
-def _send_via_memfd(conn: Any, tag: str, lists: list[list[Any]]) -> None:
+def _frames(lists: list[list[Any]], limit_bytes: int | None) -> list[list[tuple[dict[str, Any], Any]]]:
+    room = limit_bytes
+    frames = []
+    for group in lists:
+        frames.append([])
+        for t in group:
+            meta, raw = tensor_frame(t, room)
+            frames[-1].append((meta, raw))
+            if room is not None and meta["kind"] == "tensor":
+                room -= meta["nbytes"]
+    return frames
+
+
+def tensor_list_bytes(lists: list[list[Any]]) -> int:
+    """The bytes ``send_tensor_lists`` announces for ``lists`` (tensors only)."""
+    return sum(t.numel() * t.element_size() for group in lists for t in group
+               if hasattr(t, "element_size"))
+
+
+def _send_via_memfd(conn: Any, tag: str, frames: list[list[tuple[dict[str, Any], Any]]]) -> None:
     from multiprocessing import reduction
 
-    frames = [[tensor_frame(t) for t in group] for group in lists]
     fd = os.memfd_create("mmd-tensors", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         size = 0
@@ -158,27 +184,30 @@ def _write_all(fd: int, raw: Any) -> None:
         written += os.write(fd, view[written:])
 
 
-def receive_frames(conn: Any, payload: dict[str, Any]) -> None:
+def receive_frames(conn: Any, payload: dict[str, Any], deadline: float | None = None) -> None:
     """Attach the frames that follow a framed message to its metadata (in place); for a memfd
-    message, map the file that follows and attach read-only views of it."""
+    message, map the file that follows and attach read-only views of it. Waits for them until
+    ``deadline`` at most (``messages.FrameStalled``)."""
     if "memfd_bytes" in payload:
-        _receive_memfd(conn, payload)
+        _receive_memfd(conn, payload, deadline)
         return
     if not payload.get("framed"):
         return
     for group in payload["outputs"]:
         for meta in group:
             if meta.get("kind") == "tensor" and meta.get("nbytes"):
-                meta["data"] = recv_bytes_fast(conn, expected=int(meta["nbytes"]))
+                meta["data"] = recv_bytes_fast(conn, expected=int(meta["nbytes"]),
+                                               deadline=deadline)
 
 
-def _receive_memfd(conn: Any, payload: dict[str, Any]) -> None:
+def _receive_memfd(conn: Any, payload: dict[str, Any], deadline: float | None = None) -> None:
     import mmap
     from multiprocessing import reduction
 
     size = int(payload["memfd_bytes"])
     if size <= 0:
         return
+    wait_readable(conn.fileno(), deadline)
     fd = reduction.recv_handle(conn)
     try:
         if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & transfer_seals() != transfer_seals():

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import enum
 import io
+import math
 import os
 import pickle
+import select
 import struct
+import time
 from typing import Any
 
 from multiminddev.env.config import Stage
@@ -29,7 +32,13 @@ MAX_MESSAGE_BYTES = 16 << 20
 
 
 class MessageRefused(Exception):
-    """A frame on a worker's pipe that is not a plain-data ``(tag, payload)`` message."""
+    """A frame on a worker's pipe that is not a plain-data ``(tag, payload)`` message, or a
+    message the harness would not send at that point of a job (``JobProtocol``)."""
+
+
+class FrameStalled(TimeoutError):
+    """A frame whose bytes stopped coming before the deadline: the evaluator never waits on a
+    worker's half-written frame longer than the stage it belongs to may last."""
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -50,36 +59,63 @@ def decode_message(raw: bytes | bytearray) -> tuple[str, Any]:
     return message
 
 
-def recv_message(conn: Any) -> tuple[str, Any]:
-    """The next message on ``conn`` (EOFError/OSError when the worker is gone)."""
-    return decode_message(recv_bytes_fast(conn, max_bytes=MAX_MESSAGE_BYTES))
+def recv_message(conn: Any, deadline: float | None = None) -> tuple[str, Any]:
+    """The next message on ``conn`` (EOFError/OSError when the worker is gone, ``FrameStalled``
+    when its bytes stop coming before ``deadline``, a ``time.monotonic()`` instant)."""
+    return decode_message(recv_bytes_fast(conn, max_bytes=MAX_MESSAGE_BYTES, deadline=deadline))
 
 
-def recv_bytes_fast(conn: Any, *, expected: int | None = None,
-                    max_bytes: int | None = None) -> bytearray:
+def recv_bytes_fast(conn: Any, *, expected: int | None = None, max_bytes: int | None = None,
+                    deadline: float | None = None) -> bytearray:
     """``Connection.recv_bytes`` without its per-read allocation of the whole remaining size
     (which makes a 64 MB frame crawl at ~50 MB/s): read straight into one buffer.
 
     Follows ``multiprocessing.connection``'s framing: a 4-byte signed big-endian length, or
     -1 followed by an 8-byte length for frames of 2 GiB and more. The length is the sender's
     word: a frame of another size than ``expected``, or over ``max_bytes``, is refused
-    (``MessageRefused``) before anything is allocated for it."""
+    (``MessageRefused``) before anything is allocated for it. Each read waits at most until
+    ``deadline`` (``FrameStalled``): a frame's header promises bytes the writer may never send."""
     fd = conn.fileno()
-    (size,) = struct.unpack("!i", _read_exact(fd, 4))
+    (size,) = struct.unpack("!i", _read_exact(fd, 4, deadline))
     if size == -1:
-        (size,) = struct.unpack("!Q", _read_exact(fd, 8))
+        (size,) = struct.unpack("!Q", _read_exact(fd, 8, deadline))
     if size < 0 or (expected is not None and size != expected):
         raise MessageRefused(f"a frame of {size} bytes where {expected} were announced")
     if max_bytes is not None and size > max_bytes:
         raise MessageRefused(f"a frame of {size} bytes, over the {max_bytes}-byte limit")
-    return _read_exact(fd, size)
+    return _read_exact(fd, size, deadline)
 
 
-def _read_exact(fd: int, size: int) -> bytearray:
+def wait_readable(fd: int, deadline: float | None) -> None:
+    """Return once ``fd`` has data (or end of file); ``FrameStalled`` at ``deadline``."""
+    if deadline is not None:
+        _wait(_poller(fd), deadline)
+
+
+def _poller(fd: int) -> Any:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return poller
+
+
+def _wait(poller: Any, deadline: float) -> None:
+    while True:
+        remaining = deadline - time.monotonic()
+        if poller.poll(max(0, math.ceil(remaining * 1000.0))):
+            return
+        if remaining <= 0:
+            raise FrameStalled("the worker stopped sending a frame it had begun, or the "
+                               "descriptor a message announced")
+
+
+def _read_exact(fd: int, size: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(size)
     view = memoryview(buf)
+    poller = _poller(fd) if deadline is not None else None
     pos = 0
     while pos < size:
+        if poller is not None:
+            _wait(poller, deadline)
         n = os.readv(fd, [view[pos:]])
         if n == 0:
             raise EOFError("the worker closed the pipe mid-frame")
@@ -162,6 +198,87 @@ def _check_tensor_meta(tag: str, meta: Any) -> None:
         raise MessageRefused(f"a {tag} message with a tensor offset that is no integer")
     if "data" in meta and not (isinstance(meta["data"], bytes) and len(meta["data"]) == nbytes):
         raise MessageRefused(f"a {tag} message whose tensor bytes are not the announced {nbytes}")
+
+
+# A candidate's outputs may take at most this many times the bytes of the reference outputs
+# they answer, plus the allowance: room for any wrong shape worth reporting, and a bound on
+# what the evaluator allocates for a message, whatever a frame announces. The worker describes
+# an output beyond it instead of sending its bytes (``candidate.send_tensor_lists``).
+OUTPUT_BYTES_FACTOR = 4
+OUTPUT_BYTES_ALLOWANCE = 1 << 20
+# The candidate's tensor messages, and the trusted reference message each one answers.
+ANSWERED_BY = {"outputs": "reference", "timed_outputs": "timed_reference"}
+
+
+def output_byte_limit(reference_bytes: int) -> int:
+    """The most tensor bytes a candidate message answering ``reference_bytes`` may carry."""
+    return OUTPUT_BYTES_FACTOR * reference_bytes + OUTPUT_BYTES_ALLOWANCE
+
+
+def announced_bytes(payload: dict[str, Any]) -> int:
+    """The tensor bytes a (checked) tensor-list message announces."""
+    return sum(meta.get("nbytes", 0) for group in payload.get("outputs", ())
+               for meta in group if meta.get("kind") == "tensor")
+
+
+# The stage whose work each message reports: the harness sends it only while that stage runs.
+_STAGE_OF_TAG = {
+    "reference": Stage.SETUP, "timed_reference": Stage.SETUP, "ground_truth": Stage.SETUP,
+    "reference_layouts": Stage.SETUP, "baseline": Stage.BASELINE, "gate": Stage.BASELINE,
+    "compile": Stage.COMPILE, "outputs": Stage.RUN, "output_layouts": Stage.RUN,
+    "guards": Stage.GUARDS, "benchmark": Stage.BENCHMARK, "timed_outputs": Stage.BENCHMARK,
+}
+_STAGE_RANK = {stage: rank for rank, stage in enumerate(Stage)}
+# Sent as often as the harness needs; every other tag comes at most once in a job.
+_REPEATED_TAGS = frozenset({"begin", "gate"})
+
+
+class JobProtocol:
+    """The order in which the harness sends one job's messages, checked as they arrive.
+
+    Stages only move forward; each message comes in the stage whose work it reports, at most
+    once (``begin`` and the gate requests of the baseline stage excepted); ``fail``,
+    ``timings`` and ``done`` may end any stage; a candidate's tensor messages stay within
+    ``output_byte_limit`` of the reference messages they answer. Anything else did not come
+    from the harness: ``admit`` raises ``MessageRefused``, before any tensor bytes are read.
+    A frame forged by native candidate code must then also take the place of the harness's
+    own message, which the harness still sends."""
+
+    def __init__(self) -> None:
+        self.stage: Stage | None = None
+        self.seen: set[str] = set()
+        self.reference_bytes: dict[str, int] = {}
+
+    def admit(self, tag: str, payload: Any) -> None:
+        """Accept a message that ``check_payload`` passed, or raise ``MessageRefused``."""
+        where = self.stage.value if self.stage is not None else "job's start"
+        if tag == "begin":
+            stage = Stage(payload)
+            if self.stage is not None and _STAGE_RANK[stage] <= _STAGE_RANK[self.stage]:
+                raise MessageRefused(f"a begin of the {stage.value} stage in the {where} stage")
+            self.stage = stage
+            return
+        owner = _STAGE_OF_TAG.get(tag)
+        if owner is not None and owner is not self.stage:
+            raise MessageRefused(f"a {tag} message in the {where} stage")
+        if tag in self.seen and tag not in _REPEATED_TAGS:
+            raise MessageRefused(f"a second {tag} message in one job")
+        self.seen.add(tag)
+        if isinstance(payload, dict) and "outputs" in payload:
+            self._admit_tensors(tag, payload)
+
+    def _admit_tensors(self, tag: str, payload: dict[str, Any]) -> None:
+        size = announced_bytes(payload)
+        if "memfd_bytes" in payload and payload["memfd_bytes"] != size:
+            raise MessageRefused(f"a {tag} message whose memory file holds "
+                                 f"{payload['memfd_bytes']} bytes for {size} announced")
+        if tag in ANSWERED_BY.values():
+            self.reference_bytes[tag] = size
+        elif tag in ANSWERED_BY:
+            limit = output_byte_limit(self.reference_bytes.get(ANSWERED_BY[tag], 0))
+            if size > limit:
+                raise MessageRefused(f"a {tag} message announcing {size} bytes, over the "
+                                     f"{limit} its reference outputs allow")
 
 
 def _check_depth(value: Any, depth: int) -> None:

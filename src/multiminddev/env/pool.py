@@ -44,7 +44,7 @@ from typing import Any
 
 from multiminddev.env.candidate import receive_frames
 from multiminddev.env.config import CANDIDATE_STAGES, EvalConfig, Stage, StartMethod
-from multiminddev.env.messages import MessageRefused, recv_message
+from multiminddev.env.messages import FrameStalled, JobProtocol, MessageRefused, recv_message
 
 _log = logging.getLogger(__name__)
 # Imported once by the forkserver, so every worker starts with them: no worker reads this code
@@ -130,6 +130,9 @@ class TimingGate:
 
 
 GATE_MARGIN_S = 5.0  # a gate wait leaves the stage at least this long to time in
+# A message whose first bytes came before its stage's deadline may take this much longer to
+# arrive whole (its tensor frames included); a worker that stops mid-frame is then timed out.
+FRAME_GRACE_S = 10.0
 REAP_GRACE_S = 15.0  # how long a worker asked to stop may take to exit before it is killed
 
 
@@ -419,6 +422,7 @@ class WorkerPool:
         stage = Stage.SETUP
         stage_start = time.monotonic()
         candidate_start: float | None = None
+        protocol = JobProtocol()
         while True:
             now = time.monotonic()
             limit = compile_limit if stage is Stage.COMPILE else cfg.stage_timeout(stage)
@@ -426,10 +430,21 @@ class WorkerPool:
             if candidate_start is not None and stage in CANDIDATE_STAGES:
                 deadline = min(deadline, candidate_start + cfg.timeout_s + extra)
             try:
-                ready = worker.conn.poll(max(0.0, deadline - now))
-                message = recv_message(worker.conn) if ready else None
-                if message is not None and isinstance(message[1], dict):
-                    receive_frames(worker.conn, message[1])  # the tensors a message announces
+                message = None
+                if worker.conn.poll(max(0.0, deadline - now)):
+                    # A message begun in time may finish a little late, never much later.
+                    frames_deadline = max(deadline, time.monotonic() + FRAME_GRACE_S)
+                    message = recv_message(worker.conn, frames_deadline)
+                    if message[0] in TRUSTED_TAGS and candidate_start is not None:
+                        outcome.late_trusted.append(message[0])
+                        worker.kill()
+                        outcome.exitcode = worker.process.exitcode
+                        return
+                    protocol.admit(*message)
+                    if isinstance(message[1], dict):  # the tensors a message announces
+                        receive_frames(worker.conn, message[1], frames_deadline)
+            except FrameStalled:
+                message = None
             except (EOFError, OSError, RuntimeError):  # RuntimeError: no descriptor came
                 worker.process.join(2.0)
                 outcome.died_in_stage = stage.value
@@ -465,9 +480,6 @@ class WorkerPool:
                 if stage is Stage.COMPILE:
                     candidate_start = stage_start
                     loaded[0] = True
-                continue
-            if tag in TRUSTED_TAGS and candidate_start is not None:
-                outcome.late_trusted.append(str(tag))
                 continue
             outcome.messages[tag] = payload
             if tag in ("done", "fail"):

@@ -14,6 +14,7 @@ from typing import Any
 
 from multiminddev.env.candidate import as_output_list, send_tensor_lists
 from multiminddev.env.config import EvalConfig, Stage
+from multiminddev.env.messages import ANSWERED_BY, output_byte_limit
 from multiminddev.env.results import Finding, _to_jsonable
 
 
@@ -34,7 +35,8 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
         forget_seeds()
         outputs, layouts, findings = _correctness_trials(state, cfg, ref, model_new)
         with timed(clock, "run.send_outputs"):
-            send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer)
+            send_tensor_lists(conn, "outputs", outputs, transfer=cfg.tensor_transfer,
+                              limit_bytes=_limit(ref, "outputs"))
             conn.send(("output_layouts", {"layouts": layouts}))
         if findings:
             return _reject(conn, stage, findings)
@@ -52,7 +54,8 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
             with timed(clock, "benchmark"):
                 bench, checked, findings = _benchmark_candidate(state, cfg, ref, model_new)
             conn.send(("benchmark", bench))
-            send_tensor_lists(conn, "timed_outputs", checked, transfer=cfg.tensor_transfer)
+            send_tensor_lists(conn, "timed_outputs", checked, transfer=cfg.tensor_transfer,
+                              limit_bytes=_limit(ref, "timed_outputs"))
             if findings:
                 return _reject(conn, stage, findings)
         # Once, at the end (a snapshot costs ~50-100 ms): registrations made at import, in
@@ -65,6 +68,11 @@ def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, r
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a message
         return _report_exception(conn, stage, exc, trusted=False, cap=state.memory_cap,
                                  gpu=state.gpu)
+
+
+def _limit(ref: Any, tag: str) -> int:
+    """What the evaluator accepts for ``tag``: more would end the job as a protocol breach."""
+    return output_byte_limit(ref.sent_bytes.get(ANSWERED_BY[tag], 0))
 
 
 def registry_findings(state: Any) -> list[Finding]:

@@ -56,6 +56,7 @@ from multiminddev.env.candidate import (
     candidate_hash,
     load_module_from_source,
     send_tensor_lists,
+    tensor_list_bytes,
 )
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
@@ -367,6 +368,8 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
             with timed(clock, "setup.reference"):
                 reference = _setup_reference(problem, cfg, state.pinned_copies)
             with timed(clock, "setup.send_reference"):
+                reference.sent_bytes = {"reference": tensor_list_bytes(reference.outputs),
+                                        "timed_reference": tensor_list_bytes(reference.check_outputs)}
                 send_tensor_lists(conn, "reference", reference.outputs,
                                   transfer=cfg.tensor_transfer)
                 send_tensor_lists(conn, "timed_reference", reference.check_outputs,
@@ -553,6 +556,9 @@ class Reference:
     problem_module: Any
     rng: random.Random  # draws every seed; OS randomness unless EvalConfig.seed is set
     model: Any = None
+    # The tensor bytes of the reference messages sent to the evaluator, by tag: they bound
+    # what the candidate's answering messages may carry (``messages.output_byte_limit``).
+    sent_bytes: dict[str, int] = field(default_factory=dict)
 
     def draw_inputs(self) -> list[Any]:
         """A fresh input list for one timed call (new random data every call)."""
