@@ -867,3 +867,36 @@ def test_a_wrapper_class_also_built_with_a_torch_function_is_not_a_launcher():
     source = WRAPPER_CLASS.replace("{extra_init}", "        self.other = Launcher(torch.relu)")
     result = sc.run_static_checks(source)
     assert result.status is StageStatus.FAILED
+
+
+# --- attribute reads and bindings the attribute rules cannot see -----------------------------
+
+def rules(source: str) -> set[str]:
+    return {f.rule for f in sc.run_static_checks(source).findings}
+
+
+@pytest.mark.parametrize("extra, rule", [
+    ("G = torch.nn.Module().__init__.__globals__", "introspection"),
+    ("P = torch.nn.Module()._apply", "private_internals"),
+    ("def f(o):\n    match o:\n        case int(__class__=c):\n            return c", "introspection"),
+    ("T = '{0.__class__}'.format(1)", "introspection"),
+    ("T = '{0[0].gi_frame}'.format([1])", "introspection"),
+    ("S = '{}'\nT = S.format(1)", "introspection"),
+    ("def f(g):\n    cls = g\n    return cls.gi_frame", "rebound_self"),
+    ("def f(self):\n    return self.gi_frame", "rebound_self"),
+    ("for self in [1]:\n    pass", "rebound_self"),
+    ("HOLDER = [torch.Tensor]\nHOLDER[0].zero_ = None", "patch_module"),
+    ("class H:\n    pass\nfor H.x in [1]:\n    pass", "patch_module"),
+])
+def test_reads_and_bindings_that_lend_trust_are_refused(extra, rule):
+    assert rule in rules(candidate(extra=extra))
+
+
+@pytest.mark.parametrize("extra", [
+    "NAME = 'relu_{}'.format(256)",
+    "NAME = '{n:>{w}}'.format(n=1, w=4)",
+    "class Helper:\n    def __init__(self, n):\n        self.n = n\n    @classmethod\n"
+    "    def make(cls, n):\n        return cls(n)",
+])
+def test_plain_formatting_and_own_classes_stay_allowed(extra):
+    assert sc.run_static_checks(candidate(extra=extra)).findings == []

@@ -1130,12 +1130,7 @@ def check_monkey_patch(tree: ast.Module, source: str) -> list[Finding]:
     info = _analyse_cached(source)
     findings = []
     for node in ast.walk(tree):
-        targets: list[ast.AST] = []
-        if isinstance(node, (ast.Assign, ast.Delete)):
-            targets = list(node.targets)
-        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-            targets = [node.target]
-        for target in targets:
+        for target in _assignment_targets(node):
             message = _patch_target_message(target, info)
             if message:
                 findings.append(_finding("patch_module", RejectReason.MONKEY_PATCH, message, node))
@@ -1151,6 +1146,29 @@ def check_monkey_patch(tree: ast.Module, source: str) -> list[Finding]:
                                          node))
         findings.extend(_tensor_subclass_findings(node, info))
     return _dedup(findings)
+
+
+def _assignment_targets(node: ast.AST) -> list[ast.AST]:
+    """Every target ``node`` stores into or deletes: assignments, loop, ``with`` and
+    comprehension targets (``for torch.Tensor.zero_ in [f]`` assigns too), unpacked."""
+    if isinstance(node, (ast.Assign, ast.Delete)):
+        roots = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.AsyncFor, ast.comprehension)):
+        roots = [node.target]
+    elif isinstance(node, (ast.With, ast.AsyncWith)):
+        roots = [item.optional_vars for item in node.items if item.optional_vars is not None]
+    else:
+        return []
+    out = []
+    while roots:
+        target = roots.pop()
+        if isinstance(target, (ast.Tuple, ast.List)):
+            roots.extend(target.elts)
+        elif isinstance(target, ast.Starred):
+            roots.append(target.value)
+        else:
+            out.append(target)
+    return out
 
 
 SETATTR_FUNCTIONS = frozenset({"setattr", "delattr", "object.__setattr__", "object.__delattr__",
@@ -1182,6 +1200,12 @@ def _patch_target_message(target: ast.AST, info: ModuleInfo) -> str | None:
             and target.attr.endswith("__") and not (isinstance(target.value, ast.Name)
                                                     and target.value.id in {"self", "cls"})):
         return f"replaces the special method {chain[:60]}"
+    if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name)
+                                                  and target.value.id in {"self", "cls"}):
+        # Whatever the receiver is bound to (a list holding torch.Tensor, a loop variable, a
+        # default argument), setting its attribute may patch a class the harness uses.
+        return (f"sets {chain[:60]}: only attributes of self (or cls) may be set; keep other "
+                "state in self's attributes")
     return None
 
 
@@ -1664,6 +1688,109 @@ def check_attribute_names(tree: ast.Module, source: str) -> list[Finding]:
     return _dedup(findings)
 
 
+def check_name_reads(tree: ast.Module, source: str) -> list[Finding]:
+    """Attribute reads the attribute rules cannot see, and ``self``/``cls`` as any other value.
+
+    Refused: keyword attributes of ``match`` class patterns (``case F(__globals__=g)`` reads
+    ``__globals__``); ``str.format``/``format_map`` fields that reach attributes or items
+    (``"{0.gi_frame.f_back}".format(g)``), and either method on a string that is not a literal;
+    ``self``/``cls`` bound anywhere but as the first parameter of a method, and the
+    candidate's class names rebound.
+
+    Rationale: the attribute rules trust ``self``, ``cls`` and the candidate's own classes as
+    receivers and read attribute names from the syntax tree; a pattern keyword or a format field
+    reads an attribute the tree shows only as a string, and a rebound ``self`` lends that trust
+    to a frame or a module.
+    """
+    info = _analyse_cached(source)
+    parents = _parents(tree)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.MatchClass) and node.kwd_attrs:
+            findings.append(_finding(
+                "introspection", RejectReason.FORBIDDEN_IMPORT,
+                f"a class pattern reads attributes by keyword ({', '.join(node.kwd_attrs)[:60]}); "
+                "read attributes directly", node))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in {"format", "format_map"}):
+            message = _format_message(node.func.value)
+            if message:
+                findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
+                                         message, node))
+        for name, where in _bound_names(node, parents):
+            if name in {"self", "cls"} and where != "method_receiver":
+                findings.append(_finding(
+                    "rebound_self", RejectReason.FORBIDDEN_IMPORT,
+                    f"`{name}` is bound {where}; `self`/`cls` name only a method's own "
+                    "object or class", node))
+            elif name in info.classes and where not in {"class", "method_receiver"}:
+                findings.append(_finding(
+                    "rebound_self", RejectReason.FORBIDDEN_IMPORT,
+                    f"the class name `{name}` is bound again {where}; give the value a name "
+                    "of its own", node))
+    return _dedup(findings)
+
+
+def _format_message(template: ast.AST) -> str | None:
+    if not (isinstance(template, ast.Constant) and isinstance(template.value, str)):
+        return ("`.format`/`.format_map` on a string built at run time: its fields could "
+                "reach any attribute; use an f-string or a literal template")
+    try:
+        fields = _format_fields(template.value)
+    except ValueError:
+        return "a format string that does not parse"
+    for field_name in fields:
+        if "." in field_name or "[" in field_name:
+            return (f"the format field {{{field_name[:40]}}} reaches an attribute or item; "
+                    "format plain values")
+    return None
+
+
+def _format_fields(template: str, depth: int = 0) -> list[str]:
+    import string
+
+    fields = []
+    for _, field_name, spec, _ in string.Formatter().parse(template):
+        if field_name is not None:
+            fields.append(field_name)
+        if spec and depth < 2:
+            fields.extend(_format_fields(spec, depth + 1))
+    return fields
+
+
+def _bound_names(node: ast.AST, parents: dict[int, ast.AST]) -> list[tuple[str, str]]:
+    """(name, how) for every name ``node`` binds; how is "method_receiver" for the first
+    parameter of a function defined in a class body, "class" for a class definition."""
+    if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+        return [(node.id, "by an assignment")]
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        args = node.args
+        positional = [*args.posonlyargs, *args.args]
+        in_class = isinstance(parents.get(id(node)), ast.ClassDef)
+        out = []
+        for i, arg in enumerate([*positional, *args.kwonlyargs,
+                                 *([args.vararg] if args.vararg else []),
+                                 *([args.kwarg] if args.kwarg else [])]):
+            receiver = in_class and i == 0 and positional and arg is positional[0]
+            out.append((arg.arg, "method_receiver" if receiver else "as a parameter"))
+        if not isinstance(node, ast.Lambda):
+            out.append((node.name, "by a def"))
+        return out
+    if isinstance(node, ast.ClassDef):
+        return [(node.name, "class")]
+    if isinstance(node, ast.ExceptHandler) and node.name:
+        return [(node.name, "by an except clause")]
+    if isinstance(node, ast.alias):
+        return [((node.asname or node.name).split(".")[0], "by an import")]
+    if isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+        return [(node.name, "by a match pattern")]
+    if isinstance(node, ast.MatchMapping) and node.rest:
+        return [(node.rest, "by a match pattern")]
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return [(name, "by a global/nonlocal statement") for name in node.names]
+    return []
+
+
 def _own_receiver(node: ast.AST, info: ModuleInfo) -> bool:
     """``self``/``cls`` or one of the candidate's own classes."""
     return isinstance(node, ast.Name) and (node.id in {"self", "cls"} or node.id in info.classes)
@@ -1673,7 +1800,10 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
                        ) -> tuple[str, RejectReason, str] | None:
     attr, value = node.attr, node.value
     root = _root(node)
-    imported = isinstance(root, ast.Name) and root.id in bindings  # check_torch_attributes' job
+    # A plain dotted name from an import is check_torch_attributes' job; once a call or an
+    # index is in the chain (``torch.nn.Module().__init__``), the value is an object like any.
+    imported = (isinstance(root, ast.Name) and root.id in bindings
+                and _dotted(node) is not None)
     if attr.startswith("__") and attr.endswith("__"):
         if attr == "__init__" and (_own_receiver(value, info) or (
                 isinstance(value, ast.Call) and _dotted(value.func) == "super") or imported):
@@ -2101,6 +2231,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_torch_attributes,
     check_builtins,
     check_attribute_names,
+    check_name_reads,
     check_host_reads,
     check_returns_input,
     check_native_code,
