@@ -781,6 +781,79 @@ def test_descriptor_io_rule_leaves_member_calls_and_longer_names(body):
     assert reasons(INLINE.replace("BODY", body)) == set()
 
 
+# --- what flows into load_inline: every source, static arguments, allowlisted flags ----------
+
+INLINE_CALL = ('ext = load_inline(name="e", cpp_sources="torch::Tensor f(torch::Tensor x);", '
+               'cuda_sources=src,\n                  functions=["f"])')
+
+
+def inline_with_call(call: str, body: str = "") -> str:
+    src = INLINE.replace("BODY", body)
+    assert INLINE_CALL in src
+    return src.replace(INLINE_CALL, call)
+
+
+def test_an_unmarked_second_source_is_read():
+    call = ('HELPER = "void h() { system(\'ls\'); }"\n'
+            'ext = load_inline(name="e", cpp_sources=["torch::Tensor f(torch::Tensor x);", HELPER],'
+            ' cuda_sources=src, functions=["f"])')
+    assert "native_escape" in rules(inline_with_call(call))
+
+
+def test_a_source_joined_with_plus_is_read_whole():
+    call = ('A = "void h() { sys"\nB = "tem(\'ls\'); }"\n'
+            'ext = load_inline(name="e", cpp_sources=A + B, cuda_sources=src, functions=["f"])')
+    assert "native_escape" in rules(inline_with_call(call))
+
+
+@pytest.mark.parametrize("call", [
+    'ext = load_inline(name="e", cpp_sources=src.replace("X", "Y"), functions=["f"])',
+    'ext = load_inline(name="e", cpp_sources=[s for s in (src,)], functions=["f"])',
+    'ext = load_inline(name="e", cpp_sources=src, functions=["f"], extra_cflags=str(3).split())',
+    'args = {"cpp_sources": src}\next = load_inline(name="e", **args)',
+])
+def test_load_inline_arguments_computed_at_run_time_are_refused(call):
+    found = sc.run_static_checks(inline_with_call(call)).findings
+    finding = next(f for f in found if f.rule == "native_source_not_static")
+    assert finding.reason is RejectReason.FORBIDDEN_IMPORT and "literal" in finding.message
+
+
+@pytest.mark.parametrize("arg,flag", [
+    ("extra_cflags", "-DSHELL=system"), ("extra_cuda_cflags", "-UNDEBUG"),
+    ("extra_ldflags", "-lcublas"), ("extra_ldflags", "-L/tmp"), ("extra_cflags", "-Wl,-rpath,/x"),
+    ("extra_cflags", "-include /etc/hosts"), ("extra_cuda_cflags", "-I/usr/include"),
+    ("extra_cflags", "-x c"), ("extra_include_paths", "/usr/include"),
+    ("extra_cuda_cflags", "-Xcompiler -fopenmp"),
+])
+def test_build_flags_outside_the_allowlist_are_refused(arg, flag):
+    call = f'ext = load_inline(name="e", cuda_sources=src, functions=["f"], {arg}=["{flag}"])'
+    assert "native_build_flag" in rules(inline_with_call(call))
+
+
+@pytest.mark.parametrize("flags", [
+    '["-O3"]', '["-O3", "-std=c++17", "-lineinfo"]', '["-U__CUDA_NO_HALF_OPERATORS__"]',
+    '["-Xptxas", "-v"]', '["-Xptxas=-v", "--maxrregcount=64", "-arch=sm_90a"]', '[""]', "[]",
+])
+def test_allowlisted_build_flags_pass(flags):
+    call = (f'ext = load_inline(name="e", cuda_sources=src, functions=["f"], '
+            f'extra_cuda_cflags={flags}, extra_cflags={flags}, extra_ldflags=[""])')
+    assert reasons(inline_with_call(call)) == set()
+
+
+def test_fast_math_flag_is_a_precision_downgrade_on_float32_only():
+    call = ('ext = load_inline(name="e", cuda_sources=src, functions=["f"], '
+            'extra_cuda_cflags=["--use_fast_math"])')
+    src = inline_with_call(call)
+    found = sc.run_static_checks(src, problem_dtype="float32").findings
+    assert "fast_math_flag" in {f.rule for f in found}
+    assert sc.run_static_checks(src, problem_dtype="float16").findings == []
+
+
+def test_binding_a_libc_function_is_refused():
+    call = 'ext = load_inline(name="e", cuda_sources=src, functions=["f", "system"])'
+    assert "native_escape" in rules(inline_with_call(call))
+
+
 def test_native_rules_ignore_string_literals():
     body = 'TORCH_CHECK(x.is_cuda(), "not torch::relu(x), nor system(\\"ls\\")");'
     assert reasons(INLINE.replace("BODY", body)) == set()
@@ -900,3 +973,39 @@ def test_reads_and_bindings_that_lend_trust_are_refused(extra, rule):
 ])
 def test_plain_formatting_and_own_classes_stay_allowed(extra):
     assert sc.run_static_checks(candidate(extra=extra)).findings == []
+
+
+@pytest.mark.parametrize("extra, rule", [
+    ("class P:\n    __match_args__ = ('gi_frame',)", "hook"),
+    ("class A:\n    @classmethod\n    def __subclasshook__(cls, other):\n        return True", "hook"),
+    ("class A:\n    def __getattr__(self, name):\n        return name", "hook"),
+    ("class P:\n    pass\ndef f(o):\n    match o:\n        case P(x):\n            return x",
+     "introspection"),
+    ("int = list", "rebound_self"),
+    ("class M(nn.Module):\n    def eval(self):\n        return self", "module_override"),
+    ("class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+     "        self.compile()", "module_override"),
+])
+def test_lookup_hooks_patterns_and_module_overrides_are_refused(extra, rule):
+    assert rule in rules(candidate(extra=extra))
+
+
+def test_builtin_class_patterns_stay_allowed():
+    extra = "def f(o):\n    match o:\n        case int(x):\n            return x\n    return 0"
+    assert sc.run_static_checks(candidate(extra=extra)).findings == []
+
+
+@pytest.mark.parametrize("call, rule", [
+    ('compile_kernels(SRC, use_fast_math=True)', "fast_math_flag"),
+    ('compile_kernels(SRC, defines=("CVT=__float2half_rn",))', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[name for name in ("A",)])', "native_build_flag"),
+])
+def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, rule):
+    source = candidate().replace("compile_kernels(", "SRC = (", 1)
+    source = source.replace('""")', '""")\nkernels = ' + call, 1)
+    assert rule in rules(source), sc.run_static_checks(source).findings
+
+
+def test_numeric_defines_stay_allowed():
+    source = candidate().replace('""")', '""", defines=("BLOCK=256", "SCALE=0.5f", "FAST"))', 1)
+    assert sc.run_static_checks(source).findings == []

@@ -117,6 +117,9 @@ class CompileResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     kernels: list[KernelResources] = field(default_factory=list)
     error: str = ""
+    # Refusals found in what was built (a load_inline library's imported symbols): the
+    # candidate is rejected with these, not reported as a compile error.
+    findings: list[Finding] = field(default_factory=list)
 
     @property
     def errors(self) -> list[Diagnostic]:

@@ -333,6 +333,13 @@ def _inline_failure(problem: Problem, candidate: str, static: StaticCheckResult,
                     compile_result: CompileResult) -> EvalResult:
     from multiminddev.env.assemble import compile_failure_message
 
+    if compile_result.findings:  # built, but the library imports refused symbols
+        first = compile_result.findings[0]
+        return EvalResult(status=EvalStatus.REJECTED, problem=problem.name,
+                          candidate_hash=candidate_hash(candidate), static=static,
+                          compile=compile_result, reject_reason=first.reason,
+                          message=f"rejected by library check {first.rule}: {first.message}",
+                          device="cpu (build pool)")
     status = {StageStatus.FAILED: EvalStatus.COMPILE_ERROR, StageStatus.TIMEOUT: EvalStatus.TIMEOUT,
               }.get(compile_result.status, EvalStatus.INFRA_ERROR)
     return EvalResult(status=status, problem=problem.name, candidate_hash=candidate_hash(candidate),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures as cf
+import copy
 import hashlib
 import inspect
 import json
@@ -41,7 +42,14 @@ from typing import Any
 
 from multiminddev import pyast
 from multiminddev.cuda import cache_auth
-from multiminddev.env.results import CompileResult, Diagnostic, KernelResources, StageStatus
+from multiminddev.env.results import (
+    CompileResult,
+    Diagnostic,
+    Finding,
+    KernelResources,
+    RejectReason,
+    StageStatus,
+)
 
 SPEC_ARGS = (
     "name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
@@ -61,6 +69,28 @@ class InlineBuildError(RuntimeError):
     def __init__(self, result: CompileResult):
         self.result = result
         super().__init__(f"load_inline build failed: {result.error}")
+
+
+class InlineLibraryRefused(RuntimeError):
+    """A library the candidate built imports refused symbols (``native_symbols``); the
+    candidate is rejected with ``.findings`` before the library is loaded."""
+
+    def __init__(self, findings: list[Finding]):
+        self.findings = findings
+        super().__init__(findings[0].message if findings else "built library refused")
+
+
+def refused_symbols(library: Path) -> list[dict[str, Any]]:
+    """``native_symbols.library_findings`` of a built library, as JSON-able dicts."""
+    from multiminddev.env import native_symbols
+
+    return [{"rule": f.rule, "reason": f.reason.value, "message": f.message}
+            for f in native_symbols.library_findings(library)]
+
+
+def _findings(outcome: dict[str, Any]) -> list[Finding]:
+    return [Finding(rule=f["rule"], reason=RejectReason(f["reason"]), message=f["message"])
+            for f in outcome.get("findings") or ()]
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -273,8 +303,10 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     if library.exists():
         digest = authentic_digest(library, key, secret)
         if digest is not None:
-            return {"status": "ok", "cached": True, "seconds": 0.0, "log": "", "key": key,
-                    "sha256": digest}
+            # Checked again on every use: the refusal list may have grown since it was built.
+            refused = refused_symbols(library)
+            return {"status": "rejected" if refused else "ok", "cached": True, "seconds": 0.0,
+                    "log": "", "key": key, "sha256": digest, "findings": refused}
         # Planted, altered or untagged: build from scratch (ninja would call a newer planted
         # library up to date).
         shutil.rmtree(build_dir, ignore_errors=True)
@@ -282,21 +314,31 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list(arch)
     # Build only: the untrusted library is loaded later, inside the sandboxed worker.
     cpp_extension._import_module_from_library = lambda *a, **k: None
-    kwargs = {k: v for k, v in spec_args.items() if k != "name" and v is not None}
-    digest = None
+    # Copies: load_inline inserts its headers and bindings into the source lists in place.
+    kwargs = {k: copy.deepcopy(v) for k, v in spec_args.items() if k != "name" and v is not None}
+    digest, refused = None, []
     try:
         cpp_extension.load_inline(name=name, build_directory=str(build_dir), verbose=False, **kwargs)
         status, log = "ok", ""
         digest = tag_library(library, key, secret) if secret is not None else None
+        # What the library imports, under its real names (macros and renames cannot hide it).
+        refused = refused_symbols(library)
+        status = "rejected" if refused else "ok"
     except Exception as exc:  # noqa: BLE001 - the compiler's output is in the message
         status, log = "failed", str(exc)
     return {"status": status, "cached": False, "seconds": time.perf_counter() - start,
-            "log": log[-20000:], "key": key, "sha256": digest}
+            "log": log[-20000:], "key": key, "sha256": digest, "findings": refused}
 
 
 def outcome_to_compile_result(outcome: dict[str, Any], arch: str) -> CompileResult:
     ok = outcome.get("status") == "ok"
     log = outcome.get("log", "")
+    findings = _findings(outcome)
+    if findings:  # built, but imports refused symbols: FAILED with the findings (a rejection)
+        return CompileResult(status=StageStatus.FAILED, backend="load_inline", arch=arch,
+                             seconds=float(outcome.get("seconds", 0.0)),
+                             cached=bool(outcome.get("cached", False)), findings=findings,
+                             error=findings[0].message)
     return CompileResult(
         status=StageStatus.OK if ok else StageStatus.FAILED,
         backend="load_inline",
@@ -497,14 +539,26 @@ def install_routing(cache_root: Path, arch: str) -> None:
             build_dir = Path(tempfile.mkdtemp(prefix=f"mmd-inline-{key[:12]}-"))
             os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _arch_list(arch))
             rest = {k: v for k, v in call.items() if k not in ("name", "build_directory")}
+            load = cpp_extension._import_module_from_library
+            cpp_extension._import_module_from_library = lambda *a, **k: None  # build only
             try:
-                module = real(name=name, build_directory=str(build_dir), **rest)
+                real(name=name, build_directory=str(build_dir), **rest)
             except Exception as exc:  # noqa: BLE001 - nvcc/g++ output is in the message
                 outcome = {"status": "failed", "seconds": time.perf_counter() - start,
                            "log": str(exc)[-20000:]}
                 result = outcome_to_compile_result(outcome, arch)
                 inline_log.append(result)
                 raise InlineBuildError(result) from None
+            finally:
+                cpp_extension._import_module_from_library = load
+            # The symbol check of the trusted builder, before this library is ever loaded.
+            outcome = {"status": "ok", "seconds": time.perf_counter() - start,
+                       "findings": refused_symbols(library_path(build_dir, name))}
+            if outcome["findings"]:
+                result = outcome_to_compile_result(outcome, arch)
+                inline_log.append(result)
+                raise InlineLibraryRefused(result.findings)
+            module = load(name, str(build_dir), bool(spec.args["is_python_module"]))
         inline_log.append(CompileResult(
             status=StageStatus.OK, backend="load_inline", arch=arch,
             seconds=time.perf_counter() - start, cached=prebuilt,

@@ -1711,6 +1711,12 @@ def check_name_reads(tree: ast.Module, source: str) -> list[Finding]:
                 "introspection", RejectReason.FORBIDDEN_IMPORT,
                 f"a class pattern reads attributes by keyword ({', '.join(node.kwd_attrs)[:60]}); "
                 "read attributes directly", node))
+        elif isinstance(node, ast.MatchClass) and node.patterns and not (
+                isinstance(node.cls, ast.Name) and node.cls.id in SELF_MATCHING_BUILTINS):
+            findings.append(_finding(
+                "introspection", RejectReason.FORBIDDEN_IMPORT,
+                f"a class pattern with positional parts reads the attributes its class's "
+                f"__match_args__ names; match only builtin types (int(x), str(s))", node))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr in {"format", "format_map"}):
             message = _format_message(node.func.value)
@@ -1718,6 +1724,16 @@ def check_name_reads(tree: ast.Module, source: str) -> list[Finding]:
                 findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
                                          message, node))
         for name, where in _bound_names(node, parents):
+            if name in HOOK_DUNDERS and where in {"by a def", "by an assignment"}:
+                findings.append(_finding(
+                    "hook", RejectReason.MONKEY_PATCH,
+                    f"defines {name}, which changes how Python looks up, matches or checks "
+                    "objects; kernel wrappers need none of it", node))
+            elif name in SELF_MATCHING_BUILTINS:
+                findings.append(_finding(
+                    "rebound_self", RejectReason.FORBIDDEN_IMPORT,
+                    f"the builtin `{name}` is bound again {where}; give the value a name of "
+                    "its own", node))
             if name in {"self", "cls"} and where != "method_receiver":
                 findings.append(_finding(
                     "rebound_self", RejectReason.FORBIDDEN_IMPORT,
@@ -1729,6 +1745,65 @@ def check_name_reads(tree: ast.Module, source: str) -> list[Finding]:
                     f"the class name `{name}` is bound again {where}; give the value a name "
                     "of its own", node))
     return _dedup(findings)
+
+
+# Builtin types whose class pattern matches the subject itself (``case int(x)``), never an
+# attribute of it.
+SELF_MATCHING_BUILTINS = frozenset({"bool", "bytearray", "bytes", "dict", "float", "frozenset",
+                                    "int", "list", "set", "str", "tuple"})
+# Special names that make attribute lookup, pattern matching, isinstance or class creation run
+# the candidate's code on objects it does not own.
+HOOK_DUNDERS = frozenset({"__getattr__", "__getattribute__", "__setattr__", "__delattr__",
+                          "__match_args__", "__subclasshook__", "__instancecheck__",
+                          "__subclasscheck__", "__init_subclass__", "__set_name__",
+                          "__class_getitem__", "__get__", "__set__", "__delete__",
+                          "__mro_entries__", "__prepare__"})
+
+
+def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
+    """A module class defines ``__init__``, ``forward`` and helpers of its own names only, and
+    never calls ``self.compile``.
+
+    Rationale: the harness builds the model with ``ModelNew(...).cuda().eval()`` and calls the
+    result: a class that redefines ``eval``, ``cuda``, ``to``, ``__call__`` or any other
+    ``nn.Module`` method can hand the harness another object, whose code no forward rule
+    reads; ``self.compile`` puts torch.compile's generated code on the call path.
+    """
+    import torch
+
+    module_api = set(dir(torch.nn.Module)) - {"__init__", "forward", "extra_repr", "__repr__",
+                                               "__doc__", "__module__", "__dict__"}
+    info = _analyse_cached(source)
+    findings = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and _is_module_class(node, info):
+            for item in node.body:
+                names = ([item.name] if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                         else [t.id for t in _assignment_targets(item) if isinstance(t, ast.Name)])
+                for name in names:
+                    if name in module_api:
+                        findings.append(_finding(
+                            "module_override", RejectReason.MONKEY_PATCH,
+                            f"{node.name} redefines nn.Module.{name}, which the harness calls; "
+                            "define __init__, forward and helpers with names of your own", item))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "compile" and isinstance(node.func.value, ast.Name)
+              and node.func.value.id == "self"):
+            findings.append(_finding("module_override", RejectReason.MONKEY_PATCH,
+                                     "self.compile(...) runs torch.compile's code in place of "
+                                     "forward; launch your kernels in forward", node))
+    return _dedup(findings)
+
+
+def _is_module_class(node: ast.ClassDef, info: ModuleInfo, depth: int = 0) -> bool:
+    for base in node.bases:
+        name = resolve(base, info.aliases)
+        if name in {"torch.nn.Module", "torch.nn.modules.module.Module"}:
+            return True
+        own = info.classes.get(base.id) if isinstance(base, ast.Name) else None
+        if own is not None and depth < 8 and _is_module_class(own, info, depth + 1):
+            return True
+    return False
 
 
 def _format_message(template: ast.AST) -> str | None:
@@ -1986,6 +2061,19 @@ def check_precision_downgrade(tree: ast.Module, source: str, *,
                                     line=_native_line(node, code, match.start()),
                                     message=f"kernel code uses `{match.group(0).strip()}` on a float32 "
                                             "problem: compute in float32"))
+    aliases = import_aliases(tree)
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and resolve(call.func, aliases) in COMPILE_KERNELS:
+            fast = next((k.value for k in call.keywords if k.arg == "use_fast_math"), None)
+            if fast is not None and not (isinstance(fast, ast.Constant) and fast.value is False):
+                findings.append(_finding("fast_math_flag", RejectReason.PRECISION_DOWNGRADE,
+                                         "compile_kernels(use_fast_math=...) approximates float32 "
+                                         "math on a float32 problem: leave it out", call))
+    for call, arg, flag in native_builds(tree).flags:
+        if arg in ("extra_cflags", "extra_cuda_cflags") and FAST_MATH_FLAG.search(flag):
+            findings.append(_finding("fast_math_flag", RejectReason.PRECISION_DOWNGRADE,
+                                     f"{arg} `{flag}` approximates float32 math on a float32 "
+                                     "problem: leave it out", call))
     return _dedup(findings)
 
 
@@ -2104,19 +2192,169 @@ def _docstrings(tree: ast.Module) -> set[int]:
     return ids
 
 
-def _native_sources(tree: ast.Module) -> Iterator[tuple[ast.Constant, str]]:
-    """String constants that are C/C++/CUDA source, read by ``cuda_code`` (comments and
-    literals blanked, offsets kept); docstrings are prose, not code."""
+# load_inline arguments that become compiled code, and those that become compiler/linker flags.
+INLINE_SOURCE_ARGS = ("cpp_sources", "cuda_sources")
+INLINE_FLAG_ARGS = ("extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths")
+COMPILE_KERNELS = frozenset({"multiminddev.cuda.compile_kernels",
+                             "multiminddev.cuda.kernels.compile_kernels"})
+# Compiler flags a kernel build may pass (exact match after stripping). Everything else is
+# refused: -D/-U rename or define away anything the rules read (``-DSHELL=system``), -l/-L/-Wl,
+# link vendor or planted libraries, -include/-I/-x/-Wp, inject files and languages.
+SAFE_FLAG = re.compile(
+    r"-O[0-3s]?|-std=(c|gnu)\+\+\d\d|-g|-lineinfo|-w|-Wall|-Wextra|-Wno-[a-z0-9-]+|"
+    r"-{1,2}use_fast_math|-ffast-math|--expt-relaxed-constexpr|--expt-extended-lambda|"
+    r"--extended-lambda|-{1,2}maxrregcount[= ]?\d+|-arch=(sm|compute)_\d+a?|"
+    r"--gpu-architecture=(sm|compute)_\d+a?|-gencode=arch=compute_\d+a?,code=(sm|compute)_\d+a?|"
+    r"(-Xptxas[= ]?|--ptxas-options=)?(-v|--verbose|-O[0-3]|-warn-spills|-warn-lmem-usage)|"
+    r"-Xptxas|"  # its option is the next list item, checked on its own
+    r"-fPIC|-DNDEBUG|"
+    # torch defines these four to keep half/bfloat16 operators out of CUDA code; undefining
+    # them (KernelBench style) only enables the operators.
+    r"-U__CUDA_NO_HALF_OPERATORS__|-U__CUDA_NO_HALF_CONVERSIONS__|-U__CUDA_NO_HALF2_OPERATORS__|"
+    r"-U__CUDA_NO_BFLOAT16_CONVERSIONS__|-U__CUDA_NO_BFLOAT16_OPERATORS__|"
+    r"-U__CUDA_NO_BFLOAT162_OPERATORS__|-U__CUDA_NO_BFLOAT162_CONVERSIONS__")
+# A compile_kernels define: a name, or a name given a number ("TILE=32", "SCALE=0.5f").
+SAFE_DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d[\w]*))?")
+FAST_MATH_FLAG = re.compile(r"-{1,2}use_fast_math|-ffast-math|-Ofast|--ftz=true|--prec-div=false|"
+                            r"--prec-sqrt=false|--fmad=true")
+
+
+@dataclass
+class NativeBuilds:
+    """What the candidate's kernel builders compile, resolved statically (as the trusted
+    builder resolves it: ``inline_build``): every source string, with the node it came from;
+    every flag; and the load_inline calls whose arguments are computed at run time."""
+
+    sources: list[tuple[ast.AST, str]] = field(default_factory=list)
+    flags: list[tuple[ast.AST, str, str]] = field(default_factory=list)  # (call, argument, flag)
+    functions: list[tuple[ast.AST, str]] = field(default_factory=list)
+    not_static: list[ast.Call] = field(default_factory=list)
+    defines: list[tuple[ast.AST, str | None]] = field(default_factory=list)  # None: not static
+
+
+def _is_load_inline(call: ast.Call, aliases: dict[str, str]) -> bool:
+    from multiminddev.env import inline_build
+
+    return (resolve(call.func, aliases) == "torch.utils.cpp_extension.load_inline"
+            or inline_build._callee_name(call.func) == "load_inline")
+
+
+def _strings(value: object) -> list[str] | None:
+    """A resolved argument as a list of strings (None: not strings)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return list(value)  # load_inline(functions={name: docstring})
+    return None
+
+
+def native_builds(tree: ast.Module) -> NativeBuilds:
+    """Resolve every ``load_inline`` / ``compile_kernels`` call of the module."""
+    from multiminddev.env import inline_build
+
+    aliases = import_aliases(tree)
+    consts = inline_build._module_constants(tree)
+    builds = NativeBuilds()
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        if _is_load_inline(call, aliases):
+            bound = inline_build._bind_static(call, consts)
+            if bound is None:
+                builds.not_static.append(call)
+                continue
+            texts = {key: _strings(bound.get(key)) for key in (*INLINE_SOURCE_ARGS, "functions",
+                                                               *INLINE_FLAG_ARGS)}
+            if any(v is None for v in texts.values()):
+                builds.not_static.append(call)
+                continue
+            builds.sources += [(call, t) for key in INLINE_SOURCE_ARGS for t in texts[key]]
+            builds.functions += [(call, t) for t in texts["functions"]]
+            builds.flags += [(call, key, t) for key in INLINE_FLAG_ARGS for t in texts[key]]
+        elif resolve(call.func, aliases) in COMPILE_KERNELS:
+            arg = call.args[0] if call.args else next(
+                (k.value for k in call.keywords if k.arg == "source"), None)
+            value = inline_build._static_value(arg, consts) if arg is not None else None
+            if isinstance(value, str):
+                builds.sources.append((call, value))
+            for keyword in call.keywords:
+                if keyword.arg == "defines":
+                    texts = _strings(inline_build._static_value(keyword.value, consts))
+                    builds.defines += [(call, t) for t in texts] if texts is not None else [
+                        (call, None)]
+    return builds
+
+
+def _native_sources(tree: ast.Module) -> Iterator[tuple[ast.AST, str]]:
+    """C/C++/CUDA source, read by ``cuda_code`` (comments and literals blanked, offsets kept):
+    every string a kernel builder compiles (resolved as the builder resolves it, whatever it
+    contains), with the string constant it is when it is one (for line numbers), else the
+    call; plus string constants that look like C/C++/CUDA (docstrings are prose, not code)."""
     docstrings = _docstrings(tree)
+    constants: dict[str, ast.Constant] = {}
     for node in ast.walk(tree):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str)
-                and id(node) not in docstrings and any(
-                    marker in node.value for marker in ("__global__", "#include", "torch::", "at::"))):
-            yield node, cuda_code(node.value)
+                and id(node) not in docstrings):
+            constants.setdefault(node.value, node)
+    seen: set[str] = set()
+    for call, text in native_builds(tree).sources:
+        if text not in seen:
+            seen.add(text)
+            yield constants.get(text, call), cuda_code(text)
+    for text, node in constants.items():
+        if text not in seen and any(
+                marker in text for marker in ("__global__", "#include", "torch::", "at::")):
+            seen.add(text)
+            yield node, cuda_code(text)
 
 
-def _native_line(node: ast.Constant, code: str, offset: int) -> int:
-    return node.lineno + code[:offset].count("\n")
+def _native_line(node: ast.AST, code: str, offset: int) -> int:
+    return getattr(node, "lineno", 1) + code[:offset].count("\n")
+
+
+def _native_build_findings(tree: ast.Module) -> list[Finding]:
+    """load_inline arguments: static, allowlisted flags only, bound functions not libc's."""
+    builds = native_builds(tree)
+    findings = [_finding(
+        "native_source_not_static", RejectReason.FORBIDDEN_IMPORT,
+        "load_inline arguments are computed at run time; pass string literals or module-level "
+        "string constants (joined with + at most) for the sources, functions and flags, so "
+        "they can be checked before anything builds", call) for call in builds.not_static]
+    for call, arg, flag in builds.flags:
+        if arg == "extra_include_paths" and flag.strip():
+            findings.append(_finding(
+                "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
+                f"extra_include_paths `{flag}`: a kernel build needs no include path beyond "
+                "torch's and CUDA's; leave it out", call))
+        elif arg == "extra_ldflags" and flag.strip():
+            findings.append(_finding(
+                "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
+                f"extra_ldflags `{flag}`: no library may be linked (vendor libraries compute "
+                "with kernels that are not yours); leave extra_ldflags empty", call))
+        elif arg in ("extra_cflags", "extra_cuda_cflags") and flag.strip() and not all(
+                SAFE_FLAG.fullmatch(part) for part in flag.split()):
+            findings.append(_finding(
+                "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
+                f"{arg} `{flag}` is not allowed (allowed: -O0..-O3, -std=c++NN, -lineinfo, "
+                "-use_fast_math, -arch/-gencode, -maxrregcount, -Xptxas -v, warnings); no "
+                "-D/-U/-I/-l/-L/-Wl,/-include/-x", call))
+    for call, define in builds.defines:
+        if define is None or not SAFE_DEFINE.fullmatch(define):
+            findings.append(_finding(
+                "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
+                f"compile_kernels(defines=...) entry {define!r}: defines name numeric constants "
+                "only (\"TILE=32\"), as literal strings; write code in the kernel source", call))
+    for call, name in builds.functions:
+        code = f"{name}("
+        for rule, reason, pattern in NATIVE_RULES:
+            if pattern.search(code):
+                findings.append(_finding(rule, reason, f"load_inline binds `{name}` as a "
+                                         "function: bind your own wrapper functions only", call))
+    return findings
 
 
 def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
@@ -2127,7 +2365,7 @@ def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
     obtained with ``at::cuda::getStreamFromPool()``, or call ``system()`` / ``fopen()``, which no
     audit hook sees.
     """
-    findings = []
+    findings = _native_build_findings(tree)
     for node, code in _native_sources(tree):
         for rule, reason, pattern in NATIVE_RULES:
             match = pattern.search(code)
@@ -2232,6 +2470,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_builtins,
     check_attribute_names,
     check_name_reads,
+    check_module_overrides,
     check_host_reads,
     check_returns_input,
     check_native_code,

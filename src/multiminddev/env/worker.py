@@ -767,7 +767,7 @@ def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: st
     state.candidate_loaded = True
     name = f"mmd_candidate_{candidate_hash(source)}_{time.monotonic_ns()}"
     known = (KernelCompileError, inline_build.InlineBuildError, NoGPUError,
-             inline_build.InlineBuildUnavailable)
+             inline_build.InlineBuildUnavailable, inline_build.InlineLibraryRefused)
     try:
         with timed(state.timings, "compile.exec"):  # the candidate's module body: its compiles
             module = load_module_from_source(source, name, state.workdir)
@@ -805,6 +805,12 @@ def _known_import_failure(conn: Any, state: WorkerState, exc: BaseException,
 
     nvrtc = kernels_mod.compile_log[first_nvrtc:]
     inline = inline_build.inline_log[first_inline:]
+    if isinstance(exc, inline_build.InlineLibraryRefused) and exc.findings:
+        conn.send(("compile", _compile_payload(nvrtc, inline)))
+        conn.send(("fail", {"kind": FailureKind.REJECTED, "stage": Stage.COMPILE.value,
+                            "reason": exc.findings[0].reason.value,
+                            "message": exc.findings[0].message}))
+        return
     if isinstance(exc, (KernelCompileError, inline_build.InlineBuildError)):
         if isinstance(exc, KernelCompileError) and not nvrtc:
             nvrtc = [exc.result]
@@ -846,7 +852,9 @@ def _install_sandbox(state: WorkerState, cfg: EvalConfig, *, allow_build: bool) 
     from multiminddev.env import sandbox
 
     use_private_compile_caches(state.workdir)
-    policy = sandbox.SandboxPolicy(allowed_executables=("ninja",) if allow_build else ())
+    # nm/objdump: the symbol check of a library built here, before it loads (native_symbols).
+    policy = sandbox.SandboxPolicy(
+        allowed_executables=("ninja", "nm", "objdump") if allow_build else ())
     sandbox.install_sandbox(state.workdir, policy)
     state.sandboxed = True
 

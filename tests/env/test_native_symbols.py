@@ -1,0 +1,183 @@
+"""The symbol check of built libraries, on real shared libraries built here with g++ (no mocks).
+
+Each library hides its call the way the red team hid it from the source rules (macro, alias,
+``__asm__`` rename, ``std::thread``, ``dlsym``, an inline ``syscall`` instruction); the linker
+records the real name all the same."""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from multiminddev.env import inline_build
+from multiminddev.env.native_symbols import library_findings, symbol_class, undefined_symbols
+from multiminddev.env.results import RejectReason
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None,
+                                reason="needs g++ and nm (binutils)")
+
+HONEST = r"""
+#include <cmath>
+#include <cstring>
+#include <vector>
+extern "C" float work(const float* x, float* y, long n) {
+    std::vector<float> tmp(x, x + n);
+    std::memcpy(y, tmp.data(), n * sizeof(float));
+    float s = 0;
+    for (long i = 0; i < n; ++i) s += std::sqrt(std::fabs(y[i])) + std::exp(y[i]);
+    return s;
+}
+"""
+WRITE_MACRO = r"""
+#include <unistd.h>
+#define W(a, b) wr##ite(a, b, 1)
+extern "C" void work() { W(5, "x"); }
+"""
+WRITE_ALIAS = r"""
+#include <cstddef>
+extern "C" long harmless(int, const void*, size_t) __asm__("write");
+extern "C" void work() { auto f = &harmless; f(5, "x", 1); }
+"""
+THREAD = r"""
+#include <thread>
+extern "C" void work() { std::thread t([] {}); t.detach(); }
+"""
+DLSYM = r"""
+#include <dlfcn.h>
+extern "C" void* work(const char* n) { return dlsym(RTLD_DEFAULT, n); }
+"""
+RAW_SYSCALL = r"""
+extern "C" long work(long fd) {
+    long ret;
+    __asm__ volatile("syscall" : "=a"(ret) : "a"(1L), "D"(fd), "S"("x"), "d"(1L)
+                     : "rcx", "r11", "memory");
+    return ret;
+}
+"""
+
+
+def build(tmp_path: Path, name: str, source: str) -> Path:
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(source)
+    lib = tmp_path / f"lib{name}.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-O2", "-std=c++17", "-o", str(lib), str(src),
+                    "-pthread"], check=True, capture_output=True)
+    return lib
+
+
+def test_honest_library_has_no_finding(tmp_path):
+    lib = build(tmp_path, "honest", HONEST)
+    assert {"expf", "exp"} & set(undefined_symbols(lib))  # it does import libc/libm
+    assert library_findings(lib) == []
+
+
+@pytest.mark.parametrize("name,source", [("macro", WRITE_MACRO), ("alias", WRITE_ALIAS)])
+def test_write_through_macro_or_asm_rename_is_found(tmp_path, name, source):
+    findings = library_findings(build(tmp_path, name, source))
+    assert [f.reason for f in findings] == [RejectReason.FORBIDDEN_IMPORT]
+    assert "`write`" in findings[0].message and findings[0].rule == "native_symbol"
+
+
+def test_std_thread_is_concurrency(tmp_path):
+    findings = library_findings(build(tmp_path, "thread", THREAD))
+    assert RejectReason.CONCURRENCY in {f.reason for f in findings}
+    assert any("thread creation" in f.message for f in findings)
+
+
+def test_dlsym_is_found(tmp_path):
+    findings = library_findings(build(tmp_path, "dlsym", DLSYM))
+    assert any("`dlsym`" in f.message and f.reason is RejectReason.FORBIDDEN_IMPORT
+               for f in findings)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("objdump") is None,
+                    reason="x86-64 inline asm and objdump")
+def test_inline_syscall_instruction_is_found(tmp_path):
+    findings = library_findings(build(tmp_path, "raw", RAW_SYSCALL))
+    assert [f.rule for f in findings] == ["native_syscall_instruction"]
+    assert "work" in findings[0].message
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("write", RejectReason.FORBIDDEN_IMPORT), ("fcntl64", RejectReason.FORBIDDEN_IMPORT),
+    ("cublasSgemm_v2", RejectReason.FORBIDDEN_IMPORT), ("cudaStreamCreateWithFlags",
+                                                         RejectReason.CONCURRENCY),
+    ("cudaLaunchHostFunc", RejectReason.CONCURRENCY), ("PyRun_StringFlags",
+                                                       RejectReason.FORBIDDEN_IMPORT),
+    ("PyEval_GetFrame", RejectReason.FORBIDDEN_IMPORT),
+    ("cudaGetDriverEntryPoint", RejectReason.FORBIDDEN_IMPORT),
+    ("memcpy", None), ("cudaLaunchKernel", None), ("PyFrame_GetBack", None),
+    ("PyEval_GetBuiltins", None), ("__cudaRegisterFunction", None),
+])
+def test_symbol_classes(name, expected):
+    cls = symbol_class(name)
+    assert (cls[1] if cls else None) is expected
+
+
+def test_builder_outcome_with_findings_is_a_rejection():
+    outcome = {"status": "rejected", "seconds": 1.0, "findings": [
+        {"rule": "native_symbol", "reason": "concurrency", "message": "imports `pthread_create`"}]}
+    result = inline_build.outcome_to_compile_result(outcome, "sm_90")
+    assert result.findings[0].reason is RejectReason.CONCURRENCY
+    assert "pthread_create" in result.error
+
+
+@pytest.mark.slow
+def test_real_torch_extension_has_no_finding(tmp_path, monkeypatch):
+    """A real pybind11 + torch extension (CPU only, ~25 s): none of what it imports is refused."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "_import_module_from_library", lambda *a, **k: None)
+    src = r"""
+#include <torch/extension.h>
+#include <cmath>
+torch::Tensor relu(torch::Tensor x) {
+    TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+    auto y = torch::empty_like(x);
+    const float* a = x.data_ptr<float>();
+    float* b = y.data_ptr<float>();
+    for (long i = 0; i < x.numel(); ++i) b[i] = std::fmax(a[i], 0.f);
+    return y;
+}
+"""
+    cpp_extension.load_inline(name="mmd_symbols_honest", cpp_sources=[src], functions=["relu"],
+                              with_cuda=False, build_directory=str(tmp_path), verbose=False)
+    assert library_findings(tmp_path / "mmd_symbols_honest.so") == []
+
+
+@pytest.mark.slow
+def test_trusted_builder_rejects_a_disguised_write(tmp_path):
+    """build_extension (the trusted build pool's job), CPU-only spec: the library builds, its
+    symbols are read, the outcome is a rejection naming `write`; the evaluator's result for it
+    is REJECTED before any worker runs."""
+    from multiminddev.env.evaluator import _inline_failure
+    from multiminddev.env.results import EvalStatus, StageStatus, StaticCheckResult
+
+    src = r"""
+#include <torch/extension.h>
+#include <unistd.h>
+#define EMIT(fd) wr##ite(fd, "x", 1)
+torch::Tensor f(torch::Tensor x) { EMIT(5); return x; }
+"""
+    spec = inline_build.InlineSpec.from_call({"name": "mmd_sym_bad", "cpp_sources": src,
+                                              "functions": ["f"], "with_cuda": False})
+    outcome = inline_build.build_extension(spec.args, str(tmp_path), "sm_90")
+    assert outcome["status"] == "rejected", outcome.get("log")
+    result = inline_build.outcome_to_compile_result(outcome, "sm_90")
+    assert result.status is StageStatus.FAILED and "`write`" in result.error
+
+    class Problem:
+        name = "p"
+
+    evaluation = _inline_failure(Problem(), "candidate", StaticCheckResult(status=StageStatus.OK),
+                                 result)
+    assert evaluation.status is EvalStatus.REJECTED
+    assert evaluation.reject_reason is RejectReason.FORBIDDEN_IMPORT
+    assert "write" in evaluation.message
+    # Cached (tagged) library: checked again, still refused.
+    again = inline_build.build_extension(spec.args, str(tmp_path), "sm_90")
+    assert again["cached"] and again["status"] == "rejected"
