@@ -102,6 +102,39 @@ def test_inline_syscall_instruction_is_found(tmp_path):
     assert "work" in findings[0].message
 
 
+CUDA_LAUNCH = r"""
+#include <cuda_runtime.h>
+__global__ void scale(float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= a;
+}
+extern "C" void launch(float* x, float a, int n, cudaStream_t stream) {
+    scale<<<(n + 255) / 256, 256, 0, stream>>>(x, a, n);
+    SIDE_STREAM
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("side_stream", [False, True])
+def test_an_nvcc_built_launcher_is_refused_only_for_its_own_stream(tmp_path, side_stream):
+    """nvcc's own runtime registration and launch symbols (__cudaRegisterFatBinary,
+    __cudaPushCallConfiguration, cudaLaunchKernel) pass; creating a stream does not."""
+    source = tmp_path / "launch.cu"
+    source.write_text(CUDA_LAUNCH.replace("SIDE_STREAM", "cudaStream_t s; cudaStreamCreate(&s);"
+                                          if side_stream else ""))
+    library = tmp_path / "launch.so"
+    subprocess.run(["nvcc", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared",
+                    "-gencode=arch=compute_90,code=sm_90", str(source), "-o", str(library)],
+                   check=True, capture_output=True, timeout=300)
+    findings = library_findings(library)
+    if side_stream:
+        assert [f.reason for f in findings] == [RejectReason.CONCURRENCY]
+        assert "cudaStreamCreate" in findings[0].message
+    else:
+        assert findings == []
+
+
 @pytest.mark.parametrize("name,expected", [
     ("write", RejectReason.FORBIDDEN_IMPORT), ("fcntl64", RejectReason.FORBIDDEN_IMPORT),
     ("cublasSgemm_v2", RejectReason.FORBIDDEN_IMPORT), ("cudaStreamCreateWithFlags",
