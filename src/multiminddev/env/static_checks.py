@@ -2141,7 +2141,9 @@ def cuda_code(text: str) -> str:
 NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
     ("native_streams_threads", RejectReason.CONCURRENCY, re.compile(
         r"\b(cudaStreamCreate\w*|getStreamFromPool|getStreamFromExternal|cudaStreamBeginCapture|"
-        r"cudaGraph\w*|cudaLaunchHostFunc|pthread_create|std::thread|std::async|std::jthread)\b|"
+        r"cudaGraph\w*|cudaLaunchHostFunc|cudaStreamAddCallback|cudaStreamPerThread|"
+        r"cudaStreamLegacy|CU_STREAM_PER_THREAD|CU_STREAM_LEGACY|cuStreamCreate\w*|"
+        r"pthread_create|std\s*::\s*thread|std\s*::\s*async|std\s*::\s*jthread|at\s*::\s*launch)\b|"
         r"#\s*include\s*<(thread|future|pthread\.h)>")),
     ("native_escape", RejectReason.FORBIDDEN_IMPORT, re.compile(
         r"\b(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|execvpe|posix_spawnp?|"
