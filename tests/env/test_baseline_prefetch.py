@@ -215,14 +215,14 @@ def _collect_with_gate(messages, gate, config=None, kills=None):
 
 def test_the_gate_is_granted_and_free_again_after_release():
     gate = TimingGate()
-    _, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+    _, answers = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"),
                                      ("gate", "release"), ("done", {})], gate)
     assert answers == [("gate", "granted")] and gate.acquire(0.0)
 
 
 def test_a_job_that_ends_holding_the_gate_gives_it_back():
     gate = TimingGate()
-    _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"), ("done", {})], gate)
+    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("done", {})], gate)
     assert gate.acquire(0.0)
 
 
@@ -230,8 +230,8 @@ def test_a_held_gate_makes_the_job_wait_without_counting_against_its_stage():
     gate = TimingGate()
     gate.acquire(0.0)  # another job is timing on this GPU
     threading.Timer(1.5, gate.release).start()
-    config = EvalConfig(num_workers=1, benchmark_timeout_s=6.0)  # 6 s - GATE_MARGIN_S = 1 s
-    outcome, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+    config = EvalConfig(num_workers=1, baseline_timeout_s=6.0)  # 6 s - GATE_MARGIN_S = 1 s
+    outcome, answers = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"),
                                            ("gate", "release"), ("done", {})], gate, config)
     assert answers == [("gate", "open")]  # it gave up waiting after ~1 s, and says so
     assert outcome.timed_out_stage is None and 0.9 < outcome.waits["gate"] < 1.5
@@ -241,11 +241,11 @@ def test_a_gate_wait_extends_the_stage_by_the_time_waited():
     gate = TimingGate()
     gate.acquire(0.0)
     threading.Timer(0.5, gate.release).start()
-    config = EvalConfig(num_workers=1, benchmark_timeout_s=10.0)
-    outcome, answers = _collect_with_gate([("begin", "benchmark"), ("gate", "acquire"),
+    config = EvalConfig(num_workers=1, baseline_timeout_s=10.0)
+    outcome, answers = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"),
                                            ("gate", "release"), ("done", {})], gate, config)
     assert answers == [("gate", "granted")] and outcome.waits["gate"] >= 0.4
-    assert outcome.stages_seconds["benchmark"] < 0.3  # the wait is not the stage's time
+    assert outcome.stages_seconds["baseline"] < 0.3  # the wait is not the stage's time
 
 
 def test_a_candidate_cannot_give_the_gate_back_before_its_job_ends():
@@ -270,8 +270,8 @@ def test_candidate_code_asking_for_a_busy_gate_is_answered_at_once():
 def test_a_job_that_held_the_gate_through_its_candidate_phase_frees_it_at_its_end():
     gate, kills = TimingGate(), []
     outcome, _ = _collect_with_gate([("begin", "baseline"), ("gate", "acquire"),
-                                     ("begin", "compile"), ("gate", "release"),
-                                     ("begin", "benchmark"), ("done", {})], gate, kills=kills)
+                                     ("begin", "compile"), ("begin", "benchmark"), ("done", {})],
+                                    gate, kills=kills)
     # its worker is killed while the gate is still held: nothing the candidate left to run
     # (a finalizer, an exit handler) meets the next job's timing
     assert kills == [True]
@@ -290,9 +290,9 @@ def test_a_worker_that_ran_no_candidate_is_not_killed_at_its_jobs_end():
 def test_a_worker_that_serves_more_candidates_is_kept():
     # max_jobs_per_worker > 1 keeps the process (docs/evaluator.md: weaker isolation)
     gate, kills = TimingGate(), []
-    _collect_with_gate([("begin", "compile"), ("gate", "acquire"), ("begin", "benchmark"),
-                        ("done", {})], gate, EvalConfig(num_workers=1, max_jobs_per_worker=4),
-                       kills=kills)
+    _collect_with_gate([("begin", "baseline"), ("gate", "acquire"), ("begin", "compile"),
+                        ("begin", "benchmark"), ("done", {})], gate,
+                       EvalConfig(num_workers=1, max_jobs_per_worker=4), kills=kills)
     assert kills == [] and gate.acquire(0.0)
 
 

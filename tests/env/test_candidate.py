@@ -206,3 +206,35 @@ def test_kind_detection():
     assert detect_kind("from torch.utils.cpp_extension import load_inline") is CandidateKind.LOAD_INLINE
     assert detect_kind("import torch") is CandidateKind.UNKNOWN
     assert detect_kind("def (") is CandidateKind.UNKNOWN
+
+
+class _PosesAsTensor:
+    """An output that answers isinstance(torch.Tensor) through a __class__ property and would
+    compute in its own .cpu()/__repr__ (a lazy output), recording whether the harness called them."""
+
+    called: list[str] = []
+
+    @property
+    def __class__(self):
+        return torch.Tensor
+
+    def cpu(self):
+        self.called.append("cpu")
+        return torch.zeros(1)
+
+    def __repr__(self):
+        self.called.append("repr")
+        return "tensor([0.])"
+
+
+def test_an_object_posing_as_a_tensor_is_described_without_running_its_code():
+    from multiminddev.env.timed_checks import _poses_as_tensor
+    from multiminddev.env.worker import to_host
+
+    lazy = _PosesAsTensor()
+    assert isinstance(lazy, torch.Tensor) and _poses_as_tensor(lazy)
+    assert not _poses_as_tensor(torch.zeros(1)) and not _poses_as_tensor(2.5)
+    assert to_host(lazy, pinned=False) is lazy
+    described = unpack_tensor(pack_tensor(lazy))
+    assert isinstance(described, NonTensorOutput) and "_PosesAsTensor" in described.text
+    assert _PosesAsTensor.called == []

@@ -591,7 +591,7 @@ def test_dangerous_builtin_is_refused_even_if_the_name_is_bound_elsewhere():
 
 @pytest.mark.parametrize("body", [
     "has_bias = hasattr(self, 'bias') and getattr(self, 'bias', None) is not None\nreturn y",
-    "t = type(x)\nreturn y",
+    "t = type(self)\nreturn y",
     "print(f'{x.shape} {x.dtype}')\nreturn y",
     "assert isinstance(x, torch.Tensor), 'need a tensor'\nreturn y",
 ])
@@ -943,10 +943,6 @@ def test_a_wrapper_class_also_built_with_a_torch_function_is_not_a_launcher():
 
 
 # --- attribute reads and bindings the attribute rules cannot see -----------------------------
-
-def rules(source: str) -> set[str]:
-    return {f.rule for f in sc.run_static_checks(source).findings}
-
 
 @pytest.mark.parametrize("extra, rule", [
     ("G = torch.nn.Module().__init__.__globals__", "introspection"),

@@ -150,7 +150,12 @@ class Kernel:
         converted = self.convert_args(args)
         kernel = self._owner._load(self.name)
         torch = _torch()
-        handle = stream.cuda_stream if stream is not None else torch.cuda.current_stream().cuda_stream
+        handle = torch.cuda.current_stream().cuda_stream
+        # Kernels run on torch's current stream, which the evaluator's timing and the output
+        # copies follow: ``stream=`` may name that stream and no other.
+        if stream is not None and int(stream.cuda_stream) != handle:
+            raise ValueError("kernels launch on torch's current stream: pass "
+                             "stream=torch.cuda.current_stream() or leave stream out")
         _cuda_core().launch(self._owner._stream_for(handle), config, kernel, *converted)
         launch_counts[self.name] = launch_counts.get(self.name, 0) + 1
 

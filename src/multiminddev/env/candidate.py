@@ -93,8 +93,11 @@ def tensor_frame(t: Any, room: int | None = None) -> tuple[dict[str, Any], Any]:
     of more than ``room`` bytes is described, not sent (it reads as a wrong output)."""
     import torch
 
-    if not isinstance(t, torch.Tensor):
-        return {"kind": "other", "type": type(t).__name__, "repr": repr(t)[:200]}, None
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        # Only plain values are asked for their repr: an object's own __repr__ is its code.
+        plain_value = type(t) in (int, float, bool, complex, str, type(None))
+        return {"kind": "other", "type": type(t).__name__,
+                "repr": repr(t)[:200] if plain_value else f"a {type(t).__name__} object"}, None
     if room is not None and t.numel() * t.element_size() > room:
         return {"kind": "other", "type": "Tensor",
                 "repr": f"a {str(t.dtype).removeprefix('torch.')} tensor of shape "

@@ -15,7 +15,7 @@ from typing import Any
 from multiminddev.env.candidate import as_output_list, send_tensor_lists
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.messages import ANSWERED_BY, output_byte_limit
-from multiminddev.env.results import Finding, _to_jsonable
+from multiminddev.env.results import Finding, RejectReason, _to_jsonable
 
 
 def run_candidate_stages(conn: Any, state: Any, cfg: EvalConfig, problem: Any, ref: Any,
@@ -267,6 +267,12 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
     torch.cuda.synchronize()
     checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
     findings: list[Finding] = list(guard.findings) if guard is not None else []
+    if calls.posing_calls:
+        findings.append(Finding(
+            rule="output_type", reason=RejectReason.MONKEY_PATCH,
+            message=f"{len(calls.posing_calls)} timed call(s) returned an object that claims to "
+                    "be a torch.Tensor without being one (a lazy output computes later, "
+                    "untimed); return plain tensors"))
     if state.guards is not None:
         findings += sandbox_findings()
     return {"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked)}, checked, findings

@@ -1717,12 +1717,29 @@ def check_name_reads(tree: ast.Module, source: str) -> list[Finding]:
                 "introspection", RejectReason.FORBIDDEN_IMPORT,
                 f"a class pattern with positional parts reads the attributes its class's "
                 f"__match_args__ names; match only builtin types (int(x), str(s))", node))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in {"format", "format_map"}):
-            message = _format_message(node.func.value)
+        elif isinstance(node, ast.Attribute) and node.attr in {"format", "format_map"}:
+            parent = parents.get(id(node))
+            called = isinstance(parent, ast.Call) and parent.func is node
+            message = (_format_message(node.value) if called else
+                       f"`.{node.attr}` taken as a value: its template could reach any "
+                       "attribute; call it on a literal template or use an f-string")
             if message:
                 findings.append(_finding("introspection", RejectReason.FORBIDDEN_IMPORT,
                                          message, node))
+        elif isinstance(node, ast.ClassDef) and (node.keywords or not all(
+                isinstance(base, (ast.Name, ast.Attribute)) for base in node.bases)):
+            findings.append(_finding(
+                "hook", RejectReason.MONKEY_PATCH,
+                f"class {node.name} names a metaclass, class keywords or a computed base; "
+                "derive from named classes only", node))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "type" and not (
+                    len(node.args) == 1 and not node.keywords
+                    and isinstance(node.args[0], ast.Name) and node.args[0].id == "self")):
+            findings.append(_finding(
+                "introspection", RejectReason.FORBIDDEN_IMPORT,
+                "type(...) of anything but self hands out classes and metaclasses (which build "
+                "new classes); compare dtypes and shapes instead", node))
         for name, where in _bound_names(node, parents):
             if name in HOOK_DUNDERS and where in {"by a def", "by an assignment"}:
                 findings.append(_finding(
@@ -1757,7 +1774,8 @@ HOOK_DUNDERS = frozenset({"__getattr__", "__getattribute__", "__setattr__", "__d
                           "__match_args__", "__subclasshook__", "__instancecheck__",
                           "__subclasscheck__", "__init_subclass__", "__set_name__",
                           "__class_getitem__", "__get__", "__set__", "__delete__",
-                          "__mro_entries__", "__prepare__"})
+                          "__mro_entries__", "__prepare__", "__class__", "__new__",
+                          "__exit__", "__aexit__"})
 
 
 def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
@@ -1773,6 +1791,7 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
 
     module_api = set(dir(torch.nn.Module)) - {"__init__", "forward", "extra_repr", "__repr__",
                                                "__doc__", "__module__", "__dict__"}
+    module_state = (module_api | set(vars(torch.nn.Module()))) - {"training"}
     info = _analyse_cached(source)
     findings = []
     for node in ast.walk(tree):
@@ -1786,7 +1805,14 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
                             "module_override", RejectReason.MONKEY_PATCH,
                             f"{node.name} redefines nn.Module.{name}, which the harness calls; "
                             "define __init__, forward and helpers with names of your own", item))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        for target in _assignment_targets(node):
+            if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                    and target.value.id == "self" and target.attr in module_state):
+                findings.append(_finding(
+                    "module_override", RejectReason.MONKEY_PATCH,
+                    f"self.{target.attr} is nn.Module's own state, which decides what calling "
+                    "the model runs; keep your state under names of your own", node))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr == "compile" and isinstance(node.func.value, ast.Name)
               and node.func.value.id == "self"):
             findings.append(_finding("module_override", RejectReason.MONKEY_PATCH,

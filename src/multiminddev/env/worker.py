@@ -161,7 +161,7 @@ def to_host(value: Any, pinned: bool) -> Any:
     """A CPU copy of a tensor (others unchanged); big GPU tensors via pinned memory if faster."""
     import torch
 
-    if not isinstance(value, torch.Tensor):
+    if type(value) not in (torch.Tensor, torch.nn.Parameter):  # never an object's own .cpu()
         return value
     if pinned and value.is_cuda and value.numel() * value.element_size() >= PINNED_MIN_BYTES:
         host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
