@@ -1005,3 +1005,19 @@ def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, 
 def test_numeric_defines_stay_allowed():
     source = candidate().replace('""")', '""", defines=("BLOCK=256", "SCALE=0.5f", "FAST"))', 1)
     assert sc.run_static_checks(source).findings == []
+
+
+@pytest.mark.parametrize("extra", [
+    "def helper(x):\n    return x\ndef helper(x):\n    return x",
+    "class Base:\n    pass\nclass Base:\n    pass",
+    "if True:\n    def helper(x):\n        return x",
+    "def helper(x):\n    return x\nhelper = print",
+    "class A(nn.Module):\n    pass\nclass B(nn.Module):\n    pass\nclass C(A, B):\n    pass",
+    "class Base(nn.Module):\n    def forward(self, x):\n        return x\n    forward = print",
+])
+def test_definitions_that_python_resolves_otherwise_than_read_are_refused(extra):
+    assert "definition_resolution" in rules(candidate(extra=extra))
+
+
+def test_rebinding_plain_module_constants_stays_allowed():
+    assert sc.run_static_checks(candidate(extra="BLOCK = 128\nBLOCK = 256")).findings == []

@@ -1806,6 +1806,8 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
                             f"{node.name} redefines nn.Module.{name}, which the harness calls; "
                             "define __init__, forward and helpers with names of your own", item))
         for target in _assignment_targets(node):
+            if isinstance(target, ast.Subscript):  # self._modules["k"] = ... writes that state too
+                target = target.value
             if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
                     and target.value.id == "self" and target.attr in module_state):
                 findings.append(_finding(
@@ -1821,10 +1823,59 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
     return _dedup(findings)
 
 
+def check_definitions_resolve(tree: ast.Module, source: str) -> list[Finding]:
+    """Every class and function the module defines is defined once, unconditionally, and a
+    class has one base at most among the candidate's module classes.
+
+    Rationale: the rules read the ``forward`` (and helpers) that the syntax shows; Python runs
+    the one that is bound last or found first in the method order. A second ``def`` of the same
+    name, a definition under ``if``, a class-body ``forward = other``, or two bases each defining
+    ``forward`` would let the code that runs differ from the code that was read.
+    """
+    info = _analyse_cached(source)
+    findings = []
+    for body, where in [(tree.body, "the module"),
+                        *((c.body, f"class {c.name}") for c in ast.walk(tree)
+                          if isinstance(c, ast.ClassDef))]:
+        defined: dict[str, int] = {}
+        for item in body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names = [item.name]
+            else:
+                names = [t.id for t in _assignment_targets(item) if isinstance(t, ast.Name)]
+                names += [a.asname or a.name.split(".")[0] for a in getattr(item, "names", ())
+                          if isinstance(item, (ast.Import, ast.ImportFrom))]
+                for inner in ast.walk(item):
+                    if inner is not item and isinstance(
+                            inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not (
+                            isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
+                        findings.append(_finding(
+                            "definition_resolution", RejectReason.MONKEY_PATCH,
+                            f"{inner.name} is defined inside a statement of {where}; define "
+                            "classes and functions unconditionally, once", inner))
+            for name in names:
+                if name in defined and (defined[name] or isinstance(
+                        item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
+                    findings.append(_finding(
+                        "definition_resolution", RejectReason.MONKEY_PATCH,
+                        f"`{name}` is bound again in {where} after a class or function of that "
+                        "name; give each definition a name of its own", item))
+                defined[name] = defined.get(name, False) or isinstance(
+                    item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.ClassDef) and len(node.bases) > 1
+                and _is_module_class(node, info)):
+            findings.append(_finding(
+                "definition_resolution", RejectReason.MONKEY_PATCH,
+                f"class {node.name} has several bases: which forward runs depends on the method "
+                "order; derive from one class", node))
+    return _dedup(findings)
+
+
 def _is_module_class(node: ast.ClassDef, info: ModuleInfo, depth: int = 0) -> bool:
     for base in node.bases:
         name = resolve(base, info.aliases)
-        if name in {"torch.nn.Module", "torch.nn.modules.module.Module"}:
+        if name and name.startswith("torch.nn."):  # nn.Module, or any layer built on it
             return True
         own = info.classes.get(base.id) if isinstance(base, ast.Name) else None
         if own is not None and depth < 8 and _is_module_class(own, info, depth + 1):
@@ -2499,6 +2550,7 @@ CHECKS: tuple[CheckFn, ...] = (
     check_attribute_names,
     check_name_reads,
     check_module_overrides,
+    check_definitions_resolve,
     check_host_reads,
     check_returns_input,
     check_native_code,
