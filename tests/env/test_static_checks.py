@@ -1021,3 +1021,10 @@ def test_definitions_that_python_resolves_otherwise_than_read_are_refused(extra)
 
 def test_rebinding_plain_module_constants_stays_allowed():
     assert sc.run_static_checks(candidate(extra="BLOCK = 128\nBLOCK = 256")).findings == []
+
+
+def test_property_setters_extend_their_definition():
+    extra = ("class Launcher:\n    def __init__(self):\n        self._n = 0\n    @property\n"
+             "    def n(self):\n        return self._n\n    @n.setter\n    def n(self, value):\n"
+             "        self._n = value")
+    assert "definition_resolution" not in rules(candidate(extra=extra))

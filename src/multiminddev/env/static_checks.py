@@ -1854,6 +1854,8 @@ def check_definitions_resolve(tree: ast.Module, source: str) -> list[Finding]:
                             f"{inner.name} is defined inside a statement of {where}; define "
                             "classes and functions unconditionally, once", inner))
             for name in names:
+                if _extends_definition(item, name):
+                    continue
                 if name in defined and (defined[name] or isinstance(
                         item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))):
                     findings.append(_finding(
@@ -1870,6 +1872,22 @@ def check_definitions_resolve(tree: ast.Module, source: str) -> list[Finding]:
                 f"class {node.name} has several bases: which forward runs depends on the method "
                 "order; derive from one class", node))
     return _dedup(findings)
+
+
+def _extends_definition(item: ast.AST, name: str) -> bool:
+    """A def that adds to the earlier one of its name rather than replacing it unseen:
+    ``@name.setter``/``.getter``/``.deleter`` of a property, ``@name.register`` of a
+    ``functools.singledispatch`` function, ``@typing.overload`` stubs."""
+    if not isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    for decorator in item.decorator_list:
+        if (isinstance(decorator, ast.Attribute) and isinstance(decorator.value, ast.Name)
+                and decorator.value.id == name
+                and decorator.attr in {"setter", "getter", "deleter", "register"}):
+            return True
+        if _dotted(decorator) in {"overload", "typing.overload"}:
+            return True
+    return False
 
 
 def _is_module_class(node: ast.ClassDef, info: ModuleInfo, depth: int = 0) -> bool:
