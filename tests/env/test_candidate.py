@@ -52,16 +52,17 @@ def test_framed_send_over_a_pipe():
 def test_outputs_past_the_limit_are_described_and_the_evaluator_accepts_the_message(transfer):
     """A wrong output far larger than the reference's reads as a wrong output, not as a
     message the evaluator refuses: the worker describes it instead of sending its bytes."""
-    from multiminddev.env.messages import JobProtocol
+    from multiminddev.env.messages import JobProtocol, announced_bytes
 
     parent, child = multiprocessing.Pipe()
     small, large = torch.randn(4), torch.zeros(1 << 16)
-    send_tensor_lists(PlainConnection(child), "outputs", [[small, large]], transfer=transfer,
-                      limit_bytes=small.numel() * 4 + 1000)
+    sent = send_tensor_lists(PlainConnection(child), "outputs", [[small, large]],
+                             transfer=transfer, limit_bytes=small.numel() * 4 + 1000)
     tag, payload = recv_message(parent)
     protocol = JobProtocol()
     protocol.admit("begin", "run")
     protocol.admit(tag, payload)  # 16 bytes of tensors: within any limit
+    assert sent == announced_bytes(payload) == small.numel() * 4
     receive_frames(parent, payload)
     kept, described = (unpack_tensor(m) for m in payload["outputs"][0])
     assert torch.equal(kept, small) and isinstance(described, NonTensorOutput)

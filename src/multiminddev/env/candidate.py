@@ -112,21 +112,23 @@ def tensor_frame(t: Any, room: int | None = None) -> tuple[dict[str, Any], Any]:
 
 
 def send_tensor_lists(conn: Any, tag: str, lists: list[list[Any]], *,
-                      transfer: str = "pipe", limit_bytes: int | None = None) -> None:
+                      transfer: str = "pipe", limit_bytes: int | None = None) -> int:
     """Send ``(tag, {"outputs": metadata})`` then each tensor's bytes as its own frame
     (no pickling of tensor data: one copy into the pipe, one out), or, with ``transfer=
     "memfd"``, the bytes in one anonymous memory file whose descriptor follows the message.
     Past ``limit_bytes`` in all (``messages.output_byte_limit``: the evaluator refuses more),
-    tensors are described instead of sent."""
+    tensors are described instead of sent. Returns the tensor bytes the message announced."""
     frames = _frames(lists, limit_bytes)
     if transfer == "memfd":
         _send_via_memfd(conn, tag, frames)
-        return
-    conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames], "framed": True}))
-    for group in frames:
-        for _, raw in group:
-            if raw is not None:
-                conn.send_bytes(raw)
+    else:
+        conn.send((tag, {"outputs": [[meta for meta, _ in group] for group in frames],
+                         "framed": True}))
+        for group in frames:
+            for _, raw in group:
+                if raw is not None:
+                    conn.send_bytes(raw)
+    return sum(meta["nbytes"] for group in frames for meta, _ in group if meta["kind"] == "tensor")
 
 
 def _frames(lists: list[list[Any]], limit_bytes: int | None) -> list[list[tuple[dict[str, Any], Any]]]:
@@ -140,12 +142,6 @@ def _frames(lists: list[list[Any]], limit_bytes: int | None) -> list[list[tuple[
             if room is not None and meta["kind"] == "tensor":
                 room -= meta["nbytes"]
     return frames
-
-
-def tensor_list_bytes(lists: list[list[Any]]) -> int:
-    """The bytes ``send_tensor_lists`` announces for ``lists`` (tensors only)."""
-    return sum(t.numel() * t.element_size() for group in lists for t in group
-               if hasattr(t, "element_size"))
 
 
 def _send_via_memfd(conn: Any, tag: str, frames: list[list[tuple[dict[str, Any], Any]]]) -> None:

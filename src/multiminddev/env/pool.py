@@ -7,13 +7,14 @@ process. The parent enforces every stage's time limit by polling the pipe and SI
 worker; the pool and the evaluator never die with it.
 
 Messages that only trusted code sends (``TRUSTED_TAGS``: reference outputs, the checked
-timed calls' expected outputs, baselines) are
-accepted only before the candidate's compile stage begins; one arriving later came from the
-candidate's process and is kept aside (``JobOutcome.late_trusted``), never used.
+timed calls' expected outputs, baselines) are accepted only before the candidate's compile
+stage begins; one arriving later came from the candidate's process: it is recorded
+(``JobOutcome.late_trusted``), never used, and the job ends there.
 
-Every frame from a worker is decoded as plain data only (``env/messages.py``): the process that
-runs candidate code writes the pipe, so a frame that names a Python object to build is refused
-unread; the job ends there and the worker is replaced.
+Every frame from a worker is decoded as plain data only, and must come in the harness's order
+(``env/messages.py``: ``recv_message``, ``JobProtocol``): the process that runs candidate code
+writes the pipe, so any other frame is refused unread; the job ends there and the worker is
+replaced.
 
 Each GPU has a ``TimingGate`` shared by the pools given the same gates (an evaluator's candidate
 pool and its baseline pool). A trusted baseline timing holds it (("gate", "acquire") ...

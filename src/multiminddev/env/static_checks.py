@@ -1787,11 +1787,7 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
     ``nn.Module`` method can hand the harness another object, whose code no forward rule
     reads; ``self.compile`` puts torch.compile's generated code on the call path.
     """
-    import torch
-
-    module_api = set(dir(torch.nn.Module)) - {"__init__", "forward", "extra_repr", "__repr__",
-                                               "__doc__", "__module__", "__dict__"}
-    module_state = (module_api | set(vars(torch.nn.Module()))) - {"training"}
+    module_api, module_state = _module_names()
     info = _analyse_cached(source)
     findings = []
     for node in ast.walk(tree):
@@ -1821,6 +1817,16 @@ def check_module_overrides(tree: ast.Module, source: str) -> list[Finding]:
                                      "self.compile(...) runs torch.compile's code in place of "
                                      "forward; launch your kernels in forward", node))
     return _dedup(findings)
+
+
+@functools.cache
+def _module_names() -> tuple[frozenset[str], frozenset[str]]:
+    """nn.Module's methods a module class may not redefine, and the attributes of its state."""
+    import torch
+
+    api = frozenset(dir(torch.nn.Module)) - {"__init__", "forward", "extra_repr", "__repr__",
+                                              "__doc__", "__module__", "__dict__"}
+    return api, (api | frozenset(vars(torch.nn.Module()))) - {"training"}
 
 
 def check_definitions_resolve(tree: ast.Module, source: str) -> list[Finding]:

@@ -132,7 +132,8 @@ def _copy_outputs(outputs: list[Any], sinks: list[Any]) -> list[Any]:
         return list(outputs)
     kept = []
     for out, sink in zip(outputs, sinks, strict=True):
-        fits = (type(out) is torch.Tensor and out.shape == sink.shape and out.dtype == sink.dtype and out.is_cuda)
+        fits = (type(out) is torch.Tensor and out.shape == sink.shape
+                and out.dtype == sink.dtype and out.is_cuda)
         if fits:
             sink.copy_(out)
             kept.append(sink)

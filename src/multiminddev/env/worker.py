@@ -56,7 +56,6 @@ from multiminddev.env.candidate import (
     candidate_hash,
     load_module_from_source,
     send_tensor_lists,
-    tensor_list_bytes,
 )
 from multiminddev.env.config import EvalConfig, Stage
 from multiminddev.env.results import CompileResult, RejectReason, StageStatus, _to_jsonable
@@ -368,12 +367,12 @@ def _run_job(conn: Any, state: WorkerState, job: dict[str, Any]) -> bool:
             with timed(clock, "setup.reference"):
                 reference = _setup_reference(problem, cfg, state.pinned_copies)
             with timed(clock, "setup.send_reference"):
-                reference.sent_bytes = {"reference": tensor_list_bytes(reference.outputs),
-                                        "timed_reference": tensor_list_bytes(reference.check_outputs)}
-                send_tensor_lists(conn, "reference", reference.outputs,
-                                  transfer=cfg.tensor_transfer)
-                send_tensor_lists(conn, "timed_reference", reference.check_outputs,
-                                  transfer=cfg.tensor_transfer)
+                reference.sent_bytes = {
+                    "reference": send_tensor_lists(conn, "reference", reference.outputs,
+                                                   transfer=cfg.tensor_transfer),
+                    "timed_reference": send_tensor_lists(conn, "timed_reference",
+                                                         reference.check_outputs,
+                                                         transfer=cfg.tensor_transfer)}
                 _send_ground_truth(conn, cfg, reference)
             if cfg.benchmark:
                 stage = Stage.BASELINE
