@@ -123,3 +123,40 @@ def test_a_candidate_reaches_no_gpu_but_its_own(fixtures_dir):
         results = [ev.evaluate(problem_for(path), source) for _ in range(2)]
     for result in results:
         assert result.status is EvalStatus.RUNTIME_ERROR, result.message
+
+
+def test_the_real_toolchain_build_is_checked_by_the_candidates_own_objects():
+    """On the real CUDA toolchain (nvcc + torch's headers), the trusted builder: an honest
+    extension passes the symbol check whatever the toolchain itself imports, and a candidate
+    whose own code calls `syscall` (a name token pasting hides from the source patterns) is
+    refused, even where the toolchain's static archives import `syscall` into every build."""
+    from multiminddev.env import inline_build
+
+    cache = str(EvalConfig().cache_path)  # the evaluator's: the toolchain reference is built once
+    honest = inline_build.extract_inline_specs(
+        (HONEST[0].parent / "softmax_load_inline_dispatch.py").read_text())
+    assert honest is not None
+    outcome = inline_build.build_extension(honest[0].args, cache, "sm_90")
+    assert outcome["status"] == "ok" and outcome["findings"] == [], outcome
+    hidden = r"""
+#include <torch/extension.h>
+#include <unistd.h>
+#define CALL(a, b) a##b
+__global__ void copy_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor copy_cuda(torch::Tensor x) {
+    CALL(sys, call)(1, 5, "x", 1);
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    copy_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+    spec = inline_build.InlineSpec.from_call({
+        "name": "hidden_syscall", "cpp_sources": "torch::Tensor copy_cuda(torch::Tensor x);",
+        "cuda_sources": hidden, "functions": ["copy_cuda"]})
+    refused = inline_build.build_extension(spec.args, cache, "sm_90")
+    assert refused["status"] == "rejected" and refused["sha256"] is None, refused.get("log")
+    assert any("`syscall`" in f["message"] for f in refused["findings"])

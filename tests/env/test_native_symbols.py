@@ -13,8 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from multiminddev.env import inline_build
-from multiminddev.env.native_symbols import library_findings, symbol_class, undefined_symbols
+from multiminddev.env import inline_build, native_symbols
+from multiminddev.env.native_symbols import (
+    Toolchain,
+    library_findings,
+    symbol_class,
+    undefined_symbols,
+)
 from multiminddev.env.results import RejectReason
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None or shutil.which("nm") is None,
@@ -211,6 +216,54 @@ torch::Tensor f(torch::Tensor x) { EMIT(5); return x; }
     assert evaluation.status is EvalStatus.REJECTED
     assert evaluation.reject_reason is RejectReason.FORBIDDEN_IMPORT
     assert "write" in evaluation.message
-    # Cached (tagged) library: checked again, still refused.
+    # A refused library is never tagged: never reused, never loaded.
+    assert outcome["sha256"] is None
     again = inline_build.build_extension(spec.args, str(tmp_path), "sm_90")
-    assert again["cached"] and again["status"] == "rejected"
+    assert not again["cached"] and again["status"] == "rejected"
+    # The toolchain's own minimal build was made first, tagged, and read: pybind11's imports.
+    toolchain = inline_build.toolchain_imports(str(tmp_path), "sm_90", cuda=False)
+    assert {"PyModuleDef_Init", "PyFrame_GetBack"} <= toolchain.library
+    assert "write" not in toolchain.library | toolchain.objects
+    assert "PyModuleDef_Init" in toolchain.objects  # pybind11 is header code: in the objects
+
+
+def test_toolchain_library_imports_are_not_refused(tmp_path):
+    """What the toolchain's own minimal library imports cannot tell honest from hostile."""
+    lib = build(tmp_path, "dlsym", DLSYM)
+    assert library_findings(lib) != []
+    assert library_findings(lib, Toolchain(library=frozenset({"dlsym"}))) == []
+
+
+def test_candidate_objects_are_checked_beyond_the_toolchain_library(tmp_path):
+    """A toolchain whose static archives import `syscall` into every library (libstdc++) does
+    not let the candidate's own code call it: its object references it, the reference's do not."""
+    src = tmp_path / "raw.cpp"
+    src.write_text('#include <unistd.h>\nextern "C" long work() { return syscall(1, 5, "x", 1); }\n')
+    obj = tmp_path / "raw.o"
+    subprocess.run(["g++", "-c", "-fPIC", "-O2", "-o", str(obj), str(src)], check=True,
+                   capture_output=True)
+    lib = tmp_path / "libraw.so"
+    subprocess.run(["g++", "-shared", "-o", str(lib), str(obj)], check=True, capture_output=True)
+    toolchain = Toolchain(library=frozenset({"syscall"}), objects=frozenset())
+    assert library_findings(lib, toolchain) == []  # the library alone cannot tell
+    findings = library_findings(lib, toolchain, [obj])
+    assert [f.reason for f in findings] == [RejectReason.FORBIDDEN_IMPORT]
+    assert "`syscall`" in findings[0].message
+    assert library_findings(lib, Toolchain(library=frozenset({"syscall"}),
+                                           objects=frozenset({"syscall"})), [obj]) == []
+
+
+def test_rules_are_part_of_the_cache_key():
+    spec = inline_build.InlineSpec.from_call({"name": "x", "cpp_sources": "int f();"})
+    blob_key = spec.key("sm_90", "2.13.0")
+    assert len(blob_key) == 24 and len(native_symbols.rules_digest()) == 16
+
+
+@pytest.mark.slow
+def test_untagged_toolchain_reference_exempts_nothing(tmp_path, monkeypatch):
+    """A cache without a usable key cannot vouch for the reference library (it could have been
+    planted there): no exemption beyond the fixed list."""
+    from multiminddev.cuda import cache_auth
+
+    monkeypatch.setattr(cache_auth, "load_or_create_key", lambda root: None)
+    assert inline_build.toolchain_imports(str(tmp_path), "sm_90", cuda=False) == Toolchain()

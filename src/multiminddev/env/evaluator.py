@@ -335,10 +335,11 @@ def _inline_failure(problem: Problem, candidate: str, static: StaticCheckResult,
 
     if compile_result.findings:  # built, but the library imports refused symbols
         first = compile_result.findings[0]
+        found = "; ".join(f"{f.rule}: {f.message}" for f in compile_result.findings)
         return EvalResult(status=EvalStatus.REJECTED, problem=problem.name,
                           candidate_hash=candidate_hash(candidate), static=static,
                           compile=compile_result, reject_reason=first.reason,
-                          message=f"rejected by library check {first.rule}: {first.message}",
+                          message=f"rejected by library check {found}",
                           device="cpu (build pool)")
     status = {StageStatus.FAILED: EvalStatus.COMPILE_ERROR, StageStatus.TIMEOUT: EvalStatus.TIMEOUT,
               }.get(compile_result.status, EvalStatus.INFRA_ERROR)

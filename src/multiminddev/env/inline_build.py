@@ -80,12 +80,15 @@ class InlineLibraryRefused(RuntimeError):
         super().__init__(findings[0].message if findings else "built library refused")
 
 
-def refused_symbols(library: Path) -> list[dict[str, Any]]:
-    """``native_symbols.library_findings`` of a built library, as JSON-able dicts."""
+def refused_symbols(library: Path, toolchain: Any = None, objects: list[Path] | None = None
+                    ) -> list[dict[str, Any]]:
+    """``native_symbols.library_findings`` of a built library (and the candidate's compiled
+    objects beside it), as JSON-able dicts."""
     from multiminddev.env import native_symbols
 
+    toolchain = toolchain or native_symbols.Toolchain()
     return [{"rule": f.rule, "reason": f.reason.value, "message": f.message}
-            for f in native_symbols.library_findings(library)]
+            for f in native_symbols.library_findings(library, toolchain, objects or ())]
 
 
 def _findings(outcome: dict[str, Any]) -> list[Finding]:
@@ -116,7 +119,11 @@ class InlineSpec:
         return cls(args=norm)
 
     def key(self, arch: str, torch_version: str) -> str:
-        blob = json.dumps([self.args, arch, torch_version], sort_keys=True, default=str)
+        from multiminddev.env.native_symbols import rules_digest
+
+        # The symbol rules too: a cached build was checked under the rules of its key.
+        blob = json.dumps([self.args, arch, torch_version, rules_digest()], sort_keys=True,
+                          default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def module_name(self, key: str) -> str:
@@ -287,9 +294,97 @@ def tag_library(library: Path, key: str, secret: bytes) -> str:
     return digest
 
 
+# A minimal honest extension of each kind: what the toolchain (pybind11, torch, the CUDA
+# runtime) imports into every build, whatever its versions. The symbol check never refuses these.
+_TOOLCHAIN_CPP = "torch::Tensor mmd_toolchain(torch::Tensor x);"
+_TOOLCHAIN_CUDA = r"""
+#include <torch/extension.h>
+__global__ void mmd_toolchain_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor mmd_toolchain(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "x must be a CUDA tensor");
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    mmd_toolchain_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+"""
+_TOOLCHAIN_CPU = r"""
+#include <torch/extension.h>
+torch::Tensor mmd_toolchain(torch::Tensor x) {
+    TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+    return x.clone();
+}
+"""
+
+
+def toolchain_spec(cuda: bool) -> InlineSpec:
+    if cuda:
+        call = {"name": "mmd_toolchain", "cpp_sources": _TOOLCHAIN_CPP,
+                "cuda_sources": _TOOLCHAIN_CUDA, "functions": ["mmd_toolchain"]}
+    else:
+        call = {"name": "mmd_toolchain", "cpp_sources": _TOOLCHAIN_CPU,
+                "functions": ["mmd_toolchain"], "with_cuda": False}
+    return InlineSpec.from_call(call)
+
+
+def _builds_cuda(spec_args: dict[str, Any]) -> bool:
+    return bool(spec_args.get("cuda_sources")) and spec_args.get("with_cuda") is not False
+
+
+def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
+    """``native_symbols.Toolchain`` of the minimal extension (``toolchain_spec``) built by this
+    toolchain into the shared cache (once; later calls read the tagged library). Empty when the
+    cache has no usable key (an untagged reference could have been planted) or the build
+    failed: the fixed refusal list alone then applies."""
+    from multiminddev.env import native_symbols
+
+    memo = (cache_root, arch, cuda)
+    if memo in _toolchain_memo:  # this trusted process read it already
+        return _toolchain_memo[memo]
+    outcome = _build(toolchain_spec(cuda).args, cache_root, arch, None)
+    if outcome["status"] != "ok" or outcome["sha256"] is None:
+        return native_symbols.Toolchain()
+    library = Path(outcome["library"])
+    secret = cache_auth.load_or_create_key(Path(cache_root))
+    if authentic_digest(library, outcome["key"], secret) != outcome["sha256"]:
+        return native_symbols.Toolchain()
+    objects: set[str] = set()
+    for obj in _objects(library.parent):
+        objects.update(native_symbols.undefined_symbols(obj, dynamic=False))
+    toolchain = native_symbols.Toolchain(
+        library=frozenset(native_symbols.undefined_symbols(library)), objects=frozenset(objects))
+    if not objects:  # objects removed since the reference was built: unknown, exempt nothing
+        return native_symbols.Toolchain()
+    _toolchain_memo[memo] = toolchain
+    return toolchain
+
+
+_toolchain_memo: dict[tuple[str, str, bool], Any] = {}
+
+
+def _objects(build_dir: Path) -> list[Path]:
+    return sorted(build_dir.glob("*.o"))
+
+
 def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> dict[str, Any]:
     """Build one extension without loading it (runs in a build process). JSON-able outcome,
-    with the library's SHA-256 when it built (or an authentic build was already there)."""
+    with the library's SHA-256 when it built and passed the symbol check (or an authentic build
+    was already there), and the check's findings."""
+    toolchain = toolchain_imports(cache_root, arch, _builds_cuda(spec_args))
+    outcome = _build(spec_args, cache_root, arch, toolchain)
+    outcome.pop("library", None)
+    return outcome
+
+
+def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Any
+           ) -> dict[str, Any]:
+    """One build into the shared cache. ``toolchain`` None: the trusted reference build (no
+    check, always tagged). Otherwise only a library that passes the symbol check is tagged, so
+    an authentic cached library passed it under the rules of its key at build time; its
+    dynamic imports are read again on each use."""
     import torch
     from torch.utils import cpp_extension
 
@@ -303,10 +398,10 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     if library.exists():
         digest = authentic_digest(library, key, secret)
         if digest is not None:
-            # Checked again on every use: the refusal list may have grown since it was built.
-            refused = refused_symbols(library)
+            refused = [] if toolchain is None else refused_symbols(library, toolchain)
             return {"status": "rejected" if refused else "ok", "cached": True, "seconds": 0.0,
-                    "log": "", "key": key, "sha256": digest, "findings": refused}
+                    "log": "", "key": key, "sha256": digest, "findings": refused,
+                    "library": str(library)}
         # Planted, altered or untagged: build from scratch (ninja would call a newer planted
         # library up to date).
         shutil.rmtree(build_dir, ignore_errors=True)
@@ -319,15 +414,19 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     digest, refused = None, []
     try:
         cpp_extension.load_inline(name=name, build_directory=str(build_dir), verbose=False, **kwargs)
-        status, log = "ok", ""
-        digest = tag_library(library, key, secret) if secret is not None else None
-        # What the library imports, under its real names (macros and renames cannot hide it).
-        refused = refused_symbols(library)
+        log = ""
+        # What the library and the candidate's objects reference, under their real names
+        # (macros and renames cannot hide them).
+        if toolchain is not None:
+            refused = refused_symbols(library, toolchain, _objects(build_dir))
         status = "rejected" if refused else "ok"
+        if secret is not None and not refused:
+            digest = tag_library(library, key, secret)
     except Exception as exc:  # noqa: BLE001 - the compiler's output is in the message
         status, log = "failed", str(exc)
     return {"status": status, "cached": False, "seconds": time.perf_counter() - start,
-            "log": log[-20000:], "key": key, "sha256": digest, "findings": refused}
+            "log": log[-20000:], "key": key, "sha256": digest, "findings": refused,
+            "library": str(library)}
 
 
 def outcome_to_compile_result(outcome: dict[str, Any], arch: str) -> CompileResult:
@@ -551,9 +650,12 @@ def install_routing(cache_root: Path, arch: str) -> None:
                 raise InlineBuildError(result) from None
             finally:
                 cpp_extension._import_module_from_library = load
-            # The symbol check of the trusted builder, before this library is ever loaded.
+            # The symbol check of the trusted builder, before this library is ever loaded (the
+            # fixed list alone: this path is for run-time arguments, which the static checks
+            # already refuse).
             outcome = {"status": "ok", "seconds": time.perf_counter() - start,
-                       "findings": refused_symbols(library_path(build_dir, name))}
+                       "findings": refused_symbols(library_path(build_dir, name),
+                                                  objects=_objects(build_dir))}
             if outcome["findings"]:
                 result = outcome_to_compile_result(outcome, arch)
                 inline_log.append(result)

@@ -13,15 +13,24 @@ kernel wrapper never needs (descriptor I/O, files, processes, signals, dynamic l
 environment, sockets, memory protection), thread creation, CUDA streams / events / graphs /
 host callbacks, vendor libraries (cuBLAS, cuDNN, ...: kernels that are not the candidate's) and
 the CPython entry points that reach frames, run code or import modules. Honest extensions
-(pybind11 + torch, nvcc) import none of these: ``tests/env/test_native_symbols.py`` builds one.
+(pybind11 + torch, nvcc) import none of these beyond what the toolchain itself puts in every
+build: the trusted builder builds a minimal extension first and never refuses what it imports
+(``Toolchain``), so a pybind11 or torch version that needs one more CPython entry point, or a
+statically linked libstdc++ that imports ``open`` and ``syscall``, does not reject every honest
+candidate. The candidate's own compiled objects are checked too, against the reference's
+objects: what the candidate's code references cannot hide behind the toolchain's imports.
+``tests/env/test_native_symbols.py`` builds real ones.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from multiminddev.env.results import Finding, RejectReason
@@ -77,13 +86,14 @@ _VENDOR = re.compile(r"^(cublas|cublasLt|cudnn|cufft|curand|cusparse|cusolver|cu
 _PYTHON_PREFIXES = ("PyEval_GetFrame", "PyEval_GetGlobals", "PyEval_GetLocals",
                     "PyEval_GetBuiltins", "PyEval_EvalCode", "PyEval_EvalFrame", "PyFrame_",
                     "PyThreadState_GetFrame", "PyRun_", "PyImport_", "Py_CompileString",
-                    "PySys_", "PyCode_", "PyGen_", "PyTraceBack_", "PyObject_GenericSetDict",
+                    "PySys_", "PyCode_", "PyGen_", "PyTraceBack_",
                     "_PyEval_", "_PyFrame_", "_PyImport_", "_PyRun_", "_PySys_",
                     "PyMarshal_", "Py_RunMain", "PyOS_")
 # Imported by every pybind11 extension (error reporting, ``get_internals``); refusing them would
-# refuse every honest candidate (pybind11 2.13 / torch 2.13, 2026-11-27). Without an entry
-# frame (PyEval_GetFrame*, PyThreadState_GetFrame are refused) PyFrame_GetBack has nothing to
-# walk from.
+# refuse every honest candidate. Without an entry frame (PyEval_GetFrame*, PyThreadState_GetFrame
+# are refused) PyFrame_GetBack has nothing to walk from. Attribute and ``__dict__`` setters
+# (PyObject_SetAttr*, PyObject_GenericSetDict: pybind11's ``dynamic_attr`` classes) are not
+# refused either: docs/evaluator.md names that limit.
 PYBIND11_NEEDS = frozenset({"PyEval_GetBuiltins", "PyFrame_GetBack", "PyFrame_GetCode",
                             "PyFrame_GetLineNumber"})
 # pybind11's ``module_::import`` goes through PyImport_ImportModule; its ``exec``/``eval`` through
@@ -115,9 +125,30 @@ def tools_available() -> bool:
     return shutil.which("nm") is not None
 
 
-def undefined_symbols(library: Path | str) -> list[str]:
-    """Undefined dynamic symbols of ``library`` (names only, ``@version`` stripped)."""
-    out = subprocess.run(["nm", "-D", "--undefined-only", str(library)], capture_output=True,
+@dataclass(frozen=True)
+class Toolchain:
+    """What a minimal honest extension built by this toolchain references: ``library``, the
+    linked library's undefined dynamic symbols (pybind11, torch, and whatever the linker pulls
+    in from static archives: a statically linked libstdc++ brings ``open``, ``ioctl``,
+    ``syscall``); ``objects``, the undefined symbols of its own compiled objects (header code
+    only). A candidate's library is never refused for the first, its objects never for the
+    second: neither can tell honest from hostile."""
+
+    library: frozenset[str] = frozenset()
+    objects: frozenset[str] = frozenset()
+
+
+@functools.cache
+def rules_digest() -> str:
+    """SHA-256 of this module's source: a build checked under other rules is not reused."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+
+
+def undefined_symbols(path: Path | str, dynamic: bool = True) -> list[str]:
+    """Undefined symbols of a shared library (``dynamic``, its dynamic symbol table) or of a
+    compiled object (names only, ``@version`` stripped)."""
+    command = ["nm", "-D", "--undefined-only"] if dynamic else ["nm", "--undefined-only"]
+    out = subprocess.run([*command, str(path)], capture_output=True,
                          text=True, timeout=60, check=True).stdout
     names = []
     for line in out.splitlines():
@@ -142,17 +173,24 @@ def syscall_instructions(library: Path | str) -> list[str]:
     return hits
 
 
-def library_findings(library: Path | str) -> list[Finding]:
+def library_findings(library: Path | str, toolchain: Toolchain = Toolchain(),
+                     objects: Sequence[Path] = ()) -> list[Finding]:
     """Findings for one built library: every refused undefined symbol, grouped by class, and
-    raw system-call instructions. A library the tools cannot read is refused (a hole would be
-    worse than a false alarm); callers check ``tools_available()`` first."""
+    raw system-call instructions. ``objects``: the candidate's own compiled objects, whose
+    references show what its code calls even where the toolchain's static archives make the
+    library import the same symbol anyway (``toolchain``, see ``Toolchain``). A library or
+    object the tools cannot read is refused (a hole would be worse than a false alarm); callers
+    check ``tools_available()`` first."""
     try:
-        names = undefined_symbols(library)
+        names = {n for n in undefined_symbols(library) if n not in toolchain.library}
+        for obj in objects:
+            names.update(n for n in undefined_symbols(obj, dynamic=False)
+                         if n not in toolchain.objects)
     except (OSError, subprocess.SubprocessError) as exc:
         return [Finding(rule="native_symbols_unreadable", reason=RejectReason.OTHER,
                         message=f"could not list the built library's symbols ({exc})")]
     grouped: dict[tuple[str, RejectReason], list[str]] = {}
-    for name in names:
+    for name in sorted(names):
         cls = symbol_class(name)
         if cls is not None:
             grouped.setdefault(cls, []).append(name)
