@@ -87,6 +87,30 @@ def test_write_through_macro_or_asm_rename_is_found(tmp_path, name, source):
     assert "`write`" in findings[0].message and findings[0].rule == "native_symbol"
 
 
+FILE_STREAM = r"""
+#include <fstream>
+#include <string>
+extern "C" long work() {
+    std::ifstream in("/proc/self/environ");
+    std::string s;
+    in >> s;
+    return (long)s.size();
+}
+"""
+FILESYSTEM = r"""
+#include <filesystem>
+extern "C" long work() { return (long)std::filesystem::file_size("/etc/hostname"); }
+"""
+
+
+@pytest.mark.parametrize("source", [FILE_STREAM, FILESYSTEM], ids=["fstream", "filesystem"])
+def test_cxx_file_access_is_found(tmp_path, source):
+    """Files opened through libstdc++ import no libc `open` of the candidate's own."""
+    findings = library_findings(build(tmp_path, "files", source))
+    assert [f.reason for f in findings] == [RejectReason.FORBIDDEN_IMPORT]
+    assert "file streams" in findings[0].message
+
+
 def test_std_thread_is_concurrency(tmp_path):
     findings = library_findings(build(tmp_path, "thread", THREAD))
     assert RejectReason.CONCURRENCY in {f.reason for f in findings}

@@ -83,6 +83,9 @@ _LOOKUP_PREFIXES = ("cudaGetDriverEntryPoint", "cuGetProcAddress", "cudaGetExpor
 _VENDOR = re.compile(r"^(cublas|cublasLt|cudnn|cufft|curand|cusparse|cusolver|cutensor|nvjpeg|"
                      r"npp)\w*|.*(getCurrentCUDABlasHandle|getCurrentCUDASolverDnHandle|"
                      r"getCurrentCUDASparseHandle|getCudnnHandle).*")
+# libstdc++'s file streams and std::filesystem (mangled): files opened through the C++ library
+# import no libc symbol of the candidate's own.
+_CXX_FILES = re.compile(r"_Z.*(basic_[io]?fstream|basic_filebuf|__basic_file|10filesystem)")
 _PYTHON_PREFIXES = ("PyEval_GetFrame", "PyEval_GetGlobals", "PyEval_GetLocals",
                     "PyEval_GetBuiltins", "PyEval_EvalCode", "PyEval_EvalFrame", "PyFrame_",
                     "PyThreadState_GetFrame", "PyRun_", "PyImport_", "Py_CompileString",
@@ -114,6 +117,8 @@ def symbol_class(name: str) -> tuple[str, RejectReason] | None:
         return "vendor library (its kernels are not yours)", RejectReason.FORBIDDEN_IMPORT
     if name.startswith(_PYTHON_PREFIXES) and name not in PYBIND11_NEEDS:
         return "CPython frame/code/import access", RejectReason.FORBIDDEN_IMPORT
+    if _CXX_FILES.match(name):
+        return "C++ file streams / filesystem", RejectReason.FORBIDDEN_IMPORT
     if name in _LIBC_EXACT or name.startswith(_LIBC_PREFIXES):
         return "libc system entry point", RejectReason.FORBIDDEN_IMPORT
     return None
