@@ -103,7 +103,19 @@ extern "C" long work() { return (long)std::filesystem::file_size("/etc/hostname"
 """
 
 
-@pytest.mark.parametrize("source", [FILE_STREAM, FILESYSTEM], ids=["fstream", "filesystem"])
+DESCRIPTOR_STREAM = r"""
+#include <ext/stdio_filebuf.h>
+#include <ostream>
+extern "C" void work(int fd) {
+    __gnu_cxx::stdio_filebuf<char> buf(fd, std::ios::out);
+    std::ostream out(&buf);
+    out << "frame";
+}
+"""
+
+
+@pytest.mark.parametrize("source", [FILE_STREAM, FILESYSTEM, DESCRIPTOR_STREAM],
+                         ids=["fstream", "filesystem", "stdio_filebuf"])
 def test_cxx_file_access_is_found(tmp_path, source):
     """Files opened through libstdc++ import no libc `open` of the candidate's own."""
     findings = library_findings(build(tmp_path, "files", source))

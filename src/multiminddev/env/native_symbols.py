@@ -83,9 +83,11 @@ _LOOKUP_PREFIXES = ("cudaGetDriverEntryPoint", "cuGetProcAddress", "cudaGetExpor
 _VENDOR = re.compile(r"^(cublas|cublasLt|cudnn|cufft|curand|cusparse|cusolver|cutensor|nvjpeg|"
                      r"npp)\w*|.*(getCurrentCUDABlasHandle|getCurrentCUDASolverDnHandle|"
                      r"getCurrentCUDASparseHandle|getCudnnHandle).*")
-# libstdc++'s file streams and std::filesystem (mangled): files opened through the C++ library
-# import no libc symbol of the candidate's own.
-_CXX_FILES = re.compile(r"_Z.*(basic_[io]?fstream|basic_filebuf|__basic_file|10filesystem)")
+# libstdc++'s file streams, its descriptor-backed stream buffers (``__gnu_cxx::stdio_filebuf``
+# over any descriptor: the evaluator's pipe) and std::filesystem (mangled): files and
+# descriptors reached through the C++ library import no libc symbol of the candidate's own.
+_CXX_FILES = re.compile(r"_Z.*(basic_[io]?fstream|basic_filebuf|__basic_file|stdio_filebuf|"
+                        r"stdio_sync_filebuf|10filesystem)")
 _PYTHON_PREFIXES = ("PyEval_GetFrame", "PyEval_GetGlobals", "PyEval_GetLocals",
                     "PyEval_GetBuiltins", "PyEval_EvalCode", "PyEval_EvalFrame", "PyFrame_",
                     "PyThreadState_GetFrame", "PyRun_", "PyImport_", "Py_CompileString",
