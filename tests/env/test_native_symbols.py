@@ -303,3 +303,17 @@ def test_untagged_toolchain_reference_exempts_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cache_auth, "load_or_create_key", lambda root: None)
     assert inline_build.toolchain_imports(str(tmp_path), "sm_90", cuda=False) == Toolchain()
+
+
+@pytest.mark.slow
+def test_concurrent_first_uses_share_one_toolchain_reference(tmp_path):
+    """The build pool's processes asking for the reference at once on a cold cache each get
+    the full reference (one builds under the lock, the others read the tagged library)."""
+    import concurrent.futures as cf
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with cf.ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        results = list(pool.map(inline_build.toolchain_imports, [str(tmp_path)] * 2,
+                                ["sm_90"] * 2, [False] * 2))
+    assert results[0] == results[1] and "PyModuleDef_Init" in results[0].library

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import concurrent.futures as cf
 import copy
+import fcntl
 import hashlib
 import inspect
 import json
@@ -344,7 +345,13 @@ def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
     memo = (cache_root, arch, cuda)
     if memo in _toolchain_memo:  # this trusted process read it already
         return _toolchain_memo[memo]
-    outcome = _build(toolchain_spec(cuda).args, cache_root, arch, None)
+    # One build at a time across the pool's processes: another would find the reference built
+    # but not yet tagged, take it for a planted one and delete it mid-tagging.
+    lock_path = Path(cache_root) / "inline" / "toolchain.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome = _build(toolchain_spec(cuda).args, cache_root, arch, None)
     if outcome["status"] != "ok" or outcome["sha256"] is None:
         return native_symbols.Toolchain()
     library = Path(outcome["library"])
