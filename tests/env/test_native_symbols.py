@@ -317,3 +317,19 @@ def test_concurrent_first_uses_share_one_toolchain_reference(tmp_path):
         results = list(pool.map(inline_build.toolchain_imports, [str(tmp_path)] * 2,
                                 ["sm_90"] * 2, [False] * 2))
     assert results[0] == results[1] and "PyModuleDef_Init" in results[0].library
+
+
+@pytest.mark.slow
+def test_a_tampered_toolchain_record_is_rebuilt(tmp_path):
+    """The reference's record is trusted only with its tag: a record widened to exempt `write`
+    is thrown away and the reference built again."""
+    import json
+
+    first = inline_build.toolchain_imports(str(tmp_path), "sm_90", cuda=False)
+    inline_build._toolchain_memo.clear()  # as a fresh build process would
+    [record] = (tmp_path / "inline").glob("*/toolchain.json")
+    saved = json.loads(record.read_text())
+    saved["objects"].append("write")
+    record.write_text(json.dumps(saved))
+    again = inline_build.toolchain_imports(str(tmp_path), "sm_90", cuda=False)
+    assert "write" not in again.objects and again == first

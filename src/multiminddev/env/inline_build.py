@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import concurrent.futures as cf
+import contextlib
 import copy
 import fcntl
 import hashlib
@@ -337,9 +338,9 @@ def _builds_cuda(spec_args: dict[str, Any]) -> bool:
 
 def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
     """``native_symbols.Toolchain`` of the minimal extension (``toolchain_spec``) built by this
-    toolchain into the shared cache (once; later calls read the tagged library). Empty when the
-    cache has no usable key (an untagged reference could have been planted) or the build
-    failed: the fixed refusal list alone then applies."""
+    toolchain into the shared cache (once; later calls read its tagged record). Empty when the
+    cache has no usable key (nothing could vouch for the record) or the build failed: the fixed
+    refusal list alone then applies."""
     from multiminddev.env import native_symbols
 
     memo = (cache_root, arch, cuda)
@@ -351,22 +352,47 @@ def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        outcome = _build(toolchain_spec(cuda).args, cache_root, arch, None)
-    if outcome["status"] != "ok" or outcome["sha256"] is None:
-        return native_symbols.Toolchain()
-    library = Path(outcome["library"])
+        toolchain = _read_toolchain(cache_root, arch, cuda)
+    if toolchain is not None:
+        _toolchain_memo[memo] = toolchain
+    return toolchain or native_symbols.Toolchain()
+
+
+def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Any:
+    """The reference's symbols, from its tagged record, else from a fresh build (recorded and
+    tagged then); None when nothing can be vouched for. The record is what is trusted, not the
+    objects left beside the library, which a worker could replace."""
+    from multiminddev.env import native_symbols
+
     secret = cache_auth.load_or_create_key(Path(cache_root))
-    if authentic_digest(library, outcome["key"], secret) != outcome["sha256"]:
-        return native_symbols.Toolchain()
+    if secret is None:
+        return None
+    spec = toolchain_spec(cuda)
+    key = spec.key(arch, _torch_version())
+    record = build_dir_for(Path(cache_root), key) / "toolchain.json"
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        saved = json.loads(record.read_text())
+        blob = json.dumps([saved["library"], saved["objects"]]).encode()
+        if cache_auth.tag_matches(secret, saved["tag"], key.encode(), blob):
+            return native_symbols.Toolchain(library=frozenset(saved["library"]),
+                                            objects=frozenset(saved["objects"]))
+    # No valid record: build from scratch (a cached library's objects are not trusted).
+    shutil.rmtree(build_dir_for(Path(cache_root), key), ignore_errors=True)
+    outcome = _build(spec.args, cache_root, arch, None)
+    if outcome["status"] != "ok" or outcome["sha256"] is None:
+        return None
+    library = Path(outcome["library"])
     objects: set[str] = set()
     for obj in _objects(library.parent):
         objects.update(native_symbols.undefined_symbols(obj, dynamic=False))
-    toolchain = native_symbols.Toolchain(
-        library=frozenset(native_symbols.undefined_symbols(library)), objects=frozenset(objects))
-    if not objects:  # objects removed since the reference was built: unknown, exempt nothing
-        return native_symbols.Toolchain()
-    _toolchain_memo[memo] = toolchain
-    return toolchain
+    if not objects:
+        return None
+    library_symbols = sorted(native_symbols.undefined_symbols(library))
+    blob = json.dumps([library_symbols, sorted(objects)]).encode()
+    record.write_text(json.dumps({"library": library_symbols, "objects": sorted(objects),
+                                  "tag": cache_auth.entry_tag(secret, key.encode(), blob)}))
+    return native_symbols.Toolchain(library=frozenset(library_symbols),
+                                    objects=frozenset(objects))
 
 
 _toolchain_memo: dict[tuple[str, str, bool], Any] = {}
@@ -416,6 +442,10 @@ def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Any
     os.environ["TORCH_CUDA_ARCH_LIST"] = _arch_list(arch)
     # Build only: the untrusted library is loaded later, inside the sandboxed worker.
     cpp_extension._import_module_from_library = lambda *a, **k: None
+    # torch skips a build whose name and sources this process built before, even when the
+    # directory was wiped since (a planted or altered library): forget it, so ninja runs.
+    with contextlib.suppress(AttributeError):
+        cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(name, None)
     # Copies: load_inline inserts its headers and bindings into the source lists in place.
     kwargs = {k: copy.deepcopy(v) for k, v in spec_args.items() if k != "name" and v is not None}
     digest, refused = None, []
