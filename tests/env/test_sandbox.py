@@ -67,11 +67,13 @@ PROBE = textwrap.dedent(
 
     def compile_kernel():
         from multiminddev.cuda import compile_kernels
-        k = compile_kernels('extern "C" __global__ void k(float* y) { y[0] = %d.f; }'
-                            % os.getpid(), arch="sm_90")
+        from multiminddev.cuda.compiler import CACHE_SUBDIR
+        source = 'extern "C" __global__ void k(float* y) { y[0] = %d.f; }' % os.getpid()
+        k = compile_kernels(source, arch="sm_90")
         assert not k.compile_result.cached
-        cache = pathlib.Path(os.environ["MULTIMINDDEV_CACHE"]) / "nvrtc"
+        cache = pathlib.Path(os.environ["MULTIMINDDEV_CACHE"]) / CACHE_SUBDIR
         assert any(cache.glob("*.cubin")), "compile cache not written"
+        assert compile_kernels(source, arch="sm_90").compile_result.cached, "cache not read"
 
     attempt("spawn", spawn)
     attempt("os_system", lambda: os.system("true"))
