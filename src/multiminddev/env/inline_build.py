@@ -44,6 +44,8 @@ from typing import Any
 
 from multiminddev import pyast
 from multiminddev.cuda import cache_auth
+from multiminddev.env import native_symbols
+from multiminddev.env.native_symbols import Toolchain
 from multiminddev.env.results import (
     CompileResult,
     Diagnostic,
@@ -82,15 +84,13 @@ class InlineLibraryRefused(RuntimeError):
         super().__init__(findings[0].message if findings else "built library refused")
 
 
-def refused_symbols(library: Path, toolchain: Any = None, objects: list[Path] | None = None
-                    ) -> list[dict[str, Any]]:
+def refused_symbols(library: Path, toolchain: Toolchain | None = None,
+                    objects: list[Path] | None = None) -> list[dict[str, Any]]:
     """``native_symbols.library_findings`` of a built library (and the candidate's compiled
     objects beside it), as JSON-able dicts."""
-    from multiminddev.env import native_symbols
-
-    toolchain = toolchain or native_symbols.Toolchain()
     return [{"rule": f.rule, "reason": f.reason.value, "message": f.message}
-            for f in native_symbols.library_findings(library, toolchain, objects or ())]
+            for f in native_symbols.library_findings(library, toolchain or Toolchain(),
+                                                     objects or ())]
 
 
 def _findings(outcome: dict[str, Any]) -> list[Finding]:
@@ -121,10 +121,9 @@ class InlineSpec:
         return cls(args=norm)
 
     def key(self, arch: str, torch_version: str) -> str:
-        from multiminddev.env.native_symbols import rules_digest
-
         # The symbol rules too: a cached build was checked under the rules of its key.
-        blob = json.dumps([self.args, arch, torch_version, rules_digest()], sort_keys=True,
+        blob = json.dumps([self.args, arch, torch_version, native_symbols.rules_digest()],
+                          sort_keys=True,
                           default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -336,13 +335,11 @@ def _builds_cuda(spec_args: dict[str, Any]) -> bool:
     return bool(spec_args.get("cuda_sources")) and spec_args.get("with_cuda") is not False
 
 
-def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
+def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Toolchain:
     """``native_symbols.Toolchain`` of the minimal extension (``toolchain_spec``) built by this
     toolchain into the shared cache (once; later calls read its tagged record). Empty when the
     cache has no usable key (nothing could vouch for the record) or the build failed: the fixed
     refusal list alone then applies."""
-    from multiminddev.env import native_symbols
-
     memo = (cache_root, arch, cuda)
     if memo in _toolchain_memo:  # this trusted process read it already
         return _toolchain_memo[memo]
@@ -355,15 +352,13 @@ def toolchain_imports(cache_root: str, arch: str, cuda: bool) -> Any:
         toolchain = _read_toolchain(cache_root, arch, cuda)
     if toolchain is not None:
         _toolchain_memo[memo] = toolchain
-    return toolchain or native_symbols.Toolchain()
+    return toolchain or Toolchain()
 
 
-def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Any:
+def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Toolchain | None:
     """The reference's symbols, from its tagged record, else from a fresh build (recorded and
     tagged then); None when nothing can be vouched for. The record is what is trusted, not the
     objects left beside the library, which a worker could replace."""
-    from multiminddev.env import native_symbols
-
     secret = cache_auth.load_or_create_key(Path(cache_root))
     if secret is None:
         return None
@@ -374,7 +369,7 @@ def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Any:
         saved = json.loads(record.read_text())
         blob = json.dumps([saved["library"], saved["objects"]]).encode()
         if cache_auth.tag_matches(secret, saved["tag"], key.encode(), blob):
-            return native_symbols.Toolchain(library=frozenset(saved["library"]),
+            return Toolchain(library=frozenset(saved["library"]),
                                             objects=frozenset(saved["objects"]))
     # No valid record: build from scratch (a cached library's objects are not trusted).
     shutil.rmtree(build_dir_for(Path(cache_root), key), ignore_errors=True)
@@ -391,11 +386,11 @@ def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Any:
     blob = json.dumps([library_symbols, sorted(objects)]).encode()
     record.write_text(json.dumps({"library": library_symbols, "objects": sorted(objects),
                                   "tag": cache_auth.entry_tag(secret, key.encode(), blob)}))
-    return native_symbols.Toolchain(library=frozenset(library_symbols),
+    return Toolchain(library=frozenset(library_symbols),
                                     objects=frozenset(objects))
 
 
-_toolchain_memo: dict[tuple[str, str, bool], Any] = {}
+_toolchain_memo: dict[tuple[str, str, bool], Toolchain] = {}
 
 
 def _objects(build_dir: Path) -> list[Path]:
@@ -412,7 +407,7 @@ def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> di
     return outcome
 
 
-def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Any
+def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Toolchain | None
            ) -> dict[str, Any]:
     """One build into the shared cache. ``toolchain`` None: the trusted reference build (no
     check, always tagged). Otherwise only a library that passes the symbol check is tagged, so
@@ -431,7 +426,7 @@ def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Any
     if library.exists():
         digest = authentic_digest(library, key, secret)
         if digest is not None:
-            refused = [] if toolchain is None else refused_symbols(library, toolchain)
+            refused = refused_symbols(library, toolchain)
             return {"status": "rejected" if refused else "ok", "cached": True, "seconds": 0.0,
                     "log": "", "key": key, "sha256": digest, "findings": refused,
                     "library": str(library)}
