@@ -1,7 +1,8 @@
 """`eval-dir` throughput over the exported fast solutions, cold and warm: run on a GPU machine.
 
     PYTHONPATH=src python3 benchmarks/bench_eval_dir.py --out $OUT [--tier 0 1]
-        [--baseline-workers 0 3] [--workers 1] [--bench-budget 1 0.25] [--runs cold warm] [--limit N] [--work DIR]
+        [--baseline-workers 0 3] [--workers 1] [--bench-budget 1 0.25] [--tensor-transfer memfd]
+        [--runs cold warm] [--limit N] [--work DIR]
 
 Exports the built-in corpus with its solutions (one shape per family), gathers the fast
 solutions into one folder and runs `multiminddev eval-dir` over them as a user would (a fresh
@@ -83,13 +84,16 @@ def _watch_lines(path: Path, arrivals: list[float], stop: threading.Event) -> No
 
 def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
                  baseline_workers: int, workers: int | None, timeout_s: float,
-                 bench_budget: float | None = None) -> dict[str, Any]:
+                 bench_budget: float | None = None,
+                 tensor_transfer: str | None = None) -> dict[str, Any]:
     command = [*CLI, "eval-dir", str(corpus), str(candidates), "--out", str(out),
                "--baseline-workers", str(baseline_workers)]
     if workers is not None:
         command += ["--workers", str(workers)]
     if bench_budget is not None:
         command += ["--bench-budget", str(bench_budget)]
+    if tensor_transfer is not None:
+        command += ["--tensor-transfer", tensor_transfer]
     arrivals: list[float] = []
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_lines, args=(out, arrivals, stop), daemon=True)
@@ -191,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-budget", type=float, nargs="+", default=[None],
                         help="seconds of timed calls per timed function (eval-dir's "
                              "--bench-budget; default: eval-dir's)")
+    parser.add_argument("--tensor-transfer", choices=("pipe", "memfd"), default=None,
+                        help="eval-dir's --tensor-transfer (default: eval-dir's)")
     parser.add_argument("--runs", nargs="+", choices=("cold", "warm"), default=["cold", "warm"])
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N")
     parser.add_argument("--timeout", type=float, default=1800.0, help="per eval-dir run, seconds")
@@ -224,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
                 out.unlink(missing_ok=True)
                 result = run_eval_dir(corpus, candidates, out, cache,
                                       baseline_workers=baseline_workers, workers=workers,
-                                      timeout_s=args.timeout, bench_budget=budget)
+                                      timeout_s=args.timeout, bench_budget=budget,
+                                      tensor_transfer=args.tensor_transfer)
                 result.update(run=run, baseline_workers=baseline_workers, workers=workers,
-                              bench_budget=budget, baseline_cache=str(cache / "baselines"))
+                              bench_budget=budget, tensor_transfer=args.tensor_transfer,
+                              baseline_cache=str(cache / "baselines"))
                 report["runs"].append(result)
                 print(f"[bench] {name} {run}: {result['candidates']} candidates, "
                       f"{result['candidates_per_min']}/min "

@@ -133,3 +133,18 @@ def test_planned_runs_fill_the_budget_within_bounds():
     assert planned_runs(plan, 1.0) == 10
     assert planned_runs(plan, 1e-6) == 300
     assert planned_runs(plan, 0.0) == 300
+
+
+def test_the_host_released_hold_kernel_compiles_with_the_workers_warm_up_module():
+    from multiminddev.core.results import StageStatus
+    from multiminddev.cuda import compiler, kernels
+    from multiminddev.env import worker
+    from multiminddev.env.benchmark import HOLD_KERNEL
+
+    module = compiler.compile_cuda(worker.WARM_SOURCE,
+                                   compiler.CompileOptions(arch="sm_90", use_cache=False))
+    assert module.result.status is StageStatus.OK, module.result.log
+    params = kernels.parse_kernel_signatures(worker.WARM_SOURCE)[HOLD_KERNEL].params
+    # the counter's address, the target and the cycle bound, all passed by value
+    assert [p.c_type for p in params] == ["unsigned long long", "long long", "long long"]
+    assert not any(p.is_pointer for p in params)

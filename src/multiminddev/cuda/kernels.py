@@ -11,7 +11,7 @@ known; launching then raises ``NoGPUError``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -210,6 +210,21 @@ class CompiledKernels:
 
     def __iter__(self):
         return iter(self._kernels.values())
+
+    def launcher(self, name: str, grid: int | Sequence[int] = 1,
+                 block: int | Sequence[int] = 1) -> Callable[..., None]:
+        """``launch(*args)``: kernel ``name`` at a fixed shape on torch's current stream, with
+        arguments as cuda.core takes them (numpy scalars), neither checked nor counted. For
+        trusted harness code that launches one kernel often (``env.benchmark``)."""
+        kernel = self._load(self.__getattr__(name).name)
+        config = self._config_for(grid, block, 0)
+        torch, core = _torch(), _cuda_core()
+
+        def launch(*args: Any) -> None:
+            core.launch(self._stream_for(torch.cuda.current_stream().cuda_stream), config,
+                        kernel, *args)
+
+        return launch
 
     def _load(self, name: str) -> Any:
         if name in self._loaded:

@@ -3,10 +3,11 @@
 ``time_calls`` warms up, fixes the number of timed calls from the measured cost of one call and
 a time budget, then times each call between two CUDA events. Each call may build its own
 arguments first (``TimedCalls.prepare``): the candidate's timing gives every call fresh inputs,
-so no result can be reused across calls. Runs are recorded in batches between synchronisations
-so host overhead does not enter the figure; each run's interval is between two events on the current stream, with the
-flush (a write of ~2x the L2 size) enqueued before the start event. Peak bandwidth is measured
-once per GPU with a device-to-device copy and cached on disk, as are torch.compile baselines
+so no result can be reused across calls. Runs are recorded in batches, each enqueued whole before
+the GPU starts it, so host overhead does not enter the figure; each run's interval is between
+two events on the current stream, with the flush (a write of ~2x the L2 size) enqueued before
+the start event. Peak bandwidth is measured once per GPU with a device-to-device copy and
+cached on disk, as are torch.compile baselines
 (keyed by problem source hash, GPU name and torch version). Those caches belong to the
 evaluator's process (``TrustedBaselines``): entries are authenticated with a key the workers
 never receive, workers get the cached figures in their job and only report what they measured
@@ -103,8 +104,9 @@ def l2_flush_buffer(device: Any = None) -> Any:
 # Host-side launch work (Python forward, argument conversion) can take longer than a short
 # kernel. Without care the GPU idles inside a timed interval waiting for the host, and the figure
 # measures Python, not the kernel (seen on an H200: 48.7 us for a kernel do_bench timed at
-# 35.9 us). So each batch starts behind a spin kernel long enough for the host to enqueue the
-# whole batch first; the spin itself lies outside every timed interval.
+# 35.9 us). So each batch starts behind a hold the host releases once the whole batch is
+# enqueued (``HostReleasedHold``), or, where that kernel cannot run, behind a spin kernel long
+# enough for the host to enqueue the batch first; the hold lies outside every timed interval.
 INITIAL_HOLD_CYCLES = 4_000_000  # ~2 ms at 2 GHz, enough for 10 runs of a heavy forward
 MAX_HOLD_CYCLES = 400_000_000
 
@@ -120,42 +122,121 @@ def _hold_gpu(torch: Any, cycles: int) -> None:
         sleep(int(cycles))
 
 
-def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any) -> TimingStats:
+class SpinHold:
+    """Holds the GPU for a fixed number of cycles (``torch.cuda._sleep``); nothing to release.
+    Sized from the previous batch's enqueue time with a 2x margin at an assumed 3 GHz, so on a
+    2 GHz GPU the spin lasts about three times the enqueue: wall time the timing pays."""
+
+    def hold(self, max_cycles: int) -> None:
+        import torch
+
+        _hold_gpu(torch, max_cycles)
+
+    def release(self) -> None:
+        pass
+
+
+HOLD_KERNEL = "mmd_hold_until"
+# Spins until the host's counter reaches ``target`` or ``max_cycles`` pass: the bound keeps a
+# call that synchronises with the GPU mid-batch (which waits for the hold itself) from waiting
+# forever; it then costs what the plain spin costs.
+HOLD_SOURCE = r"""
+extern "C" __global__ void mmd_hold_until(unsigned long long counter, long long target,
+                                          long long max_cycles) {
+    const volatile long long* value = (const volatile long long*)counter;
+    const long long start = clock64();
+    while (*value < target && clock64() - start < max_cycles) {
+#if __CUDA_ARCH__ >= 700
+        __nanosleep(256);
+#endif
+    }
+}
+"""
+
+
+class HostReleasedHold:
+    """Holds the GPU until the host has enqueued the batch behind it: a one-thread kernel polls
+    a counter in pinned host memory that ``release`` bumps. The batch starts the moment it is
+    enqueued instead of after a spin sized for the worst case, so timing ``n`` calls takes about
+    ``n`` times the slower of host and GPU per call rather than three times the host's."""
+
+    def __init__(self, launch: Callable[..., None], counter: Any, device_address: int) -> None:
+        self._launch = launch  # (address, target, max_cycles) -> None, on the current stream
+        self._counter = counter  # pinned int64 tensor; keeps the memory alive
+        self._view = counter.numpy()
+        self._address = device_address
+        self._target = 0
+
+    @classmethod
+    def create(cls, launch: Callable[..., None]) -> HostReleasedHold:
+        """A hold whose kernel ``launch(address, target, max_cycles)`` runs (``HOLD_SOURCE``).
+        Raises RuntimeError where pinned host memory has no device address."""
+        import torch
+        from cuda.bindings import driver
+
+        counter = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        err, address = driver.cuMemHostGetDevicePointer(counter.data_ptr(), 0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"pinned host memory has no device address here ({err})")
+        return cls(launch, counter, int(address))
+
+    def hold(self, max_cycles: int) -> None:
+        import numpy as np
+
+        self._target += 1
+        self._launch(np.uint64(self._address), np.int64(self._target), np.int64(max_cycles))
+
+    def release(self) -> None:
+        self._view[0] = self._target
+
+
+def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any,
+              hold: Any = None) -> TimingStats:
     """Time ``fn()`` on the current stream; ``flush`` is the L2 flush buffer (or None)."""
-    return time_calls(TimedCalls(run=lambda _args: fn()), plan, flush)
+    return time_calls(TimedCalls(run=lambda _args: fn()), plan, flush, hold=hold)
 
 
 def time_calls(calls: TimedCalls, plan: TimingPlan, flush: Any,
-               on_planned: Callable[[int], None] | None = None) -> TimingStats:
+               on_planned: Callable[[int], None] | None = None,
+               hold: Any = None) -> TimingStats:
     """Warm up, fix the number of timed calls (``on_planned(n)`` hears it before the first),
-    then time them in batches behind a spin kernel (see ``_cycles_to_cover``)."""
+    then time them in batches, each behind a hold (``HostReleasedHold``; None: ``SpinHold``).
+    The host enqueues the next batch while the GPU runs the current one, never further ahead."""
     import torch
 
     seconds_per_call = _warm_up(calls, max(1, plan.warmup_runs))
     n = planned_runs(plan, seconds_per_call)
     if on_planned is not None:
         on_planned(n)
-    times: list[float] = []
+    hold = hold if hold is not None else SpinHold()
+    events: list[tuple[Any, Any]] = []
+    previous_end = None
     hold_cycles = INITIAL_HOLD_CYCLES
-    while len(times) < n:
-        first = len(times)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(min(BATCH, n - first))]
+    while len(events) < n:
+        first = len(events)
+        batch = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(min(BATCH, n - first))]
         enqueue_start = time.perf_counter()
-        _hold_gpu(torch, hold_cycles)
-        for offset, (start, end) in enumerate(events):
-            args = calls.prepare(first + offset)
-            if flush is not None:
-                flush.zero_()
-            start.record()
-            out = calls.run(args)
-            end.record()
-            calls.finish(first + offset, out)
-            del args, out  # the next call's buffers may reuse this memory (stream-ordered)
+        hold.hold(hold_cycles)
+        try:
+            for offset, (start, end) in enumerate(batch):
+                args = calls.prepare(first + offset)
+                if flush is not None:
+                    flush.zero_()
+                start.record()
+                out = calls.run(args)
+                end.record()
+                calls.finish(first + offset, out)
+                del args, out  # the next call's buffers may reuse this memory (stream-ordered)
+        finally:
+            hold.release()
         hold_cycles = _cycles_to_cover(time.perf_counter() - enqueue_start)
-        torch.cuda.synchronize()
-        times.extend(start.elapsed_time(end) for start, end in events)
-    return stats_from_times(times)
+        if previous_end is not None:
+            previous_end.synchronize()
+        previous_end = batch[-1][1]
+        events.extend(batch)
+    torch.cuda.synchronize()
+    return stats_from_times([start.elapsed_time(end) for start, end in events])
 
 
 def _warm_up(calls: TimedCalls, runs: int) -> float:

@@ -51,6 +51,7 @@ from typing import Any
 
 from multiminddev.core.devices import cuda_visible_ids
 from multiminddev.env import precision
+from multiminddev.env.benchmark import HOLD_SOURCE
 from multiminddev.env.candidate import (
     as_output_list,
     candidate_hash,
@@ -79,6 +80,7 @@ class WorkerState:
     workdir: Path
     stack_dump: Path | None = None
     flush: Any = None
+    hold: Any = None  # benchmark.HostReleasedHold, or None: timings spin (benchmark.SpinHold)
     peak_gbps: float | None = None
     sandboxed: bool = False
     guards: Any = None
@@ -278,7 +280,7 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     with timed(startup, "l2_flush_buffer"):
         state.flush = l2_flush_buffer(local)
     with timed(startup, "kernel_launch"):
-        _warm_kernel_launch(warm_module)
+        state.hold = _warm_kernel_launch(warm_module)
     with timed(startup, "host_copy_probe"):
         state.pinned_copies = _pinned_copies_faster()
     if cfg.sandbox:
@@ -295,22 +297,33 @@ def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:
     return state
 
 
-def _warm_kernel_launch(module: Any) -> None:
+def _warm_kernel_launch(module: Any) -> Any:
     """The first cuda.core module load and launch in a process set up its launch path; pay it
     here, while this worker waits as a spare, not inside a candidate's compile stage. (Not
-    through compile_kernels: the candidate's compile log must hold only its own kernels.)"""
+    through compile_kernels: the candidate's compile log must hold only its own kernels.)
+    Returns the timing's batch hold (``benchmark.HostReleasedHold``), or None where it cannot
+    run (the module was built for another GPU, or pinned memory has no device address): the
+    timing then spins instead."""
     import torch
 
     from multiminddev.cuda import compiler, kernels
+    from multiminddev.env.benchmark import HOLD_KERNEL, HostReleasedHold
 
     if module.result.arch != compiler.current_device_arch():
-        return  # built for another target (EvalConfig.arch): nothing to launch here
+        return None  # built for another target (EvalConfig.arch): nothing to launch here
     warm = kernels.CompiledKernels(module, kernels.parse_kernel_signatures(WARM_SOURCE))
     warm.mmd_warm(grid=(1,), block=(1,), args=(torch.ones(1, dtype=torch.int32, device="cuda"),))
+    try:
+        hold = HostReleasedHold.create(warm.launcher(HOLD_KERNEL))
+        hold.hold(1_000)  # released below, or over after its cycles
+        hold.release()
+    except Exception:  # noqa: BLE001 - the spin is the fallback, never a failure
+        hold = None
     torch.cuda.synchronize()
+    return hold
 
 
-WARM_SOURCE = 'extern "C" __global__ void mmd_warm(int* p) { if (p) *p = 0; }'
+WARM_SOURCE = 'extern "C" __global__ void mmd_warm(int* p) { if (p) *p = 0; }\n' + HOLD_SOURCE
 
 
 def _warm_toolchain(cfg: EvalConfig) -> Any:
@@ -742,7 +755,8 @@ def time_like_candidate(state: WorkerState, cfg: EvalConfig, ref: Reference, mod
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=[],
                          output_specs=ref.output_specs, forward=forward, rng=ref.rng)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    return bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan)
+    return bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
+                         hold=state.hold)
 
 
 def timing_plan(cfg: EvalConfig) -> Any:
