@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from multiminddev.core.results import StageStatus
 from multiminddev.env.benchmark import TrustedBaselines, figures_to_measure
 from multiminddev.env.config import EvalConfig
 from multiminddev.env.pool import JobOutcome, TimingGate, WorkerPool
@@ -162,19 +163,72 @@ def _candidate_job(ev, problem, measure):
     return job, waits
 
 
-def test_a_candidate_waits_for_its_baseline_job_then_carries_every_figure(tmp_path):
+def _report(**figures):
+    """A candidate worker's ("baseline", ...) report with the figures it was given."""
+    import torch
+
+    return {"eager": None, "compiled": None, "peak_gbps": None, "gpu_name": GPU,
+            "torch_version": torch.__version__, "note": "", "measured": [], "ungated": [],
+            **figures}
+
+
+def test_a_candidate_leaves_its_figures_to_the_baseline_job_and_gets_them_after_its_job(tmp_path):
     from multiminddev.env import Evaluator
+    from multiminddev.env.evaluator import BASELINES_PENDING
     from tests.env._fixtures import problem_named
 
     problem = problem_named("1_relu")
     with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
         def measure(item):
-            time.sleep(0.3)
+            time.sleep(0.5)
             _record_all(ev._baselines, item)
 
         job, waits = _candidate_job(ev, problem, measure)
-    assert figures_to_measure(job, compile_baseline=True) == []  # its worker measures none
-    assert waits["baseline"] >= 0.25
+        # sent at once, measuring none of them: the baseline job is already on it
+        assert waits == {}
+        assert job[BASELINES_PENDING] == ["peak_gbps", "eager_baseline", "compiled_baseline"]
+        outcome = JobOutcome(messages={"baseline": _report()})
+        ev._add_prefetched_figures(problem, outcome, job[BASELINES_PENDING], waits)
+    report = outcome.messages["baseline"]
+    assert report["eager"] == STATS and report["compiled"] == STATS
+    assert report["peak_gbps"] == 4000.0
+    assert waits["baseline"] >= 0.3 and not outcome.infra_error
+
+
+def test_figures_the_baseline_job_did_not_keep_make_an_infra_error_that_a_retry_measures(tmp_path):
+    import torch
+
+    from multiminddev.env import Evaluator
+    from multiminddev.env.evaluator import BASELINES_PENDING
+    from tests.env._fixtures import problem_named
+
+    problem = problem_named("1_relu")
+    with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
+        release = threading.Event()
+        # torch.compile failed on the model and the eager timing was lost: only peak is kept
+        job, waits = _candidate_job(
+            ev, problem, lambda item: (release.wait(10.0),
+                                       ev._baselines.record_peak_gbps(GPU, torch.__version__, 4e3)))
+        outcome = JobOutcome(messages={"baseline": _report()})
+        release.set()
+        ev._add_prefetched_figures(problem, outcome, job[BASELINES_PENDING], waits)
+        assert "eager_baseline" in outcome.infra_error and "compiled" not in outcome.infra_error
+        assert "torch.compile baseline not measured" in outcome.messages["baseline"]["note"]
+        # the retry: that baseline job has ended, so the candidate's worker measures the rest
+        again = ev._with_baselines(problem, {}, {"gpu": True, "device": GPU}, waits={})
+    assert BASELINES_PENDING not in again
+    assert figures_to_measure(again, compile_baseline=True) == ["eager_baseline",
+                                                                "compiled_baseline"]
+
+
+def test_a_correct_candidate_without_an_eager_figure_is_not_timed_against_anything():
+    from multiminddev.env.assemble import _benchmark
+    from tests.env._fixtures import problem_named
+
+    outcome = JobOutcome(messages={"baseline": _report(),
+                                   "benchmark": {"candidate": STATS, "checked_calls": 8}})
+    bench = _benchmark(problem_named("1_relu"), outcome, EvalConfig())
+    assert bench.status is StageStatus.ERROR and bench.speedup_vs_eager == 0.0
 
 
 def test_a_candidate_whose_figures_are_cached_does_not_wait(tmp_path):
@@ -396,7 +450,6 @@ def test_releasing_a_gate_nobody_holds_is_an_error():
 
 def test_a_baseline_job_says_why_its_figures_were_not_kept():
     from multiminddev.env.evaluator import prefetch_miss
-    from multiminddev.env.pool import JobOutcome
 
     def outcome(**kw):
         return JobOutcome(**kw)

@@ -201,6 +201,9 @@ def _benchmark(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> Benchm
     if base is None or bench is None:
         return BenchmarkResult(status=StageStatus.SKIPPED)
     cand = _from_jsonable(TimingStats, bench["candidate"])
+    if base.get("eager") is None:  # its baseline job kept none (outcome.infra_error says so)
+        return BenchmarkResult(status=StageStatus.ERROR, candidate=cand,
+                               error="no eager baseline to compare with")
     eager = _from_jsonable(TimingStats, base["eager"])
     compiled = _from_jsonable(TimingStats, base["compiled"]) if base.get("compiled") else None
     result = BenchmarkResult(

@@ -99,8 +99,8 @@ class EvalConfig:
     # (``Evaluator.prefetch_baselines``): no candidate code ever loads in them, and while they
     # compile one problem's torch.compile baseline the evaluation slots go on with others.
     baseline_workers: int = 2
-    # How long a candidate waits for its problem's prefetched baseline; past it, the
-    # candidate's own worker measures whatever is still missing in its trusted stage.
+    # How long an evaluation waits, after its own job, for its problem's prefetched
+    # torch.compile figure; past it, the result has no torch.compile speedup and says why.
     baseline_wait_s: float = 180.0
     # One GPU, one timing: a baseline is timed only while no candidate code of this evaluator
     # can run on that GPU (a candidate's job holds the GPU's gate from before its candidate

@@ -65,8 +65,10 @@ class Evaluator:
         # Two threads per slot: while one runs a job in the slot's worker, the other does the
         # parent's part of the next (static checks, waiting for its baseline) or of the last
         # (verification), so the worker never waits for the parent.
-        self._executor = cf.ThreadPoolExecutor(max_workers=PARENT_THREADS_PER_SLOT * self.pool.size,
-                                               thread_name_prefix="mmd-eval")
+        # Plus one per baseline worker: an evaluation may wait for its problem's prefetched
+        # torch.compile figure after its job, and such waits should not keep jobs from slots.
+        threads = PARENT_THREADS_PER_SLOT * self.pool.size + self.config.baseline_workers
+        self._executor = cf.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mmd-eval")
         self._inline = None
         self._baselines: TrustedBaselines | None = None
         if self.config.benchmark:
@@ -204,8 +206,15 @@ class Evaluator:
                 if inline_compile.status is not StageStatus.SKIPPED or self.pool.gpu_count:
                     return _inline_failure(problem, candidate, static, inline_compile)
         waits: dict[str, float] = {}
-        outcome = self.pool.run(job, before_send=lambda job, info: self._with_baselines(
-            problem, job, info, waits=waits))
+        sent: list[dict[str, Any]] = []  # the job as the worker got it
+
+        def complete(job: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+            sent.append(self._with_baselines(problem, job, info, waits=waits))
+            return sent[-1]
+
+        outcome = self.pool.run(job, before_send=complete)
+        if sent and sent[-1].get(BASELINES_PENDING):
+            self._add_prefetched_figures(problem, outcome, sent[-1][BASELINES_PENDING], waits)
         result = assemble_result(problem, candidate, static, outcome, self.config, inline_compile)
         self._store_baselines(problem, outcome)
         result.timings.update({"parent.static": round(static_seconds, 4),
@@ -219,25 +228,52 @@ class Evaluator:
                         waits: dict[str, float] | None = None) -> dict[str, Any]:
         """The job plus the cached figures for the worker's GPU (None: the worker measures).
 
-        With ``waits`` (a candidate's job): when a figure is missing and the problem's baseline
-        job is scheduled, wait for it first (``EvalConfig.baseline_wait_s``; the seconds go to
-        ``waits["baseline"]``). A problem whose figures are all cached never waits."""
+        With ``waits`` (a candidate's job) and the problem's baseline job scheduled, the
+        figures that job measures and the store lacks are left to it (``BASELINES_PENDING``):
+        the candidate's stages need no baseline, so its job starts at once and the evaluation
+        waits for them only after it (``_add_prefetched_figures``), while a torch.compile
+        baseline takes seconds to compile. Once that job has ended, whatever it did not keep
+        is measured in the candidate's job. A problem whose figures are all cached never waits."""
         if self._baselines is None or not worker_info.get("gpu"):
             return {**job, **dict.fromkeys(BASELINE_FIGURES)}
         gpu_name, torch_version = str(worker_info.get("device", "")), _torch_version()
-
-        def cached() -> dict[str, Any]:
-            return self._baselines.figures(problem.source_hash, gpu_name, torch_version,
-                                           eager=self.config.reuse_eager_baseline)
-
-        figures = cached()
-        missing = figures_to_measure(figures, compile_baseline=self.config.compile_baseline,
+        figures = self._baselines.figures(problem.source_hash, gpu_name, torch_version,
+                                          eager=self.config.reuse_eager_baseline)
+        pending = figures_to_measure(figures, compile_baseline=self.config.compile_baseline,
                                      eager=self.config.reuse_eager_baseline)
-        if waits is not None and missing and self._prefetch is not None:
-            _, waits["baseline"] = self._prefetch.wait(problem.source_hash,
-                                                       self.config.baseline_wait_s)
-            figures = cached()
+        if (waits is not None and pending and self._prefetch is not None
+                and self._prefetch.pending(problem.source_hash)):
+            return {**job, **figures, BASELINES_PENDING: pending}
         return {**job, **figures}
+
+    def _add_prefetched_figures(self, problem: Problem, outcome: Any, pending: list[str],
+                                waits: dict[str, float]) -> None:
+        """Put the figures left to the problem's baseline job into the job's baseline report
+        once that job has ended (at most ``EvalConfig.baseline_wait_s``), read from the trusted
+        store, never from the worker. Without the torch.compile figure (torch.compile can fail
+        on a model) the report's note says why; without the eager or peak figure the
+        evaluation is an infrastructure error, so a retry measures them in its own job."""
+        base = outcome.messages.get("baseline")
+        if not isinstance(base, dict):
+            return  # the job ended before its baseline stage: nothing to report on
+        _, waits["baseline"] = self._prefetch.wait(problem.source_hash, self.config.baseline_wait_s)
+        gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
+        store, key = self._baselines, problem.source_hash
+        found = {"peak_gbps": lambda: store.peak_gbps(gpu_name, torch_version),
+                 "eager_baseline": lambda: store.eager_baseline(key, gpu_name, torch_version),
+                 "compiled_baseline": lambda: store.compiled_baseline(key, gpu_name, torch_version)}
+        report = dict(base)
+        for figure in pending:
+            report[REPORT_KEYS[figure]] = found[figure]()
+        outcome.messages["baseline"] = report
+        lost = [figure for figure in pending if report[REPORT_KEYS[figure]] is None]
+        if "compiled_baseline" in lost and not report.get("note"):
+            report["note"] = ("torch.compile baseline not measured: the problem's baseline job "
+                              "did not keep one (the log says why)")
+        if set(lost) - {"compiled_baseline"} and not outcome.infra_error:
+            outcome.infra_error = (f"the problem's baseline job did not keep "
+                                   f"{', '.join(sorted(set(lost) - {'compiled_baseline'}))} "
+                                   "(the log says why); a new attempt measures them itself")
 
     def _store_baselines(self, problem: Problem, outcome: Any) -> None:
         """Keep what a worker measured in its trusted baseline stage (the pool drops a
@@ -303,6 +339,12 @@ def prefetch_miss(outcome: Any, *, compile_baseline: bool) -> str:
 
 
 PARENT_THREADS_PER_SLOT = 2
+# The figures a candidate's job leaves to its problem's scheduled baseline job (its worker
+# measures none of them; the evaluator adds them after the job), and where each goes in the
+# worker's ("baseline", ...) report.
+BASELINES_PENDING = "baselines_pending"
+REPORT_KEYS = {"peak_gbps": "peak_gbps", "eager_baseline": "eager",
+               "compiled_baseline": "compiled"}
 # Problems one baseline worker measures before it is replaced (a fresh process, about a second
 # off the candidates' path, also bounds what a long run's compiled graphs and caches can
 # accumulate). Each problem's torch.compile figure is kept in a reused worker because the worker

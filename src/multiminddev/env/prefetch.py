@@ -56,6 +56,12 @@ class BaselinePrefetch:
         with self._lock:
             return key in self._futures
 
+    def pending(self, key: str) -> bool:
+        """Whether the key's measurement is scheduled and has not ended yet."""
+        with self._lock:
+            future = self._futures.get(key)
+        return future is not None and not future.done()
+
     def wait(self, key: str, timeout_s: float) -> tuple[bool, float]:
         """(whether the key's measurement has ended, seconds waited); (False, 0.0) for a key
         never scheduled. A measurement that raised counts as ended: the caller measures."""

@@ -693,8 +693,12 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
 
     gate, clock = bool(job.get("timing_gate")), state.timings
     gpu_name, torch_version = bm.gpu_identity(state.device_index)
-    todo = bm.figures_to_measure(job, compile_baseline=cfg.compile_baseline,
-                                 eager=job.get("kind") != "baseline" or cfg.reuse_eager_baseline)
+    # A candidate's job may leave figures to the problem's baseline job; the evaluator adds
+    # them after this job (``evaluator.BASELINES_PENDING``).
+    pending = set(job.get("baselines_pending") or ())
+    todo = [figure for figure in bm.figures_to_measure(
+        job, compile_baseline=cfg.compile_baseline,
+        eager=job.get("kind") != "baseline" or cfg.reuse_eager_baseline) if figure not in pending]
     measured: list[str] = []
     ungated: list[str] = []
     peak_gbps = job.get("peak_gbps")
@@ -715,7 +719,7 @@ def _baselines(conn: Any, state: WorkerState, cfg: EvalConfig, ref: Reference,
                            "gpu_name": gpu_name, "torch_version": torch_version, "note": "",
                            "measured": measured, "ungated": ungated}
     if cfg.compile_baseline and "compiled_baseline" not in todo:
-        out["compiled"] = job["compiled_baseline"]
+        out["compiled"] = job.get("compiled_baseline")
     elif cfg.compile_baseline:
         try:
             import torch._inductor.config as inductor_config
