@@ -83,11 +83,12 @@ def _watch_lines(path: Path, arrivals: list[float], stop: threading.Event) -> No
 
 
 def run_eval_dir(corpus: Path, candidates: Path, out: Path, cache: Path, *,
-                 baseline_workers: int, workers: int | None, timeout_s: float,
+                 baseline_workers: int | None, workers: int | None, timeout_s: float,
                  bench_budget: float | None = None,
                  tensor_transfer: str | None = None) -> dict[str, Any]:
-    command = [*CLI, "eval-dir", str(corpus), str(candidates), "--out", str(out),
-               "--baseline-workers", str(baseline_workers)]
+    command = [*CLI, "eval-dir", str(corpus), str(candidates), "--out", str(out)]
+    if baseline_workers is not None:
+        command += ["--baseline-workers", str(baseline_workers)]
     if workers is not None:
         command += ["--workers", str(workers)]
     if bench_budget is not None:
@@ -173,7 +174,7 @@ def markdown(report: dict[str, Any]) -> str:
     for run in report["runs"]:
         means = [f"{run['timings'][k]['mean_s']:.2f}" if k in run["timings"] else "-"
                  for k in SPLIT_KEYS]
-        lines.append(f"| {run['baseline_workers']} | {run['workers'] or 'default'} "
+        lines.append(f"| {run['baseline_workers'] or 'default'} | {run['workers'] or 'default'} "
                      f"| {run.get('bench_budget') or 'default'} | {run['run']} "
                      f"| {run['candidates']} | {run['candidates_per_min']} "
                      f"| {run['steady_candidates_per_min']} | {run['status_counts']} | "
@@ -188,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
     parser.add_argument("--tier", type=int, nargs="*", default=None,
                         help="corpus tiers to export (default: all)")
-    parser.add_argument("--baseline-workers", type=int, nargs="+", default=[2],
-                        help="settings to compare (0: each evaluation measures its own)")
+    parser.add_argument("--baseline-workers", type=int, nargs="+", default=[None],
+                        help="settings to compare (default: eval-dir's; 0: each evaluation "
+                             "measures its own)")
     parser.add_argument("--workers", type=int, nargs="+", default=[None],
                         help="evaluation slots (default: eval-dir's, one per GPU)")
     parser.add_argument("--bench-budget", type=float, nargs="+", default=[None],

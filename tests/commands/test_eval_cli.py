@@ -150,5 +150,7 @@ def test_the_tensor_transfer_reaches_the_evaluators_config():
     parser = build_parser()
     assert _config(parser.parse_args(["eval-dir", "p", "c", "--tensor-transfer", "memfd"])
                    ).tensor_transfer == "memfd"
+    assert _config(parser.parse_args(["eval", "p", "c", "--tensor-transfer", "pipe"])
+                   ).tensor_transfer == "pipe"
     assert _config(parser.parse_args(["eval", "p", "c"])).tensor_transfer == (
-        EvalConfig.tensor_transfer)
+        EvalConfig().tensor_transfer)

@@ -106,6 +106,13 @@ def test_a_baseline_job_skips_eager_when_eager_figures_are_not_reused():
         "peak_gbps", "compiled_baseline"]
 
 
+def test_baseline_workers_default_to_half_the_cores_within_two_and_eight():
+    from multiminddev.env.config import default_baseline_workers
+
+    assert [default_baseline_workers(c) for c in (1, 2, 6, 16, 128)] == [2, 2, 3, 8, 8]
+    assert EvalConfig().baseline_workers == default_baseline_workers()
+
+
 def test_eager_reuse_is_on_by_default_and_baseline_workers_are_validated():
     assert EvalConfig().reuse_eager_baseline
     with pytest.raises(ValueError, match="baseline_workers"):

@@ -76,11 +76,12 @@ def test_compile_baseline_is_timed_and_cached(tmp_path, fixtures_dir):
     assert second.benchmark.compiled == first.benchmark.compiled  # from the disk cache
 
 
-def test_memfd_transfer_gives_the_same_verdicts_as_the_pipe():
-    """tensor_transfer="memfd": honest candidates still pass every trial, wrong ones still fail
-    with their expected status, and nothing is left mapped in the worker."""
+@pytest.mark.parametrize("transfer", ["memfd", "pipe"])
+def test_either_tensor_transfer_gives_the_expected_verdicts(transfer):
+    """Through a memory file or the pipe, honest candidates pass every trial and wrong ones fail
+    with their expected status."""
     cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.3,
-                     compile_timeout_s=10, run_timeout_s=10, tensor_transfer="memfd")
+                     compile_timeout_s=10, run_timeout_s=10, tensor_transfer=transfer)
     with Evaluator(cfg) as ev:
         for path in HONEST[:4]:
             result = ev.evaluate(problem_for(path), path.read_text())

@@ -59,7 +59,7 @@ def register(subparsers: Any) -> None:
     many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: two per GPU, one without a GPU)")
     many.add_argument("--baseline-workers", type=int, default=None,
                       help="trusted processes measuring baselines ahead of the candidates "
-                           "(default: EvalConfig's; 0: each evaluation measures its own)")
+                           "(default: half the CPU cores, 2 to 8; 0: each evaluation measures its own)")
     _common_options(many)
     add_ray_argument(many)
     many.set_defaults(handler=run_eval_dir)
@@ -77,9 +77,9 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                              f"{EvalConfig.bench_budget_s}; at least "
                              f"{EvalConfig.min_timed_runs} calls are timed whatever the budget)")
     parser.add_argument("--tensor-transfer", choices=TENSOR_TRANSFERS, default=None,
-                        help="how outputs reach the evaluator: 'pipe' (default) or 'memfd', a "
-                             "sealed memory file (Linux; about half the transfer time, "
-                             "docs/evaluator.md)")
+                        help="how outputs reach the evaluator: 'memfd', a sealed memory file "
+                             "(the default on Linux), or 'pipe' (bytes through the worker's "
+                             "pipe; docs/evaluator.md)")
 
 
 def _config(args: argparse.Namespace, workers: int | None = 1) -> Any:
