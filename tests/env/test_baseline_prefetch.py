@@ -170,6 +170,9 @@ def _candidate_job(ev, problem, measure):
     return job, waits
 
 
+TIMED = {"candidate": STATS, "checked_calls": 8}  # a ("benchmark", ...) report
+
+
 def _report(**figures):
     """A candidate worker's ("baseline", ...) report with the figures it was given."""
     import torch
@@ -194,7 +197,7 @@ def test_a_candidate_leaves_its_figures_to_the_baseline_job_and_gets_them_after_
         # sent at once, measuring none of them: the baseline job is already on it
         assert waits == {}
         assert job[BASELINES_PENDING] == ["peak_gbps", "eager_baseline", "compiled_baseline"]
-        outcome = JobOutcome(messages={"baseline": _report()})
+        outcome = JobOutcome(messages={"baseline": _report(), "benchmark": TIMED})
         ev._add_prefetched_figures(problem, outcome, job[BASELINES_PENDING], waits)
     report = outcome.messages["baseline"]
     assert report["eager"] == STATS and report["compiled"] == STATS
@@ -216,7 +219,7 @@ def test_figures_the_baseline_job_did_not_keep_make_an_infra_error_that_a_retry_
         job, waits = _candidate_job(
             ev, problem, lambda item: (release.wait(10.0),
                                        ev._baselines.record_peak_gbps(GPU, torch.__version__, 4e3)))
-        outcome = JobOutcome(messages={"baseline": _report()})
+        outcome = JobOutcome(messages={"baseline": _report(), "benchmark": TIMED})
         release.set()
         ev._add_prefetched_figures(problem, outcome, job[BASELINES_PENDING], waits)
         assert "eager_baseline" in outcome.infra_error and "compiled" not in outcome.infra_error
@@ -228,12 +231,27 @@ def test_figures_the_baseline_job_did_not_keep_make_an_infra_error_that_a_retry_
                                                                 "compiled_baseline"]
 
 
+def test_a_candidate_that_was_not_timed_does_not_wait_for_its_figures(tmp_path):
+    from multiminddev.env import Evaluator
+    from multiminddev.env.evaluator import BASELINES_PENDING
+    from tests.env._fixtures import problem_named
+
+    problem = problem_named("1_relu")
+    release = threading.Event()
+    with Evaluator(EvalConfig(num_workers=1, cache_dir=str(tmp_path))) as ev:
+        job, waits = _candidate_job(ev, problem, lambda item: release.wait(10.0))
+        outcome = JobOutcome(messages={"baseline": _report()})  # it failed before its timing
+        started = time.monotonic()
+        ev._add_prefetched_figures(problem, outcome, job[BASELINES_PENDING], waits)
+        assert time.monotonic() - started < 1.0 and not outcome.infra_error
+        release.set()
+
+
 def test_a_correct_candidate_without_an_eager_figure_is_not_timed_against_anything():
     from multiminddev.env.assemble import _benchmark
     from tests.env._fixtures import problem_named
 
-    outcome = JobOutcome(messages={"baseline": _report(),
-                                   "benchmark": {"candidate": STATS, "checked_calls": 8}})
+    outcome = JobOutcome(messages={"baseline": _report(), "benchmark": TIMED})
     bench = _benchmark(problem_named("1_relu"), outcome, EvalConfig())
     assert bench.status is StageStatus.ERROR and bench.speedup_vs_eager == 0.0
 

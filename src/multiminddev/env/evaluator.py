@@ -254,8 +254,8 @@ class Evaluator:
         on a model) the report's note says why; without the eager or peak figure the
         evaluation is an infrastructure error, so a retry measures them in its own job."""
         base = outcome.messages.get("baseline")
-        if not isinstance(base, dict):
-            return  # the job ended before its baseline stage: nothing to report on
+        if not isinstance(base, dict) or "benchmark" not in outcome.messages:
+            return  # the candidate was not timed (it failed first): no figure is compared
         _, waits["baseline"] = self._prefetch.wait(problem.source_hash, self.config.baseline_wait_s)
         gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
         store, key = self._baselines, problem.source_hash
