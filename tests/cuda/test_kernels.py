@@ -87,3 +87,16 @@ def test_bad_grid_is_refused():
     kernels = compile_kernels(SRC, arch="sm_90")
     with pytest.raises(KernelArgumentError, match="positive integers"):
         kernels.fill(grid=(0,), block=32, args=(None, 0, 0))
+
+
+def test_a_launcher_of_an_unknown_kernel_names_the_ones_there_are():
+    kernels = compile_kernels(SRC, arch="sm_90")
+    with pytest.raises(AttributeError, match="axpy"):
+        kernels.launcher("axpby")
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the no-GPU path")
+def test_a_launcher_without_a_gpu_says_so():
+    kernels = compile_kernels(SRC, arch="sm_90")
+    with pytest.raises(NoGPUError):
+        kernels.launcher("axpy")

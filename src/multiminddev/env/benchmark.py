@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from multiminddev.cuda import cache_auth
 from multiminddev.env.results import TimingStats, _from_jsonable, _to_jsonable
@@ -122,6 +122,15 @@ def _hold_gpu(torch: Any, cycles: int) -> None:
         sleep(int(cycles))
 
 
+class BatchHold(Protocol):
+    """What starts a timed batch: ``hold(max_cycles)`` enqueues the wait before the batch,
+    ``release()`` ends it once the batch is enqueued (the wait ends after ``max_cycles`` anyway)."""
+
+    def hold(self, max_cycles: int) -> None: ...
+
+    def release(self) -> None: ...
+
+
 class SpinHold:
     """Holds the GPU for a fixed number of cycles (``torch.cuda._sleep``); nothing to release.
     Sized from the previous batch's enqueue time with a 2x margin at an assumed 3 GHz, so on a
@@ -191,14 +200,14 @@ class HostReleasedHold:
 
 
 def time_cuda(fn: Callable[[], Any], plan: TimingPlan, flush: Any,
-              hold: Any = None) -> TimingStats:
+              hold: BatchHold | None = None) -> TimingStats:
     """Time ``fn()`` on the current stream; ``flush`` is the L2 flush buffer (or None)."""
     return time_calls(TimedCalls(run=lambda _args: fn()), plan, flush, hold=hold)
 
 
 def time_calls(calls: TimedCalls, plan: TimingPlan, flush: Any,
                on_planned: Callable[[int], None] | None = None,
-               hold: Any = None) -> TimingStats:
+               hold: BatchHold | None = None) -> TimingStats:
     """Warm up, fix the number of timed calls (``on_planned(n)`` hears it before the first),
     then time them in batches, each behind a hold (``HostReleasedHold``; None: ``SpinHold``).
     The host enqueues the next batch while the GPU runs the current one, never further ahead."""

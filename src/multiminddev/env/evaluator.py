@@ -257,14 +257,11 @@ class Evaluator:
         if not isinstance(base, dict) or "benchmark" not in outcome.messages:
             return  # the candidate was not timed (it failed first): no figure is compared
         _, waits["baseline"] = self._prefetch.wait(problem.source_hash, self.config.baseline_wait_s)
-        gpu_name, torch_version = str(base.get("gpu_name", "")), str(base.get("torch_version", ""))
-        store, key = self._baselines, problem.source_hash
-        found = {"peak_gbps": lambda: store.peak_gbps(gpu_name, torch_version),
-                 "eager_baseline": lambda: store.eager_baseline(key, gpu_name, torch_version),
-                 "compiled_baseline": lambda: store.compiled_baseline(key, gpu_name, torch_version)}
+        stored = self._baselines.figures(problem.source_hash, str(base.get("gpu_name", "")),
+                                         str(base.get("torch_version", "")))
         report = dict(base)
         for figure in pending:
-            report[REPORT_KEYS[figure]] = found[figure]()
+            report[REPORT_KEYS[figure]] = stored[figure]
         outcome.messages["baseline"] = report
         lost = [figure for figure in pending if report[REPORT_KEYS[figure]] is None]
         if "compiled_baseline" in lost and not report.get("note"):

@@ -123,8 +123,7 @@ class InlineSpec:
     def key(self, arch: str, torch_version: str) -> str:
         # The symbol rules too: a cached build was checked under the rules of its key.
         blob = json.dumps([self.args, arch, torch_version, native_symbols.rules_digest()],
-                          sort_keys=True,
-                          default=str)
+                          sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
     def module_name(self, key: str) -> str:
@@ -370,7 +369,7 @@ def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Toolchain | None:
         blob = json.dumps([saved["library"], saved["objects"]]).encode()
         if cache_auth.tag_matches(secret, saved["tag"], key.encode(), blob):
             return Toolchain(library=frozenset(saved["library"]),
-                                            objects=frozenset(saved["objects"]))
+                             objects=frozenset(saved["objects"]))
     # No valid record: build from scratch (a cached library's objects are not trusted).
     shutil.rmtree(build_dir_for(Path(cache_root), key), ignore_errors=True)
     outcome = _build(spec.args, cache_root, arch, None)
@@ -386,8 +385,7 @@ def _read_toolchain(cache_root: str, arch: str, cuda: bool) -> Toolchain | None:
     blob = json.dumps([library_symbols, sorted(objects)]).encode()
     record.write_text(json.dumps({"library": library_symbols, "objects": sorted(objects),
                                   "tag": cache_auth.entry_tag(secret, key.encode(), blob)}))
-    return Toolchain(library=frozenset(library_symbols),
-                                    objects=frozenset(objects))
+    return Toolchain(library=frozenset(library_symbols), objects=frozenset(objects))
 
 
 _toolchain_memo: dict[tuple[str, str, bool], Toolchain] = {}
