@@ -8,7 +8,10 @@ One local Ray cluster over this machine's GPUs. For each worker count: a fresh l
 same model and adapters, seed and problems) on cuda:0 in this process, that many rollout
 workers (Ray actors, one GPU each, each evaluating its own episodes' kernels on its GPU), and
 ``--steps`` GRPO steps; the first ``--warmup-steps`` (compiled decoding's compiles, the
-evaluators' first workers) are left out of the medians. ``--local`` adds today's in-process
+evaluators' first workers) are left out of the medians. Before its first step each variant
+measures the baselines of the problems it can draw, as ``train`` does, into a baseline cache
+of its own, so the variants start alike; that time is reported apart from the steps.
+``--local`` adds today's in-process
 trainer (no Ray) on cuda:0 as a reference. Decoding is launch-bound: a worker decodes up to
 16 rows at once for about the cost of one, so the default step (8 problems x 4 episodes = 32)
 gives one worker two batches per turn and two workers one each.
@@ -87,12 +90,13 @@ def shipped_or_none(args: argparse.Namespace) -> Any:
     return agents
 
 
-def eval_config(args: argparse.Namespace) -> Any:
+def eval_config(args: argparse.Namespace, cache_dir: Path) -> Any:
     from multiminddev.env import EvalConfig
 
-    # the quick presets' evaluation: no torch.compile baseline, brief timing
+    # the quick presets' evaluation: no torch.compile baseline, brief timing; a cache of its
+    # own per variant, so every variant measures the same baselines before its first step
     return EvalConfig(num_workers=args.eval_workers, num_trials=3, compile_baseline=False,
-                      bench_budget_s=0.5)
+                      bench_budget_s=0.5, cache_dir=str(cache_dir))
 
 
 def trainer_for(args: argparse.Namespace, out: Path, device: str, rollouts: Any = None,
@@ -139,6 +143,9 @@ def summarize(label: str, history: list[dict[str, Any]], warmup: int,
             "median_step_s": statistics.median(step_s[warmup:]),
             "median_rollout_s": median("time_rollout"), "median_update_s": median("time_update"),
             "median_rollout_generate_s": median("time_rollout_generate"),
+            # each worker's seconds in its episodes: the slowest one's is the rollout's
+            "median_slowest_worker_s": median("time_rollout_episodes"),
+            "median_fastest_worker_s": median("time_rollout_episodes_fastest"),
             "reward_mean": [r["reward_mean"] for r in history],
             "compile_rate": [r["compile_rate"] for r in history],
             "pass_rate": [r["pass_rate"] for r in history],
@@ -156,13 +163,14 @@ def run_ray(args: argparse.Namespace, workers: int, out: Path, device: str) -> d
                            learner_exclusive=False, evaluation="in each rollout worker")
     start = time.perf_counter()
     rollouts = RayRollouts.start(layout, policy_config(args, "auto"),
-                                 functools.partial(Evaluator, eval_config(args)))
+                                 functools.partial(Evaluator, eval_config(args, out / "cache")))
     started_s = time.perf_counter() - start
     try:
         trainer = trainer_for(args, out, device, rollouts=rollouts)
         history = trainer.train()
         return summarize(f"ray x{workers}", history, args.warmup_steps, {
             "workers": workers, "worker_start_s": started_s,
+            "baselines_before_step_1": trainer.baseline_prefetch,
             "publish_s_total": rollouts.publish_seconds, "placements": rollouts.placements})
     finally:
         rollouts.close()
@@ -171,10 +179,11 @@ def run_ray(args: argparse.Namespace, workers: int, out: Path, device: str) -> d
 def run_local(args: argparse.Namespace, out: Path, device: str) -> dict[str, Any]:
     from multiminddev.env import Evaluator
 
-    with Evaluator(eval_config(args)) as evaluator:
+    with Evaluator(eval_config(args, out / "cache")) as evaluator:
         trainer = trainer_for(args, out, device, evaluator=evaluator)
         history = trainer.train()
-    return summarize("local", history, args.warmup_steps, {"workers": 0})
+    return summarize("local", history, args.warmup_steps, {
+        "workers": 0, "baselines_before_step_1": trainer.baseline_prefetch})
 
 
 def main(argv: list[str] | None = None) -> int:

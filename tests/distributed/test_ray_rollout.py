@@ -34,12 +34,47 @@ def dataclass_replace(obj, **changes):
 # --------------------------------------------------------------------------- pure layout
 
 
-def test_shards_cover_every_episode_once_in_order_and_balanced():
-    for problems, group, workers in [(1, 4, 2), (3, 4, 2), (5, 2, 3), (2, 2, 8)]:
-        shards = shard_episodes(problems, group, workers)
+@pytest.mark.parametrize("keep_groups", [False, True])
+def test_shards_cover_every_episode_once_in_order_and_balanced(keep_groups):
+    for problems, group, workers in [(1, 4, 2), (3, 4, 2), (5, 2, 3), (2, 2, 8), (8, 4, 3)]:
+        shards = shard_episodes(problems, group, workers, keep_groups=keep_groups)
+        assert len(shards) == workers
         flat = [slot for shard in shards for slot in shard]
-        assert flat == [(p, g) for p in range(problems) for g in range(group)]
+        assert sorted(flat) == [(p, g) for p in range(problems) for g in range(group)]
+        assert all(shard == sorted(shard) for shard in shards)  # each in problem order
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_shards_give_every_worker_a_share_of_every_problem():
+    shards = shard_episodes(8, 4, 2)
+    for shard in shards:
+        assert sorted({p for p, _ in shard}) == list(range(8))
+        assert all(sum(1 for p, _ in shard if p == problem) == 2 for problem in range(8))
+    # three workers, groups of four: every worker gets one or two episodes of each problem
+    for shard in shard_episodes(8, 4, 3):
+        counts = [sum(1 for p, _ in shard if p == problem) for problem in range(8)]
+        assert min(counts) >= 1 and max(counts) <= 2
+
+
+def test_kept_groups_stay_whole_on_one_worker_where_the_counts_allow():
+    shards = shard_episodes(8, 4, 2, keep_groups=True)
+    assert [sorted({p for p, _ in shard}) for shard in shards] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [slot for shard in shards for slot in shard] == [(p, g) for p in range(8)
+                                                            for g in range(4)]
+
+
+@pytest.mark.parametrize("temperatures, greedy", [
+    ({}, False), ({"generator": 0.0}, True), ({"optimizer": 0.0}, False)])
+def test_a_greedy_first_turn_is_told_apart(temperatures, greedy):
+    from multiminddev.distributed.rollout import first_turn_greedy
+    from multiminddev.episode import EpisodeConfig
+    from multiminddev.policy import SamplingParams
+
+    config = EpisodeConfig(max_turns=2, temperature_by_role=temperatures,
+                           sampling=SamplingParams(temperature=1.0))
+    assert first_turn_greedy(config) is greedy
+    all_greedy = EpisodeConfig(max_turns=2, sampling=SamplingParams(temperature=0.0))
+    assert first_turn_greedy(all_greedy)
 
 
 def test_without_gpus_the_layout_is_cpu_workers_and_a_cpu_learner():
@@ -133,6 +168,14 @@ def test_the_rollout_comes_from_both_workers(one_step):
     batches = one_step["rollouts"].last_batches
     assert sorted(b["worker"] for b in batches) == [0, 1]
     assert all(b["episodes"] == 2 for b in batches)
+    assert all(b["seconds"] > 0 for b in batches)
+
+
+def test_the_step_records_its_slowest_and_fastest_workers_time(one_step):
+    record = one_step["trainer"].history[0]
+    slowest, fastest = record["time_rollout_episodes"], record["time_rollout_episodes_fastest"]
+    assert 0 < fastest <= slowest <= record["time_rollout"]
+    assert slowest == pytest.approx(max(b["seconds"] for b in one_step["rollouts"].last_batches))
 
 
 def test_episodes_carry_token_ids_and_old_logprobs_in_their_groups(one_step):
@@ -159,6 +202,15 @@ def test_after_the_update_the_workers_hold_the_learners_adapters(one_step):
         for role, tensors in learner.items():
             assert worker[role].keys() == tensors.keys()
             assert all(torch.equal(worker[role][k], v) for k, v in tensors.items())
+
+
+def test_cpu_workers_have_no_baselines_to_measure_ahead_and_keep_playing(one_step):
+    from multiminddev.tasks.problem import load_problem_source
+
+    rollouts = one_step["rollouts"]
+    problems = [load_problem_source(RELU_1024, name=f"relu_ahead_{i}", tier=0) for i in range(3)]
+    assert rollouts.prefetch_baselines(problems) == 0  # nothing is timed without a GPU
+    assert one_step["trainer"].baseline_prefetch == {}  # compile-only: the trainer asks none
 
 
 def test_the_weight_version_advances_with_the_update(one_step):

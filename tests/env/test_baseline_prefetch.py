@@ -65,6 +65,16 @@ def test_a_wait_past_its_limit_says_not_ready_and_how_long_it_waited():
     assert not ready and waited >= 0.2
 
 
+def test_a_wait_without_a_limit_returns_when_the_measurement_ends():
+    release = threading.Event()
+    prefetch = BaselinePrefetch(lambda item: release.wait(10.0), workers=1)
+    prefetch.schedule([("p", "p")])
+    threading.Timer(0.3, release.set).start()
+    ready, waited = prefetch.wait("p", None)
+    prefetch.close()
+    assert ready and 0.2 <= waited < 9.0
+
+
 def test_a_problem_never_scheduled_is_not_waited_for():
     prefetch = BaselinePrefetch(lambda item: None, workers=1)
     assert prefetch.wait("unknown", 10.0) == (False, 0.0)

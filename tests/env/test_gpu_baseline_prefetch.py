@@ -41,6 +41,18 @@ def test_a_prefetched_problems_candidate_measures_no_baseline(tmp_path):
     assert "parent.wait.gate" in result.timings  # the candidate's timing asked for the gate
 
 
+def test_a_prefetch_that_waits_returns_with_every_figure_stored(tmp_path):
+    pairs = _pairs(HONEST[:2])
+    with Evaluator(_config(tmp_path)) as ev:
+        assert ev.prefetch_baselines([problem for problem, _ in pairs], wait=True) == 2
+        assert not any(ev._prefetch.pending(problem.source_hash) for problem, _ in pairs)
+        # peak once, then eager and torch.compile per problem, all on disk already
+        assert len(list((tmp_path / "baselines").glob("*.json"))) == 5
+        results = [ev.evaluate(problem, source) for problem, source in pairs]
+    assert all(r.status is EvalStatus.OK for r in results), [r.message for r in results]
+    assert all(r.timings["baseline.measured_in_job"] == 0.0 for r in results)
+
+
 def test_every_prefetched_problem_keeps_its_torch_compile_figure(tmp_path):
     # three triton-compiled problems on one baseline worker: each must get its figure
     pairs = _pairs(HONEST[:3])

@@ -386,3 +386,11 @@ def test_from_problems_groups_by_tier():
     problems = [p for ps in problems_by_tier(per_tier=2).values() for p in ps]
     cur = Curriculum.from_problems(problems)
     assert cur.tiers == [0, 1, 2, 3] and len(cur.problems[2]) == 2
+
+
+def test_problems_in_draw_order_start_at_the_current_tier_then_later_then_earlier():
+    cur = curriculum(start_tier=2)
+    names = [p.name for p in cur.problems_in_draw_order()]
+    tiers = [int(n[1]) for n in names]
+    assert tiers == [2] * 5 + [3] * 5 + [0] * 5 + [1] * 5
+    assert sorted(names) == sorted(p.name for ps in problems_by_tier().values() for p in ps)

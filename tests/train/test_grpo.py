@@ -13,6 +13,7 @@ from multiminddev.train.grpo import (
     GRPOTrainer,
     TurnSample,
     assign_advantages,
+    baseline_problems,
     batch_loss,
     build_batch,
     checkpoint_score,
@@ -599,3 +600,25 @@ def test_a_rollout_with_infra_errors_trains_when_told_to_accept_them(tmp_path):
     trainer = _replay_trainer(tmp_path, evaluator, max_infra_share=1.0)
     trainer.train()
     assert trainer.step == 1 and trainer.history[0]["infra_error_episodes"] == 2.0
+
+
+@pytest.mark.parametrize("steps, per_step, eval_every, expected", [
+    (1, 2, 0, ["t0_p0", "t0_p1"]),  # the run draws 2: the current tier's first two
+    (2, 4, 0, ["t0_p0", "t0_p1", "t0_p2", "t1_p0", "t1_p1", "t1_p2", "t2_p0", "t2_p1"]),
+    (9, 9, 0, ["t0_p0", "t0_p1", "t0_p2", "t1_p0", "t1_p1", "t1_p2", "t2_p0", "t2_p1",
+               "t2_p2"]),  # every problem, once each
+    (1, 2, 5, ["t0_p0", "t0_p1", "held_0", "held_1"]),  # + the select@ problems
+])
+def test_the_baselines_measured_ahead_are_the_problems_the_run_can_draw(steps, per_step,
+                                                                          eval_every, expected):
+    from multiminddev.tasks.curriculum import Curriculum
+    from multiminddev.tasks.problem import Problem
+
+    def named(name, tier=0):
+        return Problem(name=name, source=RELU_1024, tier=tier)
+
+    curriculum = Curriculum({t: [named(f"t{t}_p{i}", t) for i in range(3)] for t in range(3)})
+    heldout = [named(f"held_{i}") for i in range(4)]
+    cfg = GRPOConfig(num_steps=steps, problems_per_step=per_step, eval_every=eval_every,
+                     eval_problems=2)
+    assert [p.name for p in baseline_problems(curriculum, heldout, cfg)] == expected

@@ -289,7 +289,7 @@ class RayEvaluator:
     async def aevaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
         return await asyncio.wrap_future(self.submit(problem, candidate))
 
-    def prefetch_baselines(self, problems: Any) -> int:
+    def prefetch_baselines(self, problems: Any, *, wait: bool = False) -> int:
         """Baselines on the cluster are measured by each actor's trusted stage and shared
         through the ``BaselineStore``; nothing is scheduled ahead here (0 jobs)."""
         return 0

@@ -106,16 +106,26 @@ def layout_from_plan(plan: GPUPlan, *, cpu_workers: int = 2) -> RolloutLayout:
         evaluation="in each rollout worker, on its own GPU", notes=tuple(notes))
 
 
-def shard_episodes(num_problems: int, group_size: int,
-                   num_workers: int) -> list[list[tuple[int, int]]]:
-    """Each worker's episodes as (problem index, sample index) slots: the ``num_problems *
-    group_size`` episodes, problem by problem, cut into ``num_workers`` contiguous runs whose
-    sizes differ by at most one (a worker may get none). A group may span two workers: its
-    episodes are sampled with the same weights, so it stays one GRPO group."""
+def shard_episodes(num_problems: int, group_size: int, num_workers: int, *,
+                   keep_groups: bool = False) -> list[list[tuple[int, int]]]:
+    """Each worker's episodes as (problem index, sample index) slots, in problem order; the
+    workers' shares differ by at most one episode (a worker may get none).
+
+    Rule: the slots are dealt out round-robin, so every worker plays a share of every problem's
+    group. A step waits for its slowest worker, and with agents that write kernels most of a
+    worker's time is their evaluation, whose cost is the problem's (its tensors, its baselines
+    measured at first sight, how many of its kernels pass); a share of every problem evens that
+    out, where whole groups per worker do not. A group spread over workers is still one GRPO
+    group: its episodes are sampled with the same weights. ``keep_groups``: whole groups,
+    problem by problem, in contiguous runs, for when a group's episodes write the same kernel
+    (a greedy first turn): a worker evaluates a kernel once for all its episodes, so spreading
+    such a group would evaluate it on every worker."""
     if num_problems < 0 or group_size < 1 or num_workers < 1:
         raise ValueError("shard_episodes needs num_problems >= 0, group_size >= 1 and "
                          "num_workers >= 1")
     slots = [(p, g) for p in range(num_problems) for g in range(group_size)]
+    if not keep_groups:
+        return [slots[worker::num_workers] for worker in range(num_workers)]
     base, extra = divmod(len(slots), num_workers)
     shards, start = [], 0
     for worker in range(num_workers):
@@ -123,6 +133,13 @@ def shard_episodes(num_problems: int, group_size: int,
         shards.append(slots[start : start + size])
         start += size
     return shards
+
+
+def first_turn_greedy(config: Any) -> bool:
+    """Whether an episode's first turn decodes greedily (``EpisodeConfig``): every episode of a
+    group then writes the same first kernel."""
+    role = config.role_for_turn(0)
+    return config.sampling_for(role).temperature == 0
 
 
 # --------------------------------------------------------------------------- adapter weights
@@ -165,7 +182,8 @@ class RolloutBatch:
     version: int
     episodes: list[Any]
     tokens: int
-    seconds: dict[str, float] = field(default_factory=dict)  # in decoding, in log-prob passes
+    # "episodes": the whole call's; "generate", "logprobs": in decoding and in log-prob passes
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutWorker:
@@ -198,6 +216,13 @@ class RolloutWorker:
         """The adapters this worker samples with (tests compare them with the learner's)."""
         return adapter_weights(self.policy)
 
+    def prefetch_baselines(self, problems: Sequence[Any]) -> int:
+        """This worker's evaluator measures ``problems``' baselines now, on its GPU (nothing
+        decodes there meanwhile: the call returns when they are measured); returns how many it
+        measured."""
+        prefetch = getattr(self.evaluator, "prefetch_baselines", None)
+        return prefetch(list(problems), wait=True) if prefetch is not None else 0
+
     def run(self, problems: Sequence[Any], slots: Sequence[tuple[int, int]],
             config: Any, decoding: Mapping[str, Any] | None = None) -> RolloutBatch:
         """One episode per slot; ``problems[i]`` is slot i's problem. Each episode's group is
@@ -209,6 +234,7 @@ class RolloutWorker:
         backend = (self.backend if decoding is None
                    else HFGenerationBackend(self.policy, **dict(decoding)))
         tokens, seconds = backend.tokens_generated, dict(backend.seconds)
+        start = time.perf_counter()
         episodes = run_episodes(list(problems), backend, self.evaluator, config)
         for episode, (group, sample) in zip(episodes, slots):
             episode.group = group
@@ -216,7 +242,8 @@ class RolloutWorker:
         return RolloutBatch(
             worker=self.index, version=self.version, episodes=episodes,
             tokens=backend.tokens_generated - tokens,
-            seconds={k: v - seconds.get(k, 0.0) for k, v in backend.seconds.items()})
+            seconds={"episodes": time.perf_counter() - start,
+                     **{k: v - seconds.get(k, 0.0) for k, v in backend.seconds.items()}})
 
     def close(self) -> None:
         close = getattr(self.evaluator, "close", None)
@@ -264,7 +291,8 @@ class RayRollouts:
         self.seconds: dict[str, float] = {}
         self.publish_seconds = 0.0
         self.restarts = 0
-        self.last_batches: list[dict[str, int]] = []  # worker, episodes, version, attempts
+        # worker, episodes, version, attempts, seconds (the worker's in its episodes)
+        self.last_batches: list[dict[str, float]] = []
 
     @classmethod
     def start(cls, layout: RolloutLayout, policy_config: Any,
@@ -351,7 +379,8 @@ class RayRollouts:
 
         if self.version is None:
             raise StaleWeights("publish the learner's adapters before the first rollout")
-        shards = shard_episodes(len(problems), group_size, len(self.workers))
+        shards = shard_episodes(len(problems), group_size, len(self.workers),
+                                keep_groups=group_size > 1 and first_turn_greedy(config))
 
         def submit(index: int) -> Any:
             shard = shards[index]
@@ -380,14 +409,35 @@ class RayRollouts:
             raise StaleWeights(f"workers sampled with weight versions {stale}, but the learner "
                                f"published version {self.version}")
         self.tokens_generated += sum(b.tokens for b in batches)
-        # workers decode at the same time: a rollout's decoding time is its slowest worker's
+        # workers run at the same time: a rollout's time in each phase is its slowest worker's;
+        # the fastest worker's time in its episodes says how evenly the work was spread
         for key in {k for b in batches for k in b.seconds}:
             self.seconds[key] = (self.seconds.get(key, 0.0)
                                  + max(b.seconds.get(key, 0.0) for b in batches))
+        self.seconds["episodes_fastest"] = self.seconds.get("episodes_fastest", 0.0) + min(
+            (b.seconds.get("episodes", 0.0) for b in batches), default=0.0)
         self.last_batches = [{"worker": b.worker, "episodes": len(b.episodes),
-                              "version": b.version, "attempts": attempts[b.worker]}
+                              "version": b.version, "attempts": attempts[b.worker],
+                              "seconds": b.seconds.get("episodes", 0.0)}
                              for b in batches]
-        return [e for b in batches for e in b.episodes]
+        by_slot = {slot: e for b in batches for slot, e in zip(shards[b.worker], b.episodes)}
+        return [by_slot[slot] for slot in sorted(by_slot)]  # problem by problem, as one process
+
+    def prefetch_baselines(self, problems: list[Any]) -> int:
+        """The workers measure ``problems``' baselines before the first rollout, each a
+        round-robin share on its GPU; returns how many were measured. Workers on one node share
+        the figures through the evaluator's disk cache; a worker on another node measures the
+        ones it lacks at first sight. A worker that dies here is replaced at the next rollout."""
+        import ray
+
+        shares = [problems[i :: len(self.workers)] for i in range(len(self.workers))]
+        calls = [w.prefetch_baselines.remote(share) for w, share in zip(self.workers, shares)
+                 if share]
+        measured = 0
+        for call in calls:
+            with contextlib.suppress(ray.exceptions.RayActorError):
+                measured += ray.get(call)
+        return measured
 
     @property
     def evaluated_by(self) -> str:

@@ -97,12 +97,14 @@ class Evaluator:
     async def aevaluate(self, problem: Problem | str | Path, candidate: str) -> EvalResult:
         return await asyncio.wrap_future(self.submit(problem, candidate))
 
-    def prefetch_baselines(self, problems: Iterable[Problem | str | Path]) -> int:
+    def prefetch_baselines(self, problems: Iterable[Problem | str | Path], *,
+                           wait: bool = False) -> int:
         """Measure the baselines of ``problems`` ahead of their candidates, in this order
         (pass them in the order their candidates will be submitted), each problem once, on
         ``EvalConfig.baseline_workers`` trusted workers that never load candidate code. Figures
         already cached are not measured again. Returns how many problems were newly scheduled;
         0 where nothing is timed (no GPU, ``benchmark=False``, ``baseline_workers=0``).
+        ``wait``: return once every one of ``problems``' measurements has ended.
 
         Call it when no other work (a policy generating, a trainer) computes on these GPUs: the
         timing gate keeps baselines apart from this evaluator's candidates, not from other
@@ -119,7 +121,11 @@ class Evaluator:
                 self._baseline_pool = WorkerPool(config, gates=self.pool.gates)
                 self._prefetch = BaselinePrefetch(self._measure_baselines,
                                                   self.config.baseline_workers)
-        return len(self._prefetch.schedule((p.source_hash, p) for p in loaded))
+        scheduled = len(self._prefetch.schedule((p.source_hash, p) for p in loaded))
+        if wait:
+            for problem in loaded:
+                self._prefetch.wait(problem.source_hash, None)
+        return scheduled
 
     def _measure_baselines(self, problem: Problem) -> Any:
         """One baseline job on the baseline pool; stores what its trusted stage measured."""

@@ -62,9 +62,10 @@ class BaselinePrefetch:
             future = self._futures.get(key)
         return future is not None and not future.done()
 
-    def wait(self, key: str, timeout_s: float) -> tuple[bool, float]:
+    def wait(self, key: str, timeout_s: float | None) -> tuple[bool, float]:
         """(whether the key's measurement has ended, seconds waited); (False, 0.0) for a key
-        never scheduled. A measurement that raised counts as ended: the caller measures."""
+        never scheduled; ``timeout_s`` None: no limit (a baseline job has its own timeouts). A
+        measurement that raised counts as ended: the caller measures."""
         with self._lock:
             future = self._futures.get(key)
         if future is None:

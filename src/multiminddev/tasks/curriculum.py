@@ -335,6 +335,13 @@ class Curriculum:
                      for t, c in sorted(Counter(drawn).items())}
         return [next(pools[key]) for key in drawn]
 
+    def problems_in_draw_order(self) -> list[Problem]:
+        """Every problem once, those ``sample`` draws soonest first: the current tier's, then
+        the later tiers' in order (advancement reaches them next), then the earlier ones'
+        (drawn only as reviews)."""
+        tiers = self.tiers[self.index :] + self.tiers[: self.index]
+        return [p for t in tiers for p in self.problems[t]]
+
     def family_weights(self, tier: int) -> dict[str, float]:
         """The sampling weight of each of the tier's families (``family_sampling="signal"``)."""
         return family_weights(self._family_windows, sorted(self._families[tier]),

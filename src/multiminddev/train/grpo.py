@@ -292,6 +292,22 @@ class LocalRollouts:
     def publish(self, policy: Any, version: int) -> None:
         pass
 
+    def prefetch_baselines(self, problems: list[Any]) -> int:
+        """The evaluator measures ``problems``' baselines now (``Evaluator.prefetch_baselines``
+        with ``wait``); returns how many it measured."""
+        prefetch = getattr(self.evaluator, "prefetch_baselines", None)
+        return prefetch(problems, wait=True) if prefetch is not None else 0
+
+
+def baseline_problems(curriculum: Any, heldout: Sequence[Any], cfg: GRPOConfig) -> list[Any]:
+    """The problems whose baselines a run measures before its first rollout: the curriculum's,
+    those drawn soonest first, at most as many as the run draws (``num_steps x
+    problems_per_step``), then the select@ problems when the run evaluates them."""
+    problems = curriculum.problems_in_draw_order()[: cfg.num_steps * cfg.problems_per_step]
+    if cfg.eval_every:
+        problems += list(heldout[: cfg.eval_problems])
+    return problems
+
 
 # --------------------------------------------------------------------------- reward phase
 
@@ -521,6 +537,8 @@ class GRPOTrainer:
         self.best_episode: int | None = None
         self.history: list[dict[str, Any]] = []
         self.console = console
+        self._baselines_prefetched = False
+        self.baseline_prefetch: dict[str, float] = {}  # problems measured, seconds (first train)
         self.sft_anchor = {AgentRole(r): list(v) for r, v in (sft_anchor or {}).items() if v}
         if config.sft_coef > 0 and not self.sft_anchor:
             raise ValueError("GRPOConfig.sft_coef > 0 needs SFT examples: pass sft_anchor= "
@@ -534,6 +552,7 @@ class GRPOTrainer:
         """Steps until ``cfg.num_steps`` (or step ``until``, to pause for a caller's held-out
         evaluation; a later call goes on from there)."""
         self.freeze_start_reference()
+        self.prefetch_baselines()
         self.rollouts.publish(self.policy, self.step)  # the weights as training (re)starts
         stop = self.cfg.num_steps if until is None else min(until, self.cfg.num_steps)
         while self.step < stop:
@@ -564,6 +583,31 @@ class GRPOTrainer:
             self.history.append(record)
             self.report_progress(record, progress, task)
         return self.history
+
+    def prefetch_baselines(self) -> None:
+        """Once, before the first rollout: the baselines (eager, torch.compile, the GPU's peak)
+        of the problems this run can draw (at most ``num_steps x problems_per_step`` of the
+        curriculum's, those drawn soonest first) and of the select@ problems are measured while
+        no policy decodes on the GPUs. A step then measures no baseline inside a candidate's
+        evaluation, where it held an evaluation slot, and a step's time is its candidates'.
+        Figures are cached per GPU model and torch version, so a later run measures only new
+        problems'. A source without ``prefetch_baselines`` (a policy server, which may be
+        decoding for others) leaves them to first sight."""
+        prefetch = getattr(self.rollouts, "prefetch_baselines", None)
+        if prefetch is None or self.compile_only or self._baselines_prefetched:
+            return
+        self._baselines_prefetched = True
+        problems = baseline_problems(self.curriculum, self.heldout, self.cfg)
+        if self.console is not None:
+            self.console.print(f"measuring the baselines of up to {len(problems)} problems before "
+                               "the first rollout (cached for later runs) ...")
+        start = time.perf_counter()
+        measured = prefetch(problems)
+        self.baseline_prefetch = {"problems": float(measured),
+                                  "seconds": time.perf_counter() - start}
+        if self.console is not None:
+            self.console.print(f"baselines: {measured} problems measured in "
+                               f"{self.baseline_prefetch['seconds']:.0f}s")
 
     def freeze_start_reference(self) -> None:
         """With ``kl_reference="start"``, freeze the agents as they are now as the KL reference.
