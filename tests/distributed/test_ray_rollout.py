@@ -34,10 +34,9 @@ def dataclass_replace(obj, **changes):
 # --------------------------------------------------------------------------- pure layout
 
 
-@pytest.mark.parametrize("keep_groups", [False, True])
-def test_shards_cover_every_episode_once_in_order_and_balanced(keep_groups):
+def test_shards_cover_every_episode_once_in_order_and_balanced():
     for problems, group, workers in [(1, 4, 2), (3, 4, 2), (5, 2, 3), (2, 2, 8), (8, 4, 3)]:
-        shards = shard_episodes(problems, group, workers, keep_groups=keep_groups)
+        shards = shard_episodes(problems, group, workers)
         assert len(shards) == workers
         flat = [slot for shard in shards for slot in shard]
         assert sorted(flat) == [(p, g) for p in range(problems) for g in range(group)]
@@ -48,33 +47,11 @@ def test_shards_cover_every_episode_once_in_order_and_balanced(keep_groups):
 def test_shards_give_every_worker_a_share_of_every_problem():
     shards = shard_episodes(8, 4, 2)
     for shard in shards:
-        assert sorted({p for p, _ in shard}) == list(range(8))
         assert all(sum(1 for p, _ in shard if p == problem) == 2 for problem in range(8))
     # three workers, groups of four: every worker gets one or two episodes of each problem
     for shard in shard_episodes(8, 4, 3):
         counts = [sum(1 for p, _ in shard if p == problem) for problem in range(8)]
         assert min(counts) >= 1 and max(counts) <= 2
-
-
-def test_kept_groups_stay_whole_on_one_worker_where_the_counts_allow():
-    shards = shard_episodes(8, 4, 2, keep_groups=True)
-    assert [sorted({p for p, _ in shard}) for shard in shards] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    assert [slot for shard in shards for slot in shard] == [(p, g) for p in range(8)
-                                                            for g in range(4)]
-
-
-@pytest.mark.parametrize("temperatures, greedy", [
-    ({}, False), ({"generator": 0.0}, True), ({"optimizer": 0.0}, False)])
-def test_a_greedy_first_turn_is_told_apart(temperatures, greedy):
-    from multiminddev.distributed.rollout import first_turn_greedy
-    from multiminddev.episode import EpisodeConfig
-    from multiminddev.policy import SamplingParams
-
-    config = EpisodeConfig(max_turns=2, temperature_by_role=temperatures,
-                           sampling=SamplingParams(temperature=1.0))
-    assert first_turn_greedy(config) is greedy
-    all_greedy = EpisodeConfig(max_turns=2, sampling=SamplingParams(temperature=0.0))
-    assert first_turn_greedy(all_greedy)
 
 
 def test_without_gpus_the_layout_is_cpu_workers_and_a_cpu_learner():
@@ -305,6 +282,119 @@ def test_a_rollout_before_any_publish_is_refused(cluster):
     rollouts = RayRollouts([], layout_from_plan(plan(0)), [])
     with pytest.raises(StaleWeights, match="publish"):
         rollouts.run_episodes([], 2, None)
+
+
+@pytest.fixture(scope="module")
+def shared_kernel(cluster):
+    """A real evaluator (compile-only here), an honest kernel and its problem."""
+    from multiminddev.env import EvalConfig, Evaluator
+    from tests.env._fixtures import FIXTURES, problem_for
+
+    path = FIXTURES / "honest" / "relu_basic.py"
+    with Evaluator(EvalConfig(num_workers=1)) as evaluator:
+        yield evaluator, problem_for(path), path.read_text()
+
+
+def _share():
+    import ray
+
+    from multiminddev.distributed.rollout import EvaluationShare
+
+    return ray.remote(EvaluationShare).options(num_cpus=0).remote()
+
+
+def test_a_kernel_two_workers_hold_is_evaluated_once_for_both(shared_kernel):
+    import asyncio
+
+    import ray
+
+    from multiminddev.distributed.rollout import SharedEvaluator
+
+    evaluator, problem, source = shared_kernel
+    share = _share()
+    workers = [SharedEvaluator(evaluator, share, rollout=1, worker=w) for w in (0, 1)]
+
+    async def both():
+        return await asyncio.gather(*(w.aevaluate(problem, source) for w in workers))
+
+    first, second = asyncio.run(both())
+    assert first.status is second.status and first.status.value in ("no_gpu", "ok")
+    assert first.to_dict() == second.to_dict()
+    assert ray.get(share.counts.remote()) == {"claims": 1, "answers": 1, "open": 1}
+    ray.get(share.forget.remote(1))
+    assert ray.get(share.counts.remote())["open"] == 0
+
+
+def test_a_common_kernel_goes_to_the_worker_with_a_free_slot(shared_kernel):
+    """Worker 0 (one evaluation slot) is busy with kernel A when worker 1 asks for kernel B,
+    which worker 0 holds too: worker 1 evaluates B, though worker 0 asked for it first."""
+    import asyncio
+
+    import ray
+
+    from multiminddev.distributed.rollout import SharedEvaluator
+    from multiminddev.episode.runner import source_hash
+
+    evaluator, problem, source = shared_kernel
+    assert evaluator.config.num_workers == 1
+    # texts no other test evaluated: each is compiled, which takes far longer than a claim
+    kernel_a, kernel_b = (source + f"\n# the same kernel, text {t}\n" for t in "ab")
+    share = _share()
+    busy, free = (SharedEvaluator(evaluator, share, rollout=3, worker=w) for w in (0, 1))
+    key = (3, problem.source_hash + problem.name)
+    key_a, key_b = (*key, source_hash(kernel_a)), (*key, source_hash(kernel_b))
+
+    async def race():
+        first = [asyncio.ensure_future(busy.aevaluate(problem, k)) for k in (kernel_a, kernel_b)]
+        while key_a not in await share.owners.remote(3):
+            await asyncio.sleep(0.01)
+        assert not first[0].done()  # worker 0 is evaluating A, B waits for its slot
+        return await asyncio.gather(*first, free.aevaluate(problem, kernel_b))
+
+    results = asyncio.run(race())
+    assert all(r.status.value in ("no_gpu", "ok") for r in results)
+    assert ray.get(share.owners.remote(3)) == {key_a: 0, key_b: 1}
+    assert ray.get(share.counts.remote())["answers"] == 1  # worker 0 got B from worker 1
+
+
+def test_a_dead_workers_claims_are_released_and_its_waiters_evaluate(shared_kernel):
+    import asyncio
+
+    import ray
+
+    from multiminddev.distributed.rollout import SharedEvaluator
+    from multiminddev.episode.runner import source_hash
+
+    evaluator, problem, source = shared_kernel
+    share = _share()
+    key = (7, problem.source_hash + problem.name, source_hash(source))
+    assert ray.get(share.claim.remote(key, 1))  # worker 1 claims it, then dies
+    waiter = SharedEvaluator(evaluator, share, rollout=7, worker=0)
+
+    async def wait_then_release():
+        pending = asyncio.ensure_future(waiter.aevaluate(problem, source))
+        await asyncio.sleep(0.5)
+        assert not pending.done()  # waiting for worker 1's result
+        assert await share.release.remote(7, 1) == 1
+        return await pending
+
+    result = asyncio.run(wait_then_release())
+    assert result.status.value in ("no_gpu", "ok")
+    assert ray.get(share.counts.remote())["answers"] == 0  # it evaluated the kernel itself
+
+
+def test_a_share_that_cannot_be_reached_costs_only_time(shared_kernel):
+    import asyncio
+
+    import ray
+
+    from multiminddev.distributed.rollout import SharedEvaluator
+
+    evaluator, problem, source = shared_kernel
+    share = _share()
+    ray.kill(share)
+    result = asyncio.run(SharedEvaluator(evaluator, share, 1, 0).aevaluate(problem, source))
+    assert result.status.value in ("no_gpu", "ok")
 
 
 def test_the_learners_lease_keeps_its_gpu_from_rollout_workers(cluster):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multiminddev.episode import run_episodes
+from multiminddev.episode.runner import source_hash
 from multiminddev.policy import HFGenerationBackend, load_policy, release_compiled_decoding
 from multiminddev.train.planner import GPUPlan, PlanTier
 
@@ -106,40 +107,142 @@ def layout_from_plan(plan: GPUPlan, *, cpu_workers: int = 2) -> RolloutLayout:
         evaluation="in each rollout worker, on its own GPU", notes=tuple(notes))
 
 
-def shard_episodes(num_problems: int, group_size: int, num_workers: int, *,
-                   keep_groups: bool = False) -> list[list[tuple[int, int]]]:
+def shard_episodes(num_problems: int, group_size: int,
+                   num_workers: int) -> list[list[tuple[int, int]]]:
     """Each worker's episodes as (problem index, sample index) slots, in problem order; the
     workers' shares differ by at most one episode (a worker may get none).
 
     Rule: the slots are dealt out round-robin, so every worker plays a share of every problem's
     group. A step waits for its slowest worker, and with agents that write kernels most of a
-    worker's time is their evaluation, whose cost is the problem's (its tensors, its baselines
-    measured at first sight, how many of its kernels pass); a share of every problem evens that
-    out, where whole groups per worker do not. A group spread over workers is still one GRPO
-    group: its episodes are sampled with the same weights. ``keep_groups``: whole groups,
-    problem by problem, in contiguous runs, for when a group's episodes write the same kernel
-    (a greedy first turn): a worker evaluates a kernel once for all its episodes, so spreading
-    such a group would evaluate it on every worker."""
+    worker's time is their evaluation, whose cost is the problem's (its tensors, how many of its
+    kernels pass); a share of every problem evens that out, where whole groups per worker do
+    not. A group spread over workers is still one GRPO group (its episodes are sampled with the
+    same weights), and the kernels its episodes have in common are evaluated once for all the
+    workers (``EvaluationShare``)."""
     if num_problems < 0 or group_size < 1 or num_workers < 1:
         raise ValueError("shard_episodes needs num_problems >= 0, group_size >= 1 and "
                          "num_workers >= 1")
     slots = [(p, g) for p in range(num_problems) for g in range(group_size)]
-    if not keep_groups:
-        return [slots[worker::num_workers] for worker in range(num_workers)]
-    base, extra = divmod(len(slots), num_workers)
-    shards, start = [], 0
-    for worker in range(num_workers):
-        size = base + (1 if worker < extra else 0)
-        shards.append(slots[start : start + size])
-        start += size
-    return shards
+    return [slots[worker::num_workers] for worker in range(num_workers)]
 
 
-def first_turn_greedy(config: Any) -> bool:
-    """Whether an episode's first turn decodes greedily (``EpisodeConfig``): every episode of a
-    group then writes the same first kernel."""
-    role = config.role_for_turn(0)
-    return config.sampling_for(role).temperature == 0
+# --------------------------------------------------------------------------- shared evaluations
+
+
+@dataclass
+class _Shared:
+    owner: int  # the worker that claimed the key and evaluates it
+    done: Any  # asyncio.Event, set once the result (or None) is in
+    result: Any = None
+
+
+class EvaluationShare:
+    """The kernel evaluations of a rollout, shared by its workers (a Ray actor, async).
+
+    A group's episodes are spread over the workers and often write the same kernel. The first
+    worker to ``claim`` a (rollout, problem, kernel) key evaluates it and ``put``s the result;
+    every other worker's ``get`` waits for it, so a kernel is evaluated once per rollout
+    however many workers hold it. ``release(rollout, worker)``: the keys a dead worker claimed
+    and did not answer are answered None (their waiters evaluate the kernel themselves) and
+    can be claimed again by its replacement. ``forget(rollout)`` drops a rollout's entries."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], _Shared] = {}
+        self.claims = self.answers = 0  # keys claimed; results handed to another worker
+
+    async def claim(self, key: tuple[Any, ...], worker: int) -> bool:
+        """True: the caller evaluates the kernel and ``put``s the result; False: ``get`` it."""
+        import asyncio
+
+        if key in self._entries:
+            return False
+        self._entries[key] = _Shared(owner=worker, done=asyncio.Event())
+        self.claims += 1
+        return True
+
+    async def put(self, key: tuple[Any, ...], result: Any) -> None:
+        entry = self._entries.get(key)
+        if entry is not None and not entry.done.is_set():
+            entry.result = result
+            entry.done.set()
+
+    async def get(self, key: tuple[Any, ...]) -> Any:
+        """The claimed key's result once it is in; None: evaluate it yourself (its owner failed,
+        died, or the key was never claimed)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        await entry.done.wait()
+        if entry.result is not None:
+            self.answers += 1
+        return entry.result
+
+    async def release(self, rollout: int, worker: int) -> int:
+        """Answer None to the open keys ``worker`` claimed in ``rollout`` and forget them;
+        returns how many."""
+        open_keys = [k for k, e in self._entries.items()
+                     if k[0] == rollout and e.owner == worker and not e.done.is_set()]
+        for key in open_keys:
+            self._entries.pop(key).done.set()
+        return len(open_keys)
+
+    async def forget(self, rollout: int) -> None:
+        for key in [k for k in self._entries if k[0] == rollout]:
+            entry = self._entries.pop(key)
+            entry.done.set()  # a waiter still there gets None and evaluates for itself
+
+    async def owners(self, rollout: int) -> dict[tuple[Any, ...], int]:
+        """The worker that claimed each of ``rollout``'s keys."""
+        return {k: e.owner for k, e in self._entries.items() if k[0] == rollout}
+
+    async def counts(self) -> dict[str, int]:
+        return {"claims": self.claims, "answers": self.answers, "open": len(self._entries)}
+
+
+class SharedEvaluator:
+    """A worker's ``evaluator`` whose evaluations go through an ``EvaluationShare``: a kernel
+    that another worker of the same rollout claimed first is not evaluated here.
+
+    A kernel is claimed only when this worker has an evaluation slot free for it (at most
+    ``config.num_workers`` of its kernels are claimed and unfinished at once), so a kernel two
+    workers hold goes to whichever is free first, not to whichever finished decoding first:
+    the workers' shares of the common kernels follow their loads. The share only saves time:
+    where it cannot be reached, this worker evaluates every kernel itself."""
+
+    def __init__(self, evaluator: Any, share: Any, rollout: int, worker: int) -> None:
+        self.evaluator, self.share, self.rollout, self.worker = evaluator, share, rollout, worker
+        self._slots: Any = None  # asyncio.Semaphore, made in the running loop
+
+    @property
+    def config(self) -> Any:
+        return getattr(self.evaluator, "config", None)
+
+    async def aevaluate(self, problem: Any, candidate: str) -> Any:
+        import asyncio
+
+        import ray
+
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(max(1, getattr(self.config, "num_workers", 1)))
+        key = (self.rollout, problem.source_hash + problem.name, source_hash(candidate))
+        async with self._slots:
+            try:
+                mine = await self.share.claim.remote(key, self.worker)
+            except ray.exceptions.RayActorError:
+                return await self.evaluator.aevaluate(problem, candidate)
+            if mine:
+                result = None
+                try:
+                    result = await self.evaluator.aevaluate(problem, candidate)
+                    return result
+                finally:  # None (it raised) tells the waiters to evaluate for themselves
+                    with contextlib.suppress(ray.exceptions.RayActorError):
+                        await self.share.put.remote(key, result)
+        try:  # another worker evaluates it: wait without holding a slot
+            result = await self.share.get.remote(key)
+        except ray.exceptions.RayActorError:
+            result = None
+        return result if result is not None else await self.evaluator.aevaluate(problem, candidate)
 
 
 # --------------------------------------------------------------------------- adapter weights
@@ -224,18 +327,23 @@ class RolloutWorker:
         return prefetch(list(problems), wait=True) if prefetch is not None else 0
 
     def run(self, problems: Sequence[Any], slots: Sequence[tuple[int, int]],
-            config: Any, decoding: Mapping[str, Any] | None = None) -> RolloutBatch:
+            config: Any, decoding: Mapping[str, Any] | None = None, *,
+            share: Any = None, rollout: int = 0) -> RolloutBatch:
         """One episode per slot; ``problems[i]`` is slot i's problem. Each episode's group is
         its problem's index in the whole rollout, so the learner sees the usual groups.
         ``decoding``: ``HFGenerationBackend`` settings for this call alone (an evaluation's:
-        the sampler's log-probs, a float32 copy, eager decoding); None: the rollout backend."""
+        the sampler's log-probs, a float32 copy, eager decoding); None: the rollout backend.
+        ``share``: an ``EvaluationShare`` the rollout's workers evaluate kernels through
+        (``rollout`` numbers the rollout in it); None: this worker evaluates all its own."""
         if self.version is None:
             raise StaleWeights(f"rollout worker {self.index} has no published weights yet")
         backend = (self.backend if decoding is None
                    else HFGenerationBackend(self.policy, **dict(decoding)))
+        evaluator = (self.evaluator if share is None
+                     else SharedEvaluator(self.evaluator, share, rollout, self.index))
         tokens, seconds = backend.tokens_generated, dict(backend.seconds)
         start = time.perf_counter()
-        episodes = run_episodes(list(problems), backend, self.evaluator, config)
+        episodes = run_episodes(list(problems), backend, evaluator, config)
         for episode, (group, sample) in zip(episodes, slots):
             episode.group = group
             episode.episode_id = f"{episode.problem.name}-{group}-{sample}"
@@ -265,6 +373,17 @@ def worker_policy_config(policy_config: Any) -> Any:
     return dataclasses.replace(policy_config, device="auto", adapter_paths={})
 
 
+def start_share() -> Any:
+    """An ``EvaluationShare`` actor on the driver's node (it holds no GPU or CPU)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return ray.remote(EvaluationShare).options(
+        num_cpus=0, max_concurrency=1000,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=here, soft=True)).remote()
+
+
 class WorkerLost(RuntimeError):
     """A rollout worker died (its process, or its node) and no replacement could play its
     episodes within ``SHARD_ATTEMPTS``."""
@@ -281,8 +400,10 @@ class RayRollouts:
     def __init__(self, workers: list[Any], layout: RolloutLayout,
                  placements: list[dict[str, Any]],
                  spawn: Callable[[int], Any] | None = None,
-                 start_timeout_s: float = WORKER_START_TIMEOUT_S) -> None:
+                 start_timeout_s: float = WORKER_START_TIMEOUT_S, share: Any = None) -> None:
         self.workers, self.layout, self.placements = workers, layout, placements
+        self.share = share  # an EvaluationShare actor; None: each worker evaluates its own
+        self.rollouts_started = 0
         self._spawn = spawn  # index -> a new actor in that worker's place; None: no replacing
         self.start_timeout_s = start_timeout_s
         self._weights: Any = None  # the object-store reference of the last published adapters
@@ -322,7 +443,8 @@ class RayRollouts:
                 f"{layout.rollout_workers} rollout workers ({options}) did not start within "
                 f"{start_timeout_s:.0f}s; the cluster has {ray.available_resources()} free: add "
                 "nodes or lower --num-gpus") from None
-        return cls(workers, layout, placements, spawn, start_timeout_s)
+        return cls(workers, layout, placements, spawn, start_timeout_s,
+                   share=start_share() if len(workers) > 1 else None)
 
     def publish(self, policy: Any, version: int) -> None:
         """Send the learner's adapters to every worker once through the object store (a worker
@@ -379,23 +501,34 @@ class RayRollouts:
 
         if self.version is None:
             raise StaleWeights("publish the learner's adapters before the first rollout")
-        shards = shard_episodes(len(problems), group_size, len(self.workers),
-                                keep_groups=group_size > 1 and first_turn_greedy(config))
+        shards = shard_episodes(len(problems), group_size, len(self.workers))
+        self.rollouts_started += 1
+        rollout = self.rollouts_started
+
+        share = self.share if len(self.workers) > 1 else None
 
         def submit(index: int) -> Any:
             shard = shards[index]
             return self.workers[index].run.remote([problems[p] for p, _ in shard], shard,
-                                                  config, decoding)
+                                                  config, decoding, share=share,
+                                                  rollout=rollout)
 
         calls = {i: submit(i) for i, shard in enumerate(shards) if shard}
         attempts = dict.fromkeys(calls, 1)
         batches: list[RolloutBatch] = []
-        for index in sorted(calls):
-            while True:
+        try:
+            # as they end, not in order: a live worker may be waiting on a kernel a dead one
+            # claimed, until that one's claims are released
+            while calls:
+                [ready], _ = ray.wait(list(calls.values()), num_returns=1)
+                index = next(i for i, call in calls.items() if call == ready)
                 try:
-                    batches.append(ray.get(calls[index]))
-                    break
+                    batches.append(ray.get(ready))
+                    del calls[index]
                 except ray.exceptions.RayActorError as exc:
+                    if share is not None:
+                        with contextlib.suppress(ray.exceptions.RayActorError):
+                            ray.get(share.release.remote(rollout, index))
                     if attempts[index] >= SHARD_ATTEMPTS:
                         raise WorkerLost(f"rollout worker {index} died on each of "
                                          f"{SHARD_ATTEMPTS} attempts at its "
@@ -404,6 +537,10 @@ class RayRollouts:
                     self._replace(index, self.version, f"{type(exc).__name__} mid-rollout")
                     attempts[index] += 1
                     calls[index] = submit(index)
+        finally:
+            if share is not None:
+                share.forget.remote(rollout)
+        batches.sort(key=lambda b: b.worker)
         stale = [(b.worker, b.version) for b in batches if b.version != self.version]
         if stale:
             raise StaleWeights(f"workers sampled with weight versions {stale}, but the learner "
@@ -468,3 +605,6 @@ class RayRollouts:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+        if self.share is not None:
+            ray.kill(self.share)
+            self.share = None
