@@ -166,10 +166,14 @@ def run_ray(args: argparse.Namespace, workers: int, out: Path, device: str) -> d
                                  functools.partial(Evaluator, eval_config(args, out / "cache")))
     started_s = time.perf_counter() - start
     try:
+        import ray
+
         trainer = trainer_for(args, out, device, rollouts=rollouts)
         history = trainer.train()
+        # kernels claimed through the workers' share, and results one worker handed another
+        shared = None if rollouts.share is None else ray.get(rollouts.share.counts.remote())
         return summarize(f"ray x{workers}", history, args.warmup_steps, {
-            "workers": workers, "worker_start_s": started_s,
+            "workers": workers, "worker_start_s": started_s, "evaluations_shared": shared,
             "baselines_before_step_1": trainer.baseline_prefetch,
             "publish_s_total": rollouts.publish_seconds, "placements": rollouts.placements})
     finally:
