@@ -6,7 +6,7 @@
 
 One local Ray cluster over this machine's GPUs. For each worker count: a fresh learner (the
 same model and adapters, seed and problems) on cuda:0 in this process, that many rollout
-workers (Ray actors, one GPU each, each evaluating its own episodes' kernels on its GPU), and
+workers (Ray actors, one GPU each, each evaluating its episodes' kernels on its GPU), and
 ``--steps`` GRPO steps; the first ``--warmup-steps`` (compiled decoding's compiles, the
 evaluators' first workers) are left out of the medians. Before its first step each variant
 measures the baselines of the problems it can draw, as ``train`` does, into a baseline cache

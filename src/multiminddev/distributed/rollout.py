@@ -5,8 +5,10 @@ no GPUs) loads the base model with every agent's LoRA adapter and plays the epis
 handed with the same episode code as the in-process trainer (``run_episodes`` over an
 ``HFGenerationBackend``), scored by its own evaluator: ``evaluator_factory()`` builds it in the
 worker (a local ``env.Evaluator`` on the worker's GPU, or any object with ``aevaluate`` and
-``close``, such as a client of a cluster's evaluation actors). Episodes come back with token
-ids and old log-probs, ready for the learner's loss.
+``close``, such as a client of a cluster's evaluation actors). A step's episodes are dealt out
+round-robin (``shard_episodes``), and a kernel that several workers' episodes wrote is
+evaluated once for all of them (``EvaluationShare``). Episodes come back with token ids and old
+log-probs, ready for the learner's loss.
 
 After each update the learner publishes the trained adapters (only the LoRA tensors: peft's
 ``get_peft_model_state_dict``) once through the object store (``ray.put``); every worker loads
@@ -78,7 +80,7 @@ def layout_from_plan(plan: GPUPlan, *, cpu_workers: int = 2) -> RolloutLayout:
 
     Rule: the learner (both agents' adapters and optimizers, in the driver) runs on the plan's
     Generator-training GPU. Every other GPU hosts one rollout worker, which decodes and also
-    evaluates its own episodes' kernels on its GPU; so the plan's rollout and evaluation GPUs,
+    evaluates its episodes' kernels on its GPU; so the plan's rollout and evaluation GPUs,
     and an Optimizer-training GPU the one learner does not need, all sample. When the plan
     gives the learner's GPU rollout or evaluation work too (1 or 2 GPUs), a worker shares it:
     rollout and update alternate, so the two never run at once. Without GPUs,
