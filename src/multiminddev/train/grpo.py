@@ -594,18 +594,18 @@ class GRPOTrainer:
         problems'. A source without ``prefetch_baselines`` (a policy server, which may be
         decoding for others) leaves them to first sight."""
         prefetch = getattr(self.rollouts, "prefetch_baselines", None)
-        if prefetch is None or self.compile_only or self._baselines_prefetched:
+        if prefetch is None or self._baselines_prefetched:
             return
         self._baselines_prefetched = True
         problems = baseline_problems(self.curriculum, self.heldout, self.cfg)
-        if self.console is not None:
+        if self.console is not None and not self.compile_only:
             self.console.print(f"measuring the baselines of up to {len(problems)} problems before "
                                "the first rollout (cached for later runs) ...")
         start = time.perf_counter()
-        measured = prefetch(problems)
+        measured = prefetch(problems)  # 0 where nothing is timed (no GPU)
         self.baseline_prefetch = {"problems": float(measured),
                                   "seconds": time.perf_counter() - start}
-        if self.console is not None:
+        if self.console is not None and measured:
             self.console.print(f"baselines: {measured} problems measured in "
                                f"{self.baseline_prefetch['seconds']:.0f}s")
 
