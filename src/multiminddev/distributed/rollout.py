@@ -24,6 +24,7 @@ plan, so one machine with N GPUs and several machines take the same path.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import time
@@ -154,8 +155,6 @@ class EvaluationShare:
 
     async def claim(self, key: tuple[Any, ...], worker: int) -> bool:
         """True: the caller evaluates the kernel and ``put``s the result; False: ``get`` it."""
-        import asyncio
-
         if key in self._entries:
             return False
         self._entries[key] = _Shared(owner=worker, done=asyncio.Event())
@@ -220,8 +219,6 @@ class SharedEvaluator:
         return getattr(self.evaluator, "config", None)
 
     async def aevaluate(self, problem: Any, candidate: str) -> Any:
-        import asyncio
-
         import ray
 
         if self._slots is None:
@@ -507,7 +504,7 @@ class RayRollouts:
         self.rollouts_started += 1
         rollout = self.rollouts_started
 
-        share = self.share if len(self.workers) > 1 else None
+        share = self.share
 
         def submit(index: int) -> Any:
             shard = shards[index]
