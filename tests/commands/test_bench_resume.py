@@ -110,7 +110,7 @@ def test_killed_bench_resumes_to_the_uninterrupted_summary(model_dir, full_run, 
     with episodes_file.open("a") as fh:  # a kill in the middle of a write leaves half a line
         fh.write('{"problem": {"name": "3_softmax"}, "turns": [{"te')
 
-    code, stdout, err = run_cli(capsys, *_bench_argv(model_dir, out, "--resume"))
+    code, _, err = run_cli(capsys, *_bench_argv(model_dir, out, "--resume"))
     assert code == 0, err
     assert "dropped 1 incomplete line" in err
     assert f"resuming: {kept} of 3 episodes on disk" in err
@@ -125,7 +125,7 @@ def test_resume_of_a_finished_run_runs_nothing_and_reports_again(full_run, tmp_p
     out = tmp_path / "bench"
     shutil.copytree(full_run, out)
     (_label_dir(out) / "summary.json").unlink()
-    code, stdout, err = run_cli(capsys, *_bench_argv(model_dir, out, "--resume"))
+    code, _, err = run_cli(capsys, *_bench_argv(model_dir, out, "--resume"))
     assert code == 0, err
     assert "resuming: 3 of 3 episodes on disk" in err and "loading" not in err
     assert _episodes(out) == _episodes(full_run)

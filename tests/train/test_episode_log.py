@@ -66,12 +66,13 @@ def test_a_fresh_log_starts_empty_and_a_missing_one_reads_as_nothing(tmp_path):
 
 def test_run_record_is_stored_and_a_different_resume_is_refused(tmp_path):
     record = {"turns": 2, "temperature": 0.0, "problems": ["relu_a"]}
-    assert check_run_record(tmp_path, record, resume=True) is False  # nothing stored yet
-    assert json.loads((tmp_path / RUN_RECORD_FILE).read_text()) == record
-    assert check_run_record(tmp_path, dict(record), resume=True) is True
+    path = tmp_path / RUN_RECORD_FILE
+    assert check_run_record(path, record, resume=True) is False  # nothing stored yet
+    assert json.loads(path.read_text()) == record
+    assert check_run_record(path, dict(record), resume=True) is True
     with pytest.raises(ResumeMismatch, match=r"turns=2, this run asks turns=3"):
-        check_run_record(tmp_path, {**record, "turns": 3}, resume=True)
-    assert json.loads((tmp_path / RUN_RECORD_FILE).read_text()) == record  # left as it was
+        check_run_record(path, {**record, "turns": 3}, resume=True)
+    assert json.loads(path.read_text()) == record  # left as it was
     # a fresh run (no --resume) replaces the record
-    assert check_run_record(tmp_path, {**record, "turns": 3}, resume=False) is False
-    assert json.loads((tmp_path / RUN_RECORD_FILE).read_text())["turns"] == 3
+    assert check_run_record(path, {**record, "turns": 3}, resume=False) is False
+    assert json.loads(path.read_text())["turns"] == 3

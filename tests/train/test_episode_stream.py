@@ -1,17 +1,24 @@
 """Episodes of several problems at once: generate calls merged into batches across problems,
-each episode handed over as it ends, finished pairs skipped (train/episode_stream.py)."""
+each episode handed over as it ends, finished pairs skipped, logged episodes read back by a
+resumed held-out evaluation (train/episode_stream.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.episode.runner import EpisodeConfig
+from multiminddev.episode.state import EpisodeStatus
 from multiminddev.policy import HFGenerationBackend, SamplingParams
-from multiminddev.train.episode_stream import BatchingBackend, stream_episodes
+from multiminddev.train.episode_stream import (
+    BatchingBackend,
+    run_logged_episodes,
+    stream_episodes,
+)
 from tests.episode.helpers import RELU_KERNEL, ReplayBackend, fenced, relu_problem
 from tests.policy.helpers import gguf_tokenizer, tiny_policy
 
@@ -106,3 +113,40 @@ def test_concurrency_bounds_the_problems_in_flight(evaluator):
     assert [n for _, n in backend.calls] == [1] * 6  # one problem at a time, two turns each
     with pytest.raises(ValueError, match="concurrency"):
         stream_episodes(problems, backend, evaluator, config, concurrency=0)
+
+
+def _logged_run(evaluator, path, record, *, resume):
+    problems = [relu_problem("relu_a"), relu_problem("relu_b")]
+    backend = ReplayBackend(gguf_tokenizer(), lambda role, call, i: "no kernel here")
+    config = EpisodeConfig(max_turns=2, sampling=GREEDY)
+    episodes = run_logged_episodes(problems, backend, evaluator, config, episodes_file=path,
+                                   record=record, resume=resume)
+    return episodes, backend
+
+
+def test_logged_episodes_are_read_back_by_a_resumed_run_with_the_same_record(evaluator,
+                                                                             tmp_path):
+    path = tmp_path / "eval_episodes.jsonl"
+    first, _ = _logged_run(evaluator, path, {"rl_step": 5}, resume=False)
+    assert [e.problem.name for e in first] == ["relu_a", "relu_b"]
+    assert len(path.read_text().splitlines()) == 2
+    again, backend = _logged_run(evaluator, path, {"rl_step": 5}, resume=True)
+    assert backend.calls == []  # nothing ran
+    assert [(e.episode_id, e.status, len(e.turns)) for e in again] == \
+        [(e.episode_id, e.status, len(e.turns)) for e in first]
+
+
+def test_a_resumed_run_with_other_agents_or_after_errors_runs_them_again(evaluator, tmp_path):
+    path = tmp_path / "eval_episodes.jsonl"
+    _logged_run(evaluator, path, {"rl_step": 5}, resume=False)
+    _, backend = _logged_run(evaluator, path, {"rl_step": 6}, resume=True)
+    assert [n for _, n in backend.calls] == [2, 2]  # other agents: both problems again
+    assert len(path.read_text().splitlines()) == 2
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    rows[0]["status"] = EpisodeStatus.ERROR.value  # the evaluator failed on this one
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    episodes, backend = _logged_run(evaluator, path, {"rl_step": 6}, resume=True)
+    assert [n for _, n in backend.calls] == [1, 1]
+    assert {e.problem.name for e in episodes} == {"relu_a", "relu_b"}
+    assert all(e.status is not EpisodeStatus.ERROR for e in episodes)
+    assert len(path.read_text().splitlines()) == 2

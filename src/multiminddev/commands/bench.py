@@ -55,6 +55,7 @@ from multiminddev.rewards import RewardConfig
 from multiminddev.tasks.loaders import load_problems
 from multiminddev.tasks.problem import ProblemError
 from multiminddev.train.episode_log import (
+    RUN_RECORD_FILE,
     EpisodeLog,
     LoggedEpisodes,
     check_run_record,
@@ -152,7 +153,8 @@ def run_bench(args: argparse.Namespace) -> int:
         episode_cfg = _episode_config(args, element_type=shipped is not None
                                       and shipped.element_type_line)
         eval_cfg = _eval_config(args)
-        resumed = check_run_record(args.out, run_record(args, runs, problems, episode_cfg),
+        resumed = check_run_record(args.out / RUN_RECORD_FILE,
+                                   run_record(args, runs, problems, episode_cfg),
                                    resume=args.resume)
     except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:  # ResumeMismatch too
         return fail(" ".join(str(exc).split()))

@@ -7,9 +7,12 @@ loses only the episodes still in flight. Reading it back keeps every complete li
 short by the kill (the last one) is dropped with a note, and the file is rewritten without it
 so later appends start on a line of their own.
 
-The run record (``RUN_RECORD_FILE`` beside the logs) holds the settings that decide what an
+The run record (bench: ``RUN_RECORD_FILE`` beside the logs; the held-out evaluation:
+``record_path``) holds the settings that decide what an
 episode is (model, adapters, turns, decoding, problems); a resumed run whose settings differ is
-refused (``ResumeMismatch``), since its episodes would not be comparable with those on disk.
+refused (``ResumeMismatch``), since its episodes would not be comparable with those on disk; a
+training run's held-out evaluation instead starts afresh (``reusable_log``), since its agents
+may have trained further.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multiminddev.episode.state import Episode, episode_to_dict
+from multiminddev.episode.state import Episode, EpisodeStatus, episode_to_dict
 from multiminddev.report.files import read_jsonl_rows, write_atomic
 
 RUN_RECORD_FILE = "run_record.json"
@@ -108,27 +111,68 @@ class EpisodeLog:
         self.appended += 1
 
 
-def check_run_record(folder: Path, record: Mapping[str, Any], *, resume: bool) -> bool:
-    """Store ``record`` (the settings that decide the episodes) in ``folder``; with ``resume``,
+def check_run_record(path: Path, record: Mapping[str, Any], *, resume: bool) -> bool:
+    """Store ``record`` (the settings that decide the episodes) at ``path``; with ``resume``,
     first compare it with the stored one. Returns whether there was a stored record to resume
     from. Raises ``ResumeMismatch`` naming the first setting that differs."""
-    path = Path(folder) / RUN_RECORD_FILE
-    stored = None
-    if resume and path.is_file():
-        try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise ResumeMismatch(f"{path} is not readable JSON; remove the folder or give "
-                                 "another --out to start afresh") from None
-        wanted = json.loads(json.dumps(record))  # tuples and paths as JSON has them
-        for key in sorted(set(stored) | set(wanted)):
-            if stored.get(key) != wanted.get(key):
-                raise ResumeMismatch(
-                    f"--resume: {folder} was run with {key}={_short(stored.get(key))}, this run "
-                    f"asks {key}={_short(wanted.get(key))}; resume with the same settings or "
-                    "give another --out")
+    path = Path(path)
+    stored = _stored_record(path) if resume else None
+    if stored is not None:
+        difference = first_difference(stored, record)
+        if difference is not None:
+            key, was, asked = difference
+            raise ResumeMismatch(
+                f"--resume: {path.parent} was run with {key}={_short(was)}, this run asks "
+                f"{key}={_short(asked)}; resume with the same settings or give another --out")
     write_atomic(path, json.dumps(record, indent=2, default=str))
     return stored is not None
+
+
+def first_difference(stored: Mapping[str, Any],
+                     record: Mapping[str, Any]) -> tuple[str, Any, Any] | None:
+    """(key, stored value, asked value) of the first setting (by name) that differs, or None."""
+    wanted = json.loads(json.dumps(record, default=str))  # tuples and paths as JSON has them
+    for key in sorted(set(stored) | set(wanted)):
+        if stored.get(key) != wanted.get(key):
+            return key, stored.get(key), wanted.get(key)
+    return None
+
+
+def _stored_record(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ResumeMismatch(f"{path} is not readable JSON; remove it or give another --out to "
+                             "start afresh") from None
+    if not isinstance(stored, dict):
+        raise ResumeMismatch(f"{path} holds no run record; remove it or give another --out to "
+                             "start afresh")
+    return stored
+
+
+def reusable_log(episodes_file: Path, record: Mapping[str, Any], *,
+                 resume: bool) -> LoggedEpisodes:
+    """The episodes of ``episodes_file`` a resumed run keeps: all but those that ended in an
+    error (an evaluator failure says nothing of the agents, so they run again), and none
+    unless ``resume`` and the stored record (``record_path``) equals ``record``. The file is
+    rewritten to hold just those, the record stored."""
+    record_file = record_path(episodes_file)
+    stored = _stored_record(record_file) if resume else None
+    keep = LoggedEpisodes()
+    if stored is not None and first_difference(stored, record) is None:
+        logged = read_episode_log(episodes_file)
+        keep.rows = [r for r in logged.rows if r.get("status") != EpisodeStatus.ERROR.value]
+        keep.dropped_lines = logged.dropped_lines
+    write_atomic(episodes_file, "".join(json.dumps(row) + "\n" for row in keep.rows))
+    write_atomic(record_file, json.dumps(record, indent=2, default=str))
+    return keep
+
+
+def record_path(episodes_file: Path) -> Path:
+    """Where the run record of an episode log lives: ``NAME.record.json`` beside it."""
+    return episodes_file.with_name(f"{episodes_file.stem}.record.json")
 
 
 def _short(value: Any) -> str:

@@ -9,6 +9,9 @@ not hold the others back: its next turn joins whichever batch comes after its ev
 decoding and evaluation overlap, where a step-by-step loop waits for the slowest evaluation
 of each turn before decoding the next.
 
+``run_logged_episodes`` (the training run's held-out evaluation) appends each episode to a
+log as it ends and, resumed, runs only the problems the log lacks.
+
 ``on_episode(episode, sample)`` is called as each episode ends (``episode.done``), within the
 step that ended it; ``skip`` lists the (problem name, sample) pairs that need no episode (a
 resumed run's finished ones).
@@ -21,6 +24,7 @@ which is what a resumed run matches an uninterrupted one with.
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -28,8 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from multiminddev.episode.runner import EpisodeConfig, arun_episodes
-from multiminddev.episode.state import Episode, EpisodeStatus
+from multiminddev.episode.state import Episode, EpisodeStatus, episode_from_dict
 from multiminddev.tasks.problem import Problem
+from multiminddev.train.episode_log import (
+    EpisodeLog,
+    episode_key,
+    episode_record,
+    reusable_log,
+)
 
 GATHER_SECONDS = 0.05  # how long the first batch waits for the other problems' first calls
 DEFAULT_MAX_ROWS = 16  # prompts per batch when the backend does not say (HF: max_batch_size)
@@ -100,7 +110,7 @@ class BatchingBackend:
             self.batch_rows.append(len(prompts) * first.sampling.n)
             try:
                 outputs = await self.backend.generate(prompts, first.sampling, first.role)
-            except Exception as exc:  # each caller's episode records it as its own failure
+            except Exception as exc:  # noqa: BLE001 - every caller's episode records it as its own failure
                 for r in batch:
                     if not r.future.done():
                         r.future.set_exception(exc)
@@ -133,9 +143,9 @@ class ProgressLine:
 
 
 def _duration(seconds: float) -> str:
-    if seconds != seconds:  # NaN: nothing finished yet
+    if math.isnan(seconds):  # nothing finished yet
         return "-"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
@@ -198,3 +208,36 @@ def stream_episodes(problems: Sequence[Problem], backend: Any, evaluator: Any,
         return asyncio.run(astream_episodes(problems, backend, evaluator, config, **kwargs))
     raise RuntimeError("stream_episodes was called inside a running event loop; "
                        "use `await astream_episodes(...)` there")
+
+
+def run_logged_episodes(
+    problems: Sequence[Problem],
+    backend: Any,
+    evaluator: Any,
+    config: EpisodeConfig,
+    *,
+    episodes_file: Any,
+    record: Any,
+    resume: bool,
+    concurrency: int = 64,
+    progress: bool = False,
+) -> list[Episode]:
+    """One episode per problem, in problem order, each appended to ``episodes_file`` as it
+    ends. With ``resume``, the episodes the file holds for the same ``record`` (the settings
+    and agents that decide them) are read back instead of run again, but for those that ended
+    in an error (``episode_log.reusable_log``); otherwise the file starts empty.
+    ``progress``: a line on stderr per episode (done/total, rate, ETA)."""
+    kept = reusable_log(episodes_file, record, resume=resume)
+    log = EpisodeLog(episodes_file)
+    line = ProgressLine(len(problems), done=len(kept.rows)) if progress else None
+
+    def hand_over(episode: Episode, sample: int) -> None:
+        log.append(episode_record(episode, sample))
+        if line is not None:
+            line(episode, sample)
+
+    fresh = stream_episodes(problems, backend, evaluator, config, concurrency=concurrency,
+                            skip=kept.finished(), on_episode=hand_over)
+    by_key = {episode_key(row): episode_from_dict(row) for row in kept.rows}
+    by_key.update({(e.problem.name, sample): e for _, sample, e in fresh})
+    return [by_key[(p.name, 0)] for p in problems if (p.name, 0) in by_key]
