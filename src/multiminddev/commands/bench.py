@@ -99,6 +99,9 @@ def register(subparsers: Any) -> None:
                             "figures (needs ncu and a GPU; seconds per kernel)")
     bench.add_argument("--concurrency", type=int, default=64, metavar="N",
                        help="episodes in flight at once, across problems (default 64)")
+    bench.add_argument("--batch-size", type=int, default=32, metavar="N",
+                       help="replies decoded together, across problems (default 32; compiled "
+                            "decoding decodes at most 16 at once)")
     bench.add_argument("--resume", action="store_true",
                        help="continue the run in --out: keep its finished episodes, run the "
                             "rest (the settings must be the same)")
@@ -135,8 +138,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_compare(args.compare)
 
     try:
-        if args.samples < 1 or args.turns < 1 or args.concurrency < 1:
-            raise ValueError("--samples, --turns and --concurrency must be >= 1")
+        if min(args.samples, args.turns, args.concurrency, args.batch_size) < 1:
+            raise ValueError("--samples, --turns, --concurrency and --batch-size must be >= 1")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; give a folder")
 
@@ -166,7 +169,8 @@ def run_bench(args: argparse.Namespace) -> int:
         episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
                                   group_size=args.samples, out_dir=args.out,
                                   progress=not args.quiet, ray_address=args.ray,
-                                  concurrency=args.concurrency, resume=resumed)
+                                  concurrency=args.concurrency, batch_size=args.batch_size,
+                                  resume=resumed)
     except (PolicyError, RayUnavailableError) as exc:
         return fail(" ".join(str(exc).split()))
 
@@ -228,6 +232,7 @@ def bench_policies(
     progress: bool = False,
     ray_address: str | None = None,
     concurrency: int = 64,
+    batch_size: int = 32,
     resume: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Run episodes for each policy config, one model in memory at a time; each episode is
@@ -237,7 +242,8 @@ def bench_policies(
     files. One evaluator serves every run (its baselines are cached). ``resume``: the episodes
     already in the files are kept and not run again (a label with all of them loads no model).
     ``progress``: lines on stderr per generation batch, per evaluated candidate and per episode
-    (done/total, rate, ETA). ``ray_address``: evaluate on that Ray cluster.
+    (done/total, rate, ETA). ``ray_address``: evaluate on that Ray cluster. ``batch_size``:
+    replies decoded together (``HFGenerationBackend.max_batch_size``).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     with make_evaluator(eval_config, ray_address) as evaluator:
@@ -255,7 +261,7 @@ def bench_policies(
             if done < total:
                 _run_label(label, policy_cfg, problems, evaluator, episode_log,
                            episode_config=episode_config, group_size=group_size,
-                           concurrency=concurrency, skip=finished,
+                           concurrency=concurrency, batch_size=batch_size, skip=finished,
                            progress=ProgressLine(total, label=label, done=done)
                            if progress else None)
             out[label] = _ordered(read_episode_log(path).rows, problems, group_size)
@@ -267,11 +273,15 @@ def bench_policies(
 
 def _run_label(label: str, policy_cfg: Any, problems: Sequence[Any], evaluator: Any,
                episode_log: EpisodeLog, *, episode_config: Any, group_size: int,
-               concurrency: int, skip: set[tuple[str, int]], progress: ProgressLine | None) -> None:
+               concurrency: int, batch_size: int, skip: set[tuple[str, int]],
+               progress: ProgressLine | None) -> None:
     """The missing episodes of one run, each appended to ``episode_log`` as it ends."""
+    # the baselines are measured while the model loads, and before any decoding
+    _prefetch_baselines(evaluator, problems, wait=False)
     print(f"[{label}] loading {policy_cfg.model}", file=sys.stderr)
     policy = load_policy(policy_cfg)
-    hf = HFGenerationBackend(policy)
+    _prefetch_baselines(evaluator, problems, wait=True)
+    hf = HFGenerationBackend(policy, max_batch_size=batch_size)
     backend: Any = hf
     judge: Any = evaluator
     if progress is not None:
@@ -291,6 +301,19 @@ def _run_label(label: str, policy_cfg: Any, problems: Sequence[Any], evaluator: 
           file=sys.stderr)
     del policy, hf, backend
     _free_memory()
+
+
+def _prefetch_baselines(evaluator: Any, problems: Sequence[Any], *, wait: bool) -> None:
+    """Have the evaluator measure the problems' baselines (``Evaluator.prefetch_baselines``;
+    a Ray evaluator measures them with the first candidates); ``wait``: until they are done,
+    so that no baseline is timed while the model decodes on the same GPU."""
+    prefetch = getattr(evaluator, "prefetch_baselines", None)
+    if prefetch is None:
+        return
+    scheduled = prefetch(list(problems), wait=wait)
+    if scheduled and not wait:
+        print(f"bench: measuring the baselines of {scheduled} problems while the model loads",
+              file=sys.stderr)
 
 
 def _ordered(rows: Sequence[dict[str, Any]], problems: Sequence[Any],
