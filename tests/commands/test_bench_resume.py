@@ -148,3 +148,11 @@ def test_resume_with_other_settings_is_refused_naming_the_difference(
     assert_one_line_error(code, stdout, err, contains=named)
     assert "--resume" in err
     assert _episodes(out) == _episodes(full_run)  # nothing was touched
+
+
+@pytest.mark.parametrize("flag", ["--concurrency", "--batch-size"])
+def test_a_bound_below_one_is_a_one_line_error(tmp_path, capsys, flag):
+    code, stdout, err = run_cli(capsys, "bench", "--model", "default", flag, "0",
+                                "--out", str(tmp_path / "o"))
+    assert_one_line_error(code, stdout, err, contains=flag)
+    assert not (tmp_path / "o").exists()
