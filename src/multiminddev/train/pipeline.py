@@ -46,7 +46,7 @@ from multiminddev.train.config_files import (
     settings_record,
     write_json_atomically,
 )
-from multiminddev.train.episode_stream import run_logged_episodes
+from multiminddev.train.episode_stream import run_logged_episodes, stream_episodes
 from multiminddev.train.metrics import (
     COMPILE_ONLY_NOTE,
     MetricsConfig,
@@ -584,20 +584,14 @@ def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any
     """One episode per problem with the agents the policy holds now, decoded as the held-out
     evaluation decodes (``heldout_episode_config``, ``evaluation_decoding``): spread over the
     rollout workers where they can evaluate (``train --ray``: they are sent the policy's
-    adapters first), else in this process."""
-    from multiminddev.train.grpo import LocalRollouts
-
+    adapters first), else in this process, every problem's episode at once
+    (``train.episode_stream``)."""
     config = heldout_episode_config(ctx, trainer.cfg)
     if hasattr(trainer.rollouts, "evaluate"):
         return trainer.rollouts.evaluate(ctx.policy, problems, config, evaluation_decoding(ctx))
     # A server's or this process's rollouts: evaluated here, where the policy holds the agents.
-    rollouts, episodes_cfg = trainer.rollouts, trainer.episode_config
-    trainer.rollouts = LocalRollouts(evaluation_backend(ctx), trainer.evaluator)
-    trainer.episode_config = config
-    try:
-        return trainer.run_episodes(problems, 1)
-    finally:
-        trainer.rollouts, trainer.episode_config = rollouts, episodes_cfg
+    return [episode for _, _, episode in stream_episodes(
+        problems, evaluation_backend(ctx), trainer.evaluator, config)]
 
 
 def selection_problems(ctx: Context) -> list[Any]:
