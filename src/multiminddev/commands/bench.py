@@ -3,7 +3,9 @@
 
 bench output layout (``--out DIR``)::
 
-    DIR/<label>/episodes.jsonl   every episode: the conversation, EvalResults, rewards
+    DIR/run_record.json          the settings the episodes were run with (--resume checks them)
+    DIR/<label>/episodes.jsonl   every episode, one line each, appended (fsync'd) as it ends:
+                                 the conversation, EvalResults, rewards, its sample index
     DIR/<label>/summary.json     compile rate, correctness, hack rate, fast_p, geomeans, pass@k,
                                  per-turn curves, bootstrap intervals
     DIR/report.html              all labels side by side, plots embedded (PNG files beside it)
@@ -12,6 +14,12 @@ bench output layout (``--out DIR``)::
 Each episode counts as one sample, scored by its best attempt (see ``report.metrics``); pass@k
 uses the ``--samples`` episodes per problem. On a machine without a GPU every kernel is compiled
 but not run (status ``no_gpu``): the report says so and shows no speed figures.
+
+Episodes of all problems run at once (``--concurrency`` bounds them; ``train.episode_stream``):
+the model decodes batches that span problems while other problems' kernels are evaluated. A
+killed run loses only the episodes in flight: ``--resume`` reads the episodes on disk, skips the
+finished (problem, sample) pairs and runs the rest; the summaries and the report are made at
+the end from the whole files, so a resumed run reports what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -32,8 +40,7 @@ from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
 from multiminddev.distributed.cluster import RayUnavailableError, add_ray_argument
 from multiminddev.distributed.ray_eval import make_evaluator
 from multiminddev.env import EvalConfig
-from multiminddev.episode.runner import EpisodeConfig, run_episodes
-from multiminddev.episode.state import episode_to_dict
+from multiminddev.episode.runner import EpisodeConfig
 from multiminddev.policy import (
     HFGenerationBackend,
     PolicyConfig,
@@ -47,6 +54,17 @@ from multiminddev.report.html import normalise_samples, summarize_label, write_r
 from multiminddev.rewards import RewardConfig
 from multiminddev.tasks.loaders import load_problems
 from multiminddev.tasks.problem import ProblemError
+from multiminddev.train.episode_log import (
+    RUN_RECORD_FILE,
+    EpisodeLog,
+    LoggedEpisodes,
+    check_run_record,
+    describe_dropped,
+    episode_key,
+    episode_record,
+    read_episode_log,
+)
+from multiminddev.train.episode_stream import BatchingBackend, ProgressLine, stream_episodes
 from multiminddev.train.seeds import compare_table, run_figures
 
 
@@ -79,6 +97,14 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--profile-feedback", action="store_true",
                        help="the Tester's report on a verified kernel adds its Nsight Compute "
                             "figures (needs ncu and a GPU; seconds per kernel)")
+    bench.add_argument("--concurrency", type=int, default=64, metavar="N",
+                       help="episodes in flight at once, across problems (default 64)")
+    bench.add_argument("--batch-size", type=int, default=32, metavar="N",
+                       help="replies decoded together, across problems (default 32; compiled "
+                            "decoding decodes at most 16 at once)")
+    bench.add_argument("--resume", action="store_true",
+                       help="continue the run in --out: keep its finished episodes, run the "
+                            "rest (the settings must be the same)")
     bench.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_ray_argument(bench)
     bench.add_argument("--compare", nargs="+", type=Path, default=None, metavar="RUN_DIR",
@@ -112,8 +138,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_compare(args.compare)
 
     try:
-        if args.samples < 1 or args.turns < 1:
-            raise ValueError("--samples and --turns must be >= 1")
+        if min(args.samples, args.turns, args.concurrency, args.batch_size) < 1:
+            raise ValueError("--samples, --turns, --concurrency and --batch-size must be >= 1")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file; give a folder")
 
@@ -130,14 +156,21 @@ def run_bench(args: argparse.Namespace) -> int:
         episode_cfg = _episode_config(args, element_type=shipped is not None
                                       and shipped.element_type_line)
         eval_cfg = _eval_config(args)
-    except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:
+        resumed = check_run_record(args.out / RUN_RECORD_FILE,
+                                   run_record(args, runs, problems, episode_cfg),
+                                   resume=args.resume)
+    except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:  # ResumeMismatch too
         return fail(" ".join(str(exc).split()))
+    if args.resume and not resumed:
+        warn(f"--resume: {args.out} holds no bench run record; starting afresh")
     print(f"bench: {len(problems)} problems x {args.samples} samples x {len(runs)} runs "
           f"({', '.join(runs)}), up to {args.turns} turns each", file=sys.stderr)
     try:
         episodes = bench_policies(runs, problems, episode_config=episode_cfg, eval_config=eval_cfg,
                                   group_size=args.samples, out_dir=args.out,
-                                  progress=not args.quiet, ray_address=args.ray)
+                                  progress=not args.quiet, ray_address=args.ray,
+                                  concurrency=args.concurrency, batch_size=args.batch_size,
+                                  resume=resumed)
     except (PolicyError, RayUnavailableError) as exc:
         return fail(" ".join(str(exc).split()))
 
@@ -198,36 +231,121 @@ def bench_policies(
     out_dir: Path,
     progress: bool = False,
     ray_address: str | None = None,
+    concurrency: int = 64,
+    batch_size: int = 32,
+    resume: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Run episodes for each policy config, one model in memory at a time; write episodes JSONL.
+    """Run episodes for each policy config, one model in memory at a time; each episode is
+    appended to ``out_dir/<label>/episodes.jsonl`` as it ends (``train.episode_log``).
 
-    Returns {label: episode dicts}. One evaluator serves every run (its baselines are cached).
-    ``progress``: a line on stderr per generation batch and per evaluated candidate.
-    ``ray_address``: evaluate on that Ray cluster (``distributed.make_evaluator``).
+    Returns {label: episode dicts}, problem by problem and sample by sample, read back from the
+    files. One evaluator serves every run (its baselines are cached). ``resume``: the episodes
+    already in the files are kept and not run again (a label with all of them loads no model).
+    ``progress``: lines on stderr per generation batch, per evaluated candidate and per episode
+    (done/total, rate, ETA). ``ray_address``: evaluate on that Ray cluster. ``batch_size``:
+    replies decoded together (``HFGenerationBackend.max_batch_size``).
     """
     out: dict[str, list[dict[str, Any]]] = {}
     with make_evaluator(eval_config, ray_address) as evaluator:
         for label, policy_cfg in runs.items():
-            print(f"[{label}] loading {policy_cfg.model}", file=sys.stderr)
-            policy = load_policy(policy_cfg)
-            backend: Any = HFGenerationBackend(policy)
-            judge: Any = evaluator
-            if progress:
-                backend = ProgressBackend(backend, label=label)
-                judge = ProgressEvaluator(evaluator, label=label)
-            start = time.perf_counter()
-            episodes = run_episodes(problems, backend, judge, episode_config, group_size=group_size)
-            print(f"[{label}] {len(episodes)} episodes in {time.perf_counter() - start:.0f} s",
-                  file=sys.stderr)
-            out[label] = [episode_to_dict(e) for e in episodes]
-            write_atomic(Path(out_dir) / _slug(label) / "episodes.jsonl",
-                         "".join(json.dumps(d) + "\n" for d in out[label]))
-            del policy, backend, episodes
-            _free_memory()
+            path = Path(out_dir) / _slug(label) / "episodes.jsonl"
+            logged = read_episode_log(path) if resume else LoggedEpisodes()
+            if logged.dropped_lines:
+                warn(describe_dropped(path, logged))
+            finished = logged.finished()
+            total = len(problems) * group_size
+            done = sum((p.name, s) in finished for p in problems for s in range(group_size))
+            if resume:
+                print(f"[{label}] resuming: {done} of {total} episodes on disk", file=sys.stderr)
+            episode_log = EpisodeLog(path, fresh=not resume)
+            if done < total:
+                _run_label(label, policy_cfg, problems, evaluator, episode_log,
+                           episode_config=episode_config, group_size=group_size,
+                           concurrency=concurrency, batch_size=batch_size, skip=finished,
+                           progress=ProgressLine(total, label=label, done=done)
+                           if progress else None)
+            out[label] = _ordered(read_episode_log(path).rows, problems, group_size)
     for label, eps in out.items():
         summary = summarize_label(normalise_samples(eps))
         write_atomic(Path(out_dir) / _slug(label) / "summary.json", json.dumps(summary, indent=2))
     return out
+
+
+def _run_label(label: str, policy_cfg: Any, problems: Sequence[Any], evaluator: Any,
+               episode_log: EpisodeLog, *, episode_config: Any, group_size: int,
+               concurrency: int, batch_size: int, skip: set[tuple[str, int]],
+               progress: ProgressLine | None) -> None:
+    """The missing episodes of one run, each appended to ``episode_log`` as it ends."""
+    # the baselines are measured while the model loads, and before any decoding
+    _prefetch_baselines(evaluator, problems, wait=False)
+    print(f"[{label}] loading {policy_cfg.model}", file=sys.stderr)
+    policy = load_policy(policy_cfg)
+    _prefetch_baselines(evaluator, problems, wait=True)
+    hf = HFGenerationBackend(policy, max_batch_size=batch_size)
+    backend: Any = hf
+    judge: Any = evaluator
+    if progress is not None:
+        backend = ProgressBackend(hf, label=label)
+        judge = ProgressEvaluator(evaluator, label=label)
+
+    def record(episode: Any, sample: int) -> None:
+        episode_log.append(episode_record(episode, sample))
+        if progress is not None:
+            progress(episode, sample)
+
+    start = time.perf_counter()
+    stream_episodes(problems, BatchingBackend(backend, max_rows=hf.max_batch_size), judge,
+                    episode_config, samples=group_size, concurrency=concurrency, skip=skip,
+                    on_episode=record)
+    print(f"[{label}] {episode_log.appended} episodes in {time.perf_counter() - start:.0f} s",
+          file=sys.stderr)
+    del policy, hf, backend
+    _free_memory()
+
+
+def _prefetch_baselines(evaluator: Any, problems: Sequence[Any], *, wait: bool) -> None:
+    """Have the evaluator measure the problems' baselines (``Evaluator.prefetch_baselines``;
+    a Ray evaluator measures them with the first candidates); ``wait``: until they are done,
+    so that no baseline is timed while the model decodes on the same GPU."""
+    prefetch = getattr(evaluator, "prefetch_baselines", None)
+    if prefetch is None:
+        return
+    scheduled = prefetch(list(problems), wait=wait)
+    if scheduled and not wait:
+        print(f"bench: measuring the baselines of {scheduled} problems while the model loads",
+              file=sys.stderr)
+
+
+def _ordered(rows: Sequence[dict[str, Any]], problems: Sequence[Any],
+             group_size: int) -> list[dict[str, Any]]:
+    """The logged episodes of ``problems`` x ``group_size`` samples, problem by problem (the
+    order of an uninterrupted run's report), each pair once (the last line wins)."""
+    by_key = {episode_key(row): row for row in rows}
+    return [by_key[(p.name, s)] for p in problems for s in range(group_size)
+            if (p.name, s) in by_key]
+
+
+def run_record(args: argparse.Namespace, runs: Mapping[str, Any], problems: Sequence[Any],
+               episode_config: Any) -> dict[str, Any]:
+    """The settings that decide a bench run's episodes (``--resume`` must match them)."""
+    sampling = episode_config.sampling
+    return {
+        "runs": {label: {"model": str(cfg.model),
+                         "adapters": {str(k): str(v) for k, v in
+                                      sorted((cfg.adapter_paths or {}).items())}}
+                 for label, cfg in runs.items()},
+        "problems": [p.name for p in problems],
+        "samples": args.samples,
+        "turns": episode_config.max_turns,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "max_new_tokens": sampling.max_new_tokens,
+        "seed": sampling.seed,
+        "element_type": episode_config.element_type,
+        "profile_feedback": episode_config.profiler_feedback,
+        "benchmark": not args.no_benchmark,
+        "compile_baseline": not args.no_compile_baseline,
+    }
 
 
 def _load_problems(spec: str, limit: int | None) -> list[Any]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import logging
 import time
@@ -426,6 +427,14 @@ async def _step(
         episode.status = termination(episode, config)
 
 
+@functools.cache
+def _warn_window_once(prompt_tokens: int, new_tokens: int, window: int) -> None:
+    """Once per process and setting: runs of many problems start one runner per problem."""
+    log.warning("max_prompt_tokens (%d) + max_new_tokens (%d) exceed the model's window "
+                "(%d): long prompts will be cut short by the model", prompt_tokens, new_tokens,
+                window)
+
+
 async def arun_episodes(
     problems: Sequence[Problem],
     backend: GenerationBackend,
@@ -448,9 +457,7 @@ async def arun_episodes(
     window = getattr(backend, "context_window", None)
     longest = max([config.sampling.max_new_tokens, *config.max_new_tokens_by_role.values()])
     if window and config.max_prompt_tokens + longest > window:
-        log.warning("max_prompt_tokens (%d) + max_new_tokens (%d) exceed the model's window "
-                    "(%d): long prompts will be cut short by the model", config.max_prompt_tokens,
-                    longest, window)
+        _warn_window_once(config.max_prompt_tokens, longest, window)
     cache = _EvalCache(evaluator)
     for index in range(config.max_turns):
         active = [e for e in episodes if not e.done]

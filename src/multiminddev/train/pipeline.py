@@ -28,7 +28,7 @@ from multiminddev.agents.roles import AgentRole
 from multiminddev.agents.shipped import shipped_agents
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.episode import EpisodeConfig, write_episodes_jsonl
-from multiminddev.episode.infra import InfraFailure, check_episodes
+from multiminddev.episode.infra import check_episodes
 from multiminddev.policy import (
     HFGenerationBackend,
     LogprobSource,
@@ -46,6 +46,7 @@ from multiminddev.train.config_files import (
     settings_record,
     write_json_atomically,
 )
+from multiminddev.train.episode_stream import run_logged_episodes, stream_episodes
 from multiminddev.train.metrics import (
     COMPILE_ONLY_NOTE,
     MetricsConfig,
@@ -583,20 +584,14 @@ def evaluate_agents(ctx: Context, trainer: Any, problems: list[Any]) -> list[Any
     """One episode per problem with the agents the policy holds now, decoded as the held-out
     evaluation decodes (``heldout_episode_config``, ``evaluation_decoding``): spread over the
     rollout workers where they can evaluate (``train --ray``: they are sent the policy's
-    adapters first), else in this process."""
-    from multiminddev.train.grpo import LocalRollouts
-
+    adapters first), else in this process, every problem's episode at once
+    (``train.episode_stream``)."""
     config = heldout_episode_config(ctx, trainer.cfg)
     if hasattr(trainer.rollouts, "evaluate"):
         return trainer.rollouts.evaluate(ctx.policy, problems, config, evaluation_decoding(ctx))
     # A server's or this process's rollouts: evaluated here, where the policy holds the agents.
-    rollouts, episodes_cfg = trainer.rollouts, trainer.episode_config
-    trainer.rollouts = LocalRollouts(evaluation_backend(ctx), trainer.evaluator)
-    trainer.episode_config = config
-    try:
-        return trainer.run_episodes(problems, 1)
-    finally:
-        trainer.rollouts, trainer.episode_config = rollouts, episodes_cfg
+    return [episode for _, _, episode in stream_episodes(
+        problems, evaluation_backend(ctx), trainer.evaluator, config)]
 
 
 def selection_problems(ctx: Context) -> list[Any]:
@@ -667,14 +662,12 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
                                     episode_config=episode_config(ctx, cfg),
                                     output_dir=ctx.settings.output_dir, metrics=_NullMetrics(),
                                     rollouts=_rollouts(ctx))
-    episodes = evaluate_agents(ctx, runner, problems)
     episodes_file = ctx.settings.output_dir / f"{stage}eval_episodes.jsonl"
-    try:  # an evaluation that mostly failed on our side is an error, never a figure
-        check_episodes(episodes, what=f"the {stage}held-out evaluation",
-                       max_share=cfg.max_infra_share)
-    except InfraFailure:
-        write_episodes_jsonl(episodes, episodes_file)
-        raise
+    episodes = heldout_episodes(ctx, runner, problems, episodes_file)
+    # an evaluation that mostly failed on our side is an error, never a figure (its episodes
+    # are on disk already)
+    check_episodes(episodes, what=f"the {stage}held-out evaluation",
+                   max_share=cfg.max_infra_share)
     _, rewards = score_episodes(episodes, cfg)
     out = {"problems": len(problems), "reward_mean": rewards["reward_mean"],
            "compile_only": ctx.compile_only, "measured_on": _device_name(),
@@ -683,8 +676,26 @@ def final_evaluation(ctx: Context, trainer: Any, evaluator: Any,
            **rollout_metrics(episodes, compile_only=ctx.compile_only)}
     path = ctx.settings.output_dir / f"{stage}eval_results.json"
     path.write_text(json.dumps(out, indent=2))
-    write_episodes_jsonl(episodes, episodes_file)
     return out
+
+
+def heldout_episodes(ctx: Context, trainer: Any, problems: list[Any],
+                     episodes_file: Path) -> list[Any]:
+    """The held-out evaluation's episodes. In this process every problem's episode runs at
+    once (``train.episode_stream``), each appended to ``episodes_file`` as it ends, and a
+    resumed run (``--resume``) runs only those the file lacks for the same agents (RL step)
+    and episode settings. Rollout workers that evaluate (``train --ray``) hand theirs back
+    together; they are written then."""
+    if hasattr(trainer.rollouts, "evaluate"):
+        episodes = evaluate_agents(ctx, trainer, problems)
+        write_episodes_jsonl(episodes, episodes_file)
+        return episodes
+    config = heldout_episode_config(ctx, trainer.cfg)
+    record = {"rl_step": trainer.step, "problems": [p.name for p in problems],
+              "episode_config": dataclasses.asdict(config)}
+    return run_logged_episodes(problems, evaluation_backend(ctx), trainer.evaluator, config,
+                               episodes_file=episodes_file, record=record,
+                               resume=ctx.settings.resume is not None, progress=True)
 
 
 def _rollouts(ctx: Context) -> Any:
