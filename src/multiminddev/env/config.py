@@ -80,11 +80,13 @@ class EvalConfig:
     seed: int | None = None
     # Timed calls whose outputs are checked: each timed call gets fresh inputs, and this many
     # of them, at positions drawn at random once the number of calls is fixed, use inputs
-    # whose reference outputs the trusted setup computed. A candidate that skips work on a
-    # fraction f of the calls (f > 1/2 to move the median) escapes with probability about
-    # (1 - f) ** timed_checks. Fewer where the outputs are large (timed_check_budget_mib).
-    timed_checks: int = 8
-    timed_check_budget_mib: float = 1024.0
+    # whose reference outputs the trusted setup computed. A candidate wrong on a fraction f of
+    # the calls escapes every check with probability at most (1 - f) ** timed_checks: 25
+    # keeps it below 1e-3 for f >= 1/4 (timed_checks.checks_for_escape). Fewer where one
+    # call's inputs and outputs exceed timed_check_budget_mib / timed_checks (3200 MiB: 25
+    # checks up to 64 MiB in and 64 MiB out per call); the result reports the figure reached.
+    timed_checks: int = 25
+    timed_check_budget_mib: float = 3200.0
     # Time limits (seconds), enforced by the parent which kills the worker
     timeout_s: float = 60.0  # cap on all candidate stages together (inline builds excluded)
     startup_timeout_s: float = 120.0

@@ -5,7 +5,8 @@ output-sized blocks and poisons free GPU memory right before the candidate runs 
 uninitialised ``torch.empty`` holds NaN, never an earlier answer), and the runtime guards of
 ``env/guards.py`` watch the forward. The stream and coverage checks run once. The benchmark
 gives every timed call fresh inputs and has the parent verify hidden checked calls among them
-(``timed_checks.py``), with the torch-compute guard around every call.
+(``timed_checks.py``), with the torch-compute guard around every call; the checked calls'
+outputs go to the parent with their device layouts, so every rule the trials meet applies.
 """
 
 from __future__ import annotations
@@ -276,4 +277,5 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                     "untimed); return plain tensors"))
     if state.guards is not None:
         findings += sandbox_findings()
-    return {"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked)}, checked, findings
+    return ({"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked),
+             "checked_layouts": calls.checked_output_layouts()}, checked, findings)
