@@ -7,9 +7,11 @@ becomes a ``TrialMismatch`` with max abs/rel error, the first bad indices and th
 Trials after the first failing one are only passed or failed (reason "unexamined"), so the
 result's max abs/rel error covers the passing trials and the first failing one.
 
-Also here, per trial: ``verify_precision`` (float32 within a multiple of eager's own error
-against a float64 ground truth; float16/bfloat16 by an error normalised by the output's
-magnitude) and ``layout_mismatches`` (outputs dense unless the reference's is not).
+Also here, for every output verified (each trial and each checked timed call):
+``verify_precision`` (float32 within a multiple of eager's own error against a float64 ground
+truth; float16/bfloat16 by an error normalised by the output's magnitude) on trial 0, and
+``verify_precision_scaled`` (the same budget through eager's trial-0 error) on the others; and
+``layout_mismatches`` (outputs dense unless the reference's is not).
 """
 
 from __future__ import annotations
@@ -487,6 +489,115 @@ def verify_precision(
         if mismatch is not None:
             found.append(mismatch)
     return found
+
+
+# Outputs without a float64 ground truth of their own (trials after the first, the checked
+# timed calls) are held to the same budget through eager's error on trial 0, relative to the
+# output's magnitude: an honest candidate's distance from eager is at most its own error plus
+# eager's (triangle inequality). Eager's error differs between input draws, so its trial-0
+# figure counts EAGER_SPREAD times over; TF32 in a float32 problem (1000x eager) stays far out.
+EAGER_SPREAD = 2.0
+
+
+@dataclass(kw_only=True, frozen=True)
+class EagerErrorScale:
+    """Eager's error against the float64 truth of one output, relative to the truth's
+    magnitude (RMS error / RMS truth, max error / max truth)."""
+
+    rms_ratio: float
+    max_ratio: float
+
+
+def eager_error_scales(ground_truth: Sequence[Any] | None, reference: Sequence[Any]
+                       ) -> list[EagerErrorScale | None]:
+    """Per output of trial 0: eager's relative error against the float64 ground truth, or
+    None where there is no usable truth (then ``verify_precision_scaled`` falls back to the
+    magnitude-normalised comparison)."""
+    scales: list[EagerErrorScale | None] = []
+    for index, ref in enumerate(reference):
+        truth = ground_truth[index] if ground_truth is not None and index < len(ground_truth) else None
+        usable = (isinstance(ref, torch.Tensor) and isinstance(truth, torch.Tensor)
+                  and ref.dtype in PRECISION_DTYPES and truth.shape == ref.shape)
+        if not usable:
+            scales.append(None)
+            continue
+        stats = error_stats(truth, ref, ref)
+        scales.append(EagerErrorScale(
+            rms_ratio=stats.eager_rms / stats.truth_rms if stats.truth_rms else 0.0,
+            max_ratio=stats.eager_max / stats.truth_max if stats.truth_max else 0.0))
+    return scales
+
+
+def verify_precision_scaled(
+    scales: Sequence[EagerErrorScale | None],
+    reference: Sequence[Any],
+    candidate: Sequence[Any],
+    *,
+    budget: PrecisionBudget,
+    rtol: float,
+    trial: int = 0,
+) -> list[TrialMismatch]:
+    """Precision mismatches (reason "precision") of outputs with no ground truth of their own:
+    the candidate's distance from eager ``r`` must be within the budget of
+    ``verify_precision`` applied to eager's error estimated from ``scales`` (trial 0's), plus
+    that estimate. Outputs without a scale get the magnitude-normalised comparison."""
+    found = []
+    for index, (ref, cand) in enumerate(zip(reference, candidate)):
+        if not (isinstance(ref, torch.Tensor) and isinstance(cand, torch.Tensor)):
+            continue
+        if ref.dtype not in PRECISION_DTYPES or cand.dtype != ref.dtype or cand.shape != ref.shape:
+            continue
+        scale = scales[index] if index < len(scales) else None
+        if scale is None:
+            mismatch = _normwise_mismatch(ref, cand, budget, rtol=rtol, trial=trial,
+                                          output_index=index)
+        else:
+            mismatch = _scaled_mismatch(error_stats(ref, ref, cand), scale, ref.dtype, budget,
+                                        trial=trial, output_index=index)
+        if mismatch is not None:
+            found.append(mismatch)
+    return found
+
+
+def scaled_allowance(stats: ErrorStats, scale: EagerErrorScale, dtype: torch.dtype,
+                     budget: PrecisionBudget) -> tuple[float, float]:
+    """(allowed RMS, allowed max) distance from eager for an output whose magnitudes are in
+    ``stats`` (truth = eager), given eager's relative error ``scale`` on trial 0 (pure)."""
+    eps, tiny = torch.finfo(dtype).eps, _error_floor(dtype)
+    multiple = budget.multiple(dtype)
+    eager_rms = EAGER_SPREAD * scale.rms_ratio * stats.truth_rms
+    eager_max = EAGER_SPREAD * scale.max_ratio * stats.truth_max
+    allowed_rms = multiple * max(eager_rms, budget.floor_ulps * eps * stats.truth_rms, tiny)
+    allowed_max = (multiple * budget.max_error_factor
+                   * max(eager_max, budget.floor_ulps * eps * stats.truth_max, tiny))
+    return allowed_rms + eager_rms, allowed_max + eager_max
+
+
+def _scaled_mismatch(stats: ErrorStats, scale: EagerErrorScale, dtype: torch.dtype,
+                     budget: PrecisionBudget, *, trial: int, output_index: int
+                     ) -> TrialMismatch | None:
+    allowed_rms, allowed_max = scaled_allowance(stats, scale, dtype, budget)
+    if stats.candidate_rms <= allowed_rms and stats.candidate_max <= allowed_max:
+        return None
+    use_rms = stats.candidate_rms > allowed_rms
+    measure = "RMS" if use_rms else "largest"
+    distance = stats.candidate_rms if use_rms else stats.candidate_max
+    allowed = allowed_rms if use_rms else allowed_max
+    relative = stats.candidate_rms / stats.truth_rms if stats.truth_rms else math.inf
+    where, name = f"trial {trial}, output {output_index}", str(dtype).removeprefix("torch.")
+    if relative > WRONG_VALUES_FRACTION:
+        what = "is wrong, not merely imprecise: compute every element"
+    else:
+        what = ("computes in reduced precision; do the arithmetic and accumulate in float32 "
+                "(no TF32, float16 or bfloat16 inputs or accumulators)" if dtype == torch.float32
+                else "computes in reduced precision; accumulate in float32 and round once")
+        what += "" if use_rms else " (in part of the output)"
+    message = (f"{where}: your {name} output {what} ({measure} distance from eager PyTorch "
+               f"{distance:.3g}, allowed {allowed:.3g}: the float64 error budget of trial 0 "
+               f"applied to this output; RMS distance {relative:.3g} of its RMS magnitude)")
+    return TrialMismatch(trial=trial, output_index=output_index, reason="precision",
+                         max_abs_error=stats.candidate_max, max_rel_error=relative,
+                         message=message)
 
 
 def _budget_mismatch(stats: ErrorStats, dtype: torch.dtype, budget: PrecisionBudget, *,
