@@ -3,11 +3,24 @@ unchecked calls look alike to a candidate while the checked ones are copied asid
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 
 import pytest
 
-from multiminddev.env.timed_checks import CheckedCalls, choose_check_positions, timed_check_count
+from multiminddev.env.config import EvalConfig
+from multiminddev.env.timed_checks import (
+    ESCAPE_FRACTION,
+    ESCAPE_TARGET,
+    CheckedCalls,
+    binomial_escape,
+    check_plan_table,
+    checks_for_escape,
+    choose_check_positions,
+    escape_probability,
+    timed_check_count,
+)
 
 MIB = 1 << 20
 
@@ -35,6 +48,54 @@ def test_positions_cover_the_whole_run_not_only_its_start():
 
 def test_fewer_calls_than_checks_checks_every_call():
     assert sorted(choose_check_positions(3, 8, random.Random(0))) == [0, 1, 2]
+
+
+def _escape_by_enumeration(n, k, f):
+    """Share of all k-subsets of n calls that miss the first ceil(f * n) (the wrong ones)."""
+    wrong = set(range(math.ceil(f * n)))
+    subsets = list(itertools.combinations(range(n), min(k, n)))
+    return sum(not wrong & set(s) for s in subsets) / len(subsets)
+
+
+@pytest.mark.parametrize(("n", "k", "f"), [(8, 3, 0.25), (10, 7, 0.25), (10, 8, 0.25),
+                                           (12, 4, 0.5), (9, 2, 0.3), (6, 9, 0.25)])
+def test_escape_probability_matches_enumerating_the_check_positions(n, k, f):
+    assert escape_probability(n, k, f) == pytest.approx(_escape_by_enumeration(n, k, f))
+
+
+def test_escape_probability_is_at_most_the_binomial_figure():
+    for n in (10, 40, 300):
+        for k in (1, 8, 25):
+            assert escape_probability(n, k, 0.25) <= binomial_escape(k, 0.25) + 1e-15
+
+
+def test_escape_probability_is_one_without_checks_or_wrong_calls():
+    assert escape_probability(300, 0, 0.25) == 1.0
+    assert escape_probability(300, 25, 0.0) == 1.0
+    assert escape_probability(0, 25, 0.25) == 1.0
+
+
+def test_checks_for_escape_is_the_fewest_that_reach_the_target():
+    k = checks_for_escape(ESCAPE_TARGET, ESCAPE_FRACTION)
+    assert k == 25
+    assert binomial_escape(k, 0.25) < 1e-3 <= binomial_escape(k - 1, 0.25)
+    assert checks_for_escape(1e-2, 0.5) == 7  # 0.5 ** 7 = 0.0078
+
+
+def test_default_config_keeps_escape_below_the_target_up_to_64_mib_in_and_out():
+    cfg = EvalConfig()
+    for size in (1 * MIB, 16 * MIB, 128 * MIB):
+        k = timed_check_count(cfg.timed_checks, cfg.timed_check_budget_mib, size)
+        for n in (cfg.min_timed_runs, cfg.max_timed_runs):
+            assert escape_probability(n, k, ESCAPE_FRACTION) < ESCAPE_TARGET, (size, n, k)
+
+
+def test_check_plan_table_rows_follow_the_check_count_and_escape_figures():
+    rows = check_plan_table([MIB, 512 * MIB], wanted=25, budget_mib=3200.0, min_runs=10,
+                            max_runs=300)
+    assert [r.checks for r in rows] == [25, 6]
+    assert rows[1].escape_at_max_runs == escape_probability(300, 6, 0.25)
+    assert rows[0].escape_at_min_runs == 0.0  # 25 checks cover all 10 calls
 
 
 @pytest.mark.gpu

@@ -13,10 +13,14 @@ from multiminddev.env.verify import (
     PrecisionBudget,
     compare_tensor,
     error_magnitudes,
+    EagerErrorScale,
+    eager_error_scales,
     error_stats,
     layout_mismatches,
+    scaled_allowance,
     verify_outputs,
     verify_precision,
+    verify_precision_scaled,
 )
 
 
@@ -452,3 +456,80 @@ def test_a_few_percent_off_is_caught_on_float16_outputs_near_the_smallest_normal
     budget = PrecisionBudget.from_config(EvalConfig())
     assert verify_precision([truth], [eager], [off], budget=budget, rtol=1e-2)
     assert verify_precision([truth], [eager], [eager.clone()], budget=budget, rtol=1e-2) == []
+
+
+# ------------------------------------------- the budget on outputs with no ground truth of their own
+
+
+def _scaled_judge(calibration, judged, kernel):
+    """Scales from eager's error on ``calibration`` (its truth, eager), then ``kernel``'s
+    output on another draw judged through them: how trials after the first and checked timed
+    calls are judged."""
+    truth0, eager0 = calibration
+    scales = eager_error_scales([truth0], [eager0])
+    return verify_precision_scaled(scales, [judged], [kernel], budget=BUDGET, rtol=1e-4, trial=3)
+
+
+def test_eager_error_scale_is_eagers_error_relative_to_the_truth():
+    truth = torch.tensor([1.0, -2.0, 4.0], dtype=torch.float64)
+    eager = torch.tensor([1.5, -2.0, 4.0], dtype=torch.float32)
+    [scale] = eager_error_scales([truth], [eager])
+    assert scale.rms_ratio == pytest.approx((0.25 / 3) ** 0.5 / (21 / 3) ** 0.5)
+    assert scale.max_ratio == pytest.approx(0.5 / 4.0)
+    assert eager_error_scales(None, [eager]) == [None]
+
+
+def test_scaled_allowance_is_the_budget_on_eagers_estimated_error_plus_that_error():
+    stats = error_stats(*(torch.tensor([3.0, 4.0]),) * 3)  # RMS magnitude 3.536, max 4
+    scale = EagerErrorScale(rms_ratio=1e-3, max_ratio=2e-3)
+    rms_allowed, max_allowed = scaled_allowance(stats, scale, torch.float32, BUDGET)
+    eager_rms, eager_max = 2 * 1e-3 * stats.truth_rms, 2 * 2e-3 * 4.0  # EAGER_SPREAD = 2
+    assert rms_allowed == pytest.approx(32 * eager_rms + eager_rms)
+    assert max_allowed == pytest.approx(32 * 4 * eager_max + eager_max)
+
+
+def test_tf32_on_a_later_draw_fails_the_budget_calibrated_on_trial_0():
+    a0, b0, truth0, eager0 = _matmul_problem(seed=0)
+    a1, b1, _, eager1 = _matmul_problem(seed=1)
+    [m] = _scaled_judge((truth0, eager0), eager1, _tf32(a1) @ _tf32(b1))
+    assert m.reason == "precision" and m.trial == 3 and "reduced precision" in m.message
+
+
+def test_half_accumulation_on_a_later_draw_fails_the_calibrated_budget():
+    x0, x1 = _rows(seed=1), _rows(seed=2)
+    [m] = _scaled_judge((x0.double().sum(1), x0.sum(1)), x1.sum(1),
+                        _sequential_sum(x1, torch.float16).float())
+    assert m.reason == "precision"
+
+
+def test_a_constant_on_a_later_draw_fails_the_calibrated_budget():
+    x0, x1 = _rows(seed=1), _rows(seed=2)
+    eager1 = x1.sum(1)
+    [m] = _scaled_judge((x0.double().sum(1), x0.sum(1)), eager1,
+                        torch.full_like(eager1, float(eager1.mean())))
+    assert "wrong, not merely imprecise" in m.message
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda x: _sequential_sum(x, torch.float32), _pairwise_sum, _kahan_sum,
+], ids=["sequential", "pairwise", "kahan"])
+def test_honest_float32_sums_on_later_draws_pass_the_calibrated_budget(kernel):
+    x0 = _rows(seed=1)
+    for seed in (2, 3, 4):
+        x = _rows(seed=seed)
+        assert _scaled_judge((x0.double().sum(1), x0.sum(1)), x.sum(1), kernel(x)) == []
+
+
+def test_an_honest_sequential_matmul_on_a_later_draw_passes_the_calibrated_budget():
+    _, _, truth0, eager0 = _matmul_problem(seed=0)
+    a, b, _, eager1 = _matmul_problem(seed=5)
+    acc = torch.zeros(64, 64)
+    for k in range(a.shape[1]):
+        acc = torch.addcmul(acc, a[:, k:k + 1], b[k:k + 1, :])
+    assert _scaled_judge((truth0, eager0), eager1, acc) == []
+
+
+def test_without_a_scale_the_magnitude_normalised_comparison_judges():
+    x = _rows(n=1024, rows=64).sum(1)
+    found = verify_precision_scaled([None], [x], [torch.zeros_like(x)], budget=BUDGET, rtol=1e-4)
+    assert [m.reason for m in found] == ["precision"]
