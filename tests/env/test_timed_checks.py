@@ -133,3 +133,85 @@ def test_a_wrong_shape_on_a_checked_call_is_kept_for_verification():
     calls.plan(1)
     calls.finish(0, calls.run(calls.prepare(0)))
     assert calls.checked_outputs()[0][0].shape == (2,)
+
+
+def _detector(probe_inputs):
+    """A candidate's forward that looks for its inputs where the harness may have left them:
+    in its first allocation (as drawn, or as the draw's pre-scaling temporary) and in torch's
+    generator (redrawing ``get_inputs()`` from ``torch.initial_seed()``). Returns (forward,
+    flags): after each call, ``flags[-1]`` is (seen in memory, seen in the generator)."""
+    import torch
+
+    flags = []
+
+    def forward(args):
+        x = args[0]
+        probe = torch.empty_like(x)  # first allocation: whatever the allocator hands back
+        in_memory = bool(torch.equal(probe, x) or torch.equal(probe, x * 2))
+        torch.manual_seed(torch.initial_seed())
+        with torch.device("cuda"):
+            in_generator = bool(torch.equal(probe_inputs()[0], x))
+        flags.append((in_memory, in_generator))
+        return [x * 2]
+
+    return forward, flags
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("numel", [4096, 1 << 20], ids=["small-pool", "large-pool"])
+def test_no_memory_or_generator_state_tells_a_checked_call_from_an_unchecked_one(numel):
+    import types
+
+    import torch
+
+    from multiminddev.env import benchmark as bm
+    from multiminddev.env.worker import make_inputs
+
+    # get_inputs() makes a temporary (randn) before its result: both are freed by the harness.
+    problem = types.SimpleNamespace(get_inputs=lambda: [torch.randn(numel) * 0.5])
+    rng = random.Random(5)
+
+    def draw():
+        return make_inputs(problem, rng.randrange(1 << 62))
+
+    check_inputs = [draw() for _ in range(6)]
+    forward, flags = _detector(problem.get_inputs)
+    calls = CheckedCalls(draw_inputs=draw, check_inputs=check_inputs,
+                         output_specs=[((numel,), torch.float32)], forward=forward, rng=rng)
+    by_call = {}
+
+    def finish(i, out):
+        by_call[i] = flags[-1]
+        calls.finish(i, out)
+
+    plan = bm.TimingPlan(warmup_runs=3, min_runs=40, max_runs=40, budget_s=0.1)
+    bm.time_calls(bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=finish), plan,
+                  bm.l2_flush_buffer(), on_planned=calls.plan)
+    torch.cuda.synchronize()
+    unchecked = [by_call[i] for i in range(40) if i not in calls.positions]
+    checked = [by_call[i] for i in sorted(calls.positions)]
+    assert len(checked) == 6 and len(unchecked) == 34
+    assert not any(any(f) for f in unchecked + checked), by_call
+    outputs = calls.checked_outputs()  # the honest part: checked outputs are the right ones
+    assert all(torch.equal(out[0], inp[0] * 2) for out, inp in zip(outputs, check_inputs))
+    assert len(calls.checked_output_layouts()) == 6
+    calls.release()
+
+
+@pytest.mark.gpu
+def test_the_detector_sees_an_unchecked_calls_inputs_left_in_the_candidates_pool():
+    """Control for the test above: the same detector fires where a draw is freed in the
+    candidate's pool and the generator keeps the draw's seed (so it can fail)."""
+    import types
+
+    import torch
+
+    from multiminddev.env.worker import make_inputs
+
+    problem = types.SimpleNamespace(get_inputs=lambda: [torch.randn(1 << 20) * 0.5])
+    forward, flags = _detector(problem.get_inputs)
+    fresh = make_inputs(problem, 1234)
+    args = [torch.empty_like(fresh[0]).copy_(fresh[0])]
+    del fresh
+    forward(args)
+    assert flags[-1] == (True, True)

@@ -268,6 +268,8 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                           hold=state.hold)
     torch.cuda.synchronize()
     checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
+    layouts = calls.checked_output_layouts()
+    calls.release()
     findings: list[Finding] = list(guard.findings) if guard is not None else []
     if calls.posing_calls:
         findings.append(Finding(
@@ -278,4 +280,4 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
     if state.guards is not None:
         findings += sandbox_findings()
     return ({"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked),
-             "checked_layouts": calls.checked_output_layouts()}, checked, findings)
+             "checked_layouts": layouts}, checked, findings)

@@ -252,6 +252,17 @@ class CheckedCalls:
         """The outputs of the checked calls that ran, in check order."""
         return [outs for outs in self.checked if outs is not None]
 
+    def release(self) -> None:
+        """Drop the harness's buffers and pool and return their memory to the driver (call it
+        once the checked outputs are on the host): the poisoning of free memory before later
+        candidate code then meets no block of the harness's pool."""
+        import torch
+
+        self._sinks, self._scratch = [], []
+        self.checked = [None] * len(self.checked)
+        self._pool = None
+        torch.cuda.empty_cache()
+
     def checked_output_layouts(self) -> list[list[dict[str, Any] | None]]:
         """The layouts (``OutputLayout.to_dict()``, None for a non-tensor) of the checked
         calls that ran, in check order: one list per ``checked_outputs()`` entry."""

@@ -18,7 +18,8 @@ the parent enforces by killing the process. Per job, in order:
    bytes. The parent verifies.
 4. guards (once): unsynchronised streams and kernel coverage; benchmark: every timed call gets
    fresh inputs, and hidden checked calls among them are verified by the parent
-   (``timed_checks.py``).
+   (``timed_checks.py``: the draws and the harness's buffers live in a private allocator
+   pool, so nothing the candidate allocates holds data that tells checked calls apart).
 
 A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
 with a candidate) runs a lighter setup and the baseline stage only (the evaluator's baseline
@@ -759,8 +760,10 @@ def time_like_candidate(state: WorkerState, cfg: EvalConfig, ref: Reference, mod
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=[],
                          output_specs=ref.output_specs, forward=forward, rng=ref.rng)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    return bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
-                         hold=state.hold)
+    stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
+                          hold=state.hold)
+    calls.release()
+    return stats
 
 
 def timing_plan(cfg: EvalConfig) -> Any:
