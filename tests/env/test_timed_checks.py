@@ -18,7 +18,10 @@ from multiminddev.env.timed_checks import (
     check_plan_table,
     checks_for_escape,
     choose_check_positions,
+    check_plan,
     escape_probability,
+    fewest_checks,
+    runs_for_escape,
     timed_check_count,
 )
 
@@ -86,16 +89,41 @@ def test_default_config_keeps_escape_below_the_target_up_to_64_mib_in_and_out():
     cfg = EvalConfig()
     for size in (1 * MIB, 16 * MIB, 128 * MIB):
         k = timed_check_count(cfg.timed_checks, cfg.timed_check_budget_mib, size)
+        assert k == 25
         for n in (cfg.min_timed_runs, cfg.max_timed_runs):
             assert escape_probability(n, k, ESCAPE_FRACTION) < ESCAPE_TARGET, (size, n, k)
 
 
-def test_check_plan_table_rows_follow_the_check_count_and_escape_figures():
-    rows = check_plan_table([MIB, 512 * MIB], wanted=25, budget_mib=3200.0, min_runs=10,
+def test_fewest_checks_reach_the_target_with_the_fewest_timed_calls():
+    k = fewest_checks(10)
+    assert k == 8  # 8 of 10 calls checked: 3 wrong ones cannot all be missed
+    assert escape_probability(10, k, 0.25) < ESCAPE_TARGET <= escape_probability(10, k - 1, 0.25)
+
+
+def test_runs_for_escape_is_the_longest_run_of_call_counts_below_the_target():
+    runs = runs_for_escape(12, 10, 300)
+    assert all(escape_probability(n, 12, 0.25) < ESCAPE_TARGET for n in range(10, runs + 1))
+    assert escape_probability(runs + 1, 12, 0.25) >= ESCAPE_TARGET
+    assert runs_for_escape(25, 10, 300) == 300
+    assert runs_for_escape(2, 10, 300) == 10  # nothing reaches it: the fewest calls
+
+
+@pytest.mark.parametrize("size_mib", [1, 128, 256, 512, 4096])
+def test_every_problem_size_gets_a_plan_below_the_escape_target(size_mib):
+    cfg = EvalConfig()
+    plan = check_plan(size_mib * MIB, wanted=cfg.timed_checks, budget_mib=cfg.timed_check_budget_mib,
+                      min_runs=cfg.min_timed_runs, max_runs=cfg.max_timed_runs)
+    assert plan.escape < ESCAPE_TARGET
+    worst = max(escape_probability(n, plan.checks, 0.25)
+                for n in range(cfg.min_timed_runs, plan.max_runs + 1))
+    assert plan.escape == worst
+    assert cfg.min_timed_runs <= plan.max_runs <= cfg.max_timed_runs
+
+
+def test_check_plan_table_maps_sizes_to_plans():
+    rows = check_plan_table([MIB, 256 * MIB], wanted=25, budget_mib=3200.0, min_runs=10,
                             max_runs=300)
-    assert [r.checks for r in rows] == [25, 6]
-    assert rows[1].escape_at_max_runs == escape_probability(300, 6, 0.25)
-    assert rows[0].escape_at_min_runs == 0.0  # 25 checks cover all 10 calls
+    assert [(r.checks, r.max_runs) for r in rows] == [(25, 300), (12, runs_for_escape(12, 10, 300))]
 
 
 @pytest.mark.gpu

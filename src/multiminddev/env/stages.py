@@ -264,8 +264,8 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=ref.check_inputs,
                          output_specs=ref.output_specs, forward=forward, rng=ref.rng)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
-                          hold=state.hold)
+    stats = bm.time_calls(timed_calls, timing_plan(cfg, ref.checks), state.flush,
+                          on_planned=calls.plan, hold=state.hold)
     torch.cuda.synchronize()
     checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
     layouts = calls.checked_output_layouts()

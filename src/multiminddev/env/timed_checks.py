@@ -20,8 +20,9 @@ in every call.
 
 A candidate wrong on a fraction ``f`` of the ``n`` timed calls escapes all ``k`` checks with
 probability ``escape_probability(n, k, f)`` (hypergeometric; about ``(1 - f) ** k``): the
-parent reports it at ``f = 1/4`` (``ESCAPE_FRACTION``), and ``checks_for_escape`` sizes ``k``
-to keep it below ``ESCAPE_TARGET`` for any ``n``.
+parent reports it at ``f = 1/4`` (``ESCAPE_FRACTION``). ``check_plan`` keeps it below
+``ESCAPE_TARGET``: ``k = checks_for_escape()`` (25) checks where their memory fits, and where
+fewer fit, fewer timed calls (a few checks cover a larger share of them).
 
 Covered: result caching, replayed inputs, skipping work only while timed, telling checked
 calls by the memory or generator state the harness leaves. Not covered: a candidate that reads
@@ -80,36 +81,78 @@ def checks_for_escape(target: float = ESCAPE_TARGET,
     return math.floor(math.log(target) / math.log(1.0 - wrong_fraction)) + 1
 
 
-def timed_check_count(wanted: int, budget_mib: float, bytes_per_call: int) -> int:
+def timed_check_count(wanted: int, budget_mib: float, bytes_per_call: int, floor: int = 2) -> int:
     """Checked calls per timing run: ``wanted``, fewer when their inputs and outputs together
     would exceed ``budget_mib`` (they are held on the GPU and sent to the evaluator), never
-    fewer than 2 (pure)."""
+    fewer than ``floor`` (pure)."""
     if bytes_per_call <= 0:
         return wanted
-    return max(2, min(wanted, int(budget_mib * MIB // bytes_per_call)))
+    return max(min(floor, wanted), min(wanted, int(budget_mib * MIB // bytes_per_call)))
+
+
+def worst_escape(n_checks: int, min_runs: int, max_runs: int,
+                 wrong_fraction: float = ESCAPE_FRACTION) -> float:
+    """The largest ``escape_probability`` over every number of timed calls the timing may pick
+    in ``[min_runs, max_runs]`` (pure)."""
+    return max(escape_probability(n, n_checks, wrong_fraction)
+               for n in range(min_runs, max(min_runs, max_runs) + 1))
+
+
+def runs_for_escape(n_checks: int, min_runs: int, max_runs: int, *,
+                    wrong_fraction: float = ESCAPE_FRACTION,
+                    target: float = ESCAPE_TARGET) -> int:
+    """The most timed calls, within ``[min_runs, max_runs]``, such that every count from
+    ``min_runs`` up to it keeps ``escape_probability`` below ``target``: fewer calls make a
+    few checks cover a larger share of them. ``min_runs`` where even that count does not
+    (pure)."""
+    runs = min_runs
+    for n in range(min_runs, max_runs + 1):
+        if escape_probability(n, n_checks, wrong_fraction) >= target:
+            break
+        runs = n
+    return runs
+
+
+def fewest_checks(min_runs: int, *, wrong_fraction: float = ESCAPE_FRACTION,
+                  target: float = ESCAPE_TARGET) -> int:
+    """The fewest checks that keep the escape below ``target`` with ``min_runs`` timed calls
+    (pure): the floor of the check count however large the calls (8 for 10 calls)."""
+    k = 1
+    while k < min_runs and escape_probability(min_runs, k, wrong_fraction) >= target:
+        k += 1
+    return k
 
 
 @dataclass(frozen=True)
-class CheckPlanRow:
-    """One row of ``check_plan_table``: a problem size and what its timing checks."""
+class CheckPlan:
+    """How a problem's timing is checked: ``checks`` checked calls among at most ``max_runs``
+    timed calls, and the worst chance that a candidate wrong on ``ESCAPE_FRACTION`` of them
+    passes every check (over the call counts the timing may pick)."""
 
     bytes_per_call: int  # one call's input plus output bytes
     checks: int
-    escape_at_max_runs: float  # at ESCAPE_FRACTION, with the most timed calls
-    escape_at_min_runs: float  # likewise with the fewest
+    max_runs: int
+    escape: float
+
+
+def check_plan(bytes_per_call: int, *, wanted: int, budget_mib: float, min_runs: int,
+               max_runs: int) -> CheckPlan:
+    """``wanted`` checks within the memory budget (never fewer than ``fewest_checks``), and
+    the timed calls capped where fewer checks would otherwise let the escape reach
+    ``ESCAPE_TARGET`` (pure)."""
+    checks = timed_check_count(wanted, budget_mib, bytes_per_call, floor=fewest_checks(min_runs))
+    runs = max_runs
+    if worst_escape(checks, min_runs, max_runs) >= ESCAPE_TARGET:
+        runs = runs_for_escape(checks, min_runs, max_runs)
+    return CheckPlan(bytes_per_call=bytes_per_call, checks=checks, max_runs=runs,
+                     escape=worst_escape(checks, min_runs, runs))
 
 
 def check_plan_table(sizes: Sequence[int], *, wanted: int, budget_mib: float, min_runs: int,
-                     max_runs: int, wrong_fraction: float = ESCAPE_FRACTION
-                     ) -> list[CheckPlanRow]:
-    """Problem size (bytes per call) -> checked calls -> escape probability (pure)."""
-    rows = []
-    for size in sizes:
-        k = timed_check_count(wanted, budget_mib, size)
-        rows.append(CheckPlanRow(bytes_per_call=size, checks=k,
-                                 escape_at_max_runs=escape_probability(max_runs, k, wrong_fraction),
-                                 escape_at_min_runs=escape_probability(min_runs, k, wrong_fraction)))
-    return rows
+                     max_runs: int) -> list[CheckPlan]:
+    """Problem size (bytes per call) -> checked calls -> timed calls -> escape (pure)."""
+    return [check_plan(size, wanted=wanted, budget_mib=budget_mib, min_runs=min_runs,
+                       max_runs=max_runs) for size in sizes]
 
 
 def choose_check_positions(n_calls: int, n_checks: int, rng: random.Random) -> dict[int, int]:
