@@ -126,6 +126,22 @@ def test_check_plan_table_maps_sizes_to_plans():
     assert [(r.checks, r.max_runs) for r in rows] == [(25, 300), (12, runs_for_escape(12, 10, 300))]
 
 
+def test_the_documented_plan_table_is_what_check_plan_table_computes():
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "evaluator.md").read_text()
+    rows = re.findall(r"^\| (\d+) MiB \| (\d+) \| (\d+) \| ([0-9.e-]+) \|$", doc, re.M)
+    assert rows, "docs/evaluator.md has no checked-calls-per-size table"
+    cfg = EvalConfig()
+    plans = check_plan_table([int(r[0]) * MIB for r in rows], wanted=cfg.timed_checks,
+                             budget_mib=cfg.timed_check_budget_mib,
+                             min_runs=cfg.min_timed_runs, max_runs=cfg.max_timed_runs)
+    for row, plan in zip(rows, plans, strict=True):
+        assert (int(row[1]), int(row[2]), row[3]) == (plan.checks, plan.max_runs,
+                                                      f"{plan.escape:.2g}"), row
+
+
 @pytest.mark.gpu
 def test_checked_calls_copy_the_checked_outputs_and_give_fresh_inputs():
     import torch
