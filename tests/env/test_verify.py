@@ -14,6 +14,7 @@ from multiminddev.env.verify import (
     compare_tensor,
     error_magnitudes,
     EagerErrorScale,
+    distance_stats,
     eager_error_scales,
     error_stats,
     layout_mismatches,
@@ -533,3 +534,33 @@ def test_without_a_scale_the_magnitude_normalised_comparison_judges():
     x = _rows(n=1024, rows=64).sum(1)
     found = verify_precision_scaled([None], [x], [torch.zeros_like(x)], budget=BUDGET, rtol=1e-4)
     assert [m.reason for m in found] == ["precision"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_distance_stats_match_error_stats_with_eager_as_the_truth(dtype):
+    gen = torch.Generator().manual_seed(3)
+    eager = torch.randn(700_001, generator=gen).to(dtype)
+    cand = (eager.float() + 1e-3 * torch.randn(700_001, generator=gen)).to(dtype)
+    cand[5] = float("nan")  # a non-finite chunk is counted without its NaN, as error_stats does
+    cand[400_000] = float("inf")
+    got, want = distance_stats(eager, cand), error_stats(eager, eager, cand)
+    assert got.count == want.count == 700_001 - 2
+    for name in ("candidate_sq", "truth_sq", "candidate_max", "truth_max"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-5), name
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_passing_path_agrees_with_the_torch_chunks(seed):
+    from multiminddev.env import verify
+
+    gen = torch.Generator().manual_seed(seed)
+    expected = torch.randn(300_001, generator=gen)
+    actual = expected + 3e-5 * torch.randn(300_001, generator=gen)
+    fast = verify._all_close_float32(expected, actual, atol=1e-4, rtol=1e-4)
+    slow = verify._all_close_chunked(expected.double(), actual.double(), atol=1e-4, rtol=1e-4)
+    assert (fast is None) == (slow is None)
+    if fast is not None:
+        assert fast == pytest.approx(slow, rel=1e-5)
+    bad = actual.clone()
+    bad[299_999] = expected[299_999] + 1.0
+    assert verify._all_close_float32(expected, bad, atol=1e-4, rtol=1e-4) is None
