@@ -529,8 +529,11 @@ def verify_precision(
 # timed calls) are held to the same budget through eager's error on trial 0, relative to the
 # output's magnitude: an honest candidate's distance from eager is at most its own error plus
 # eager's (triangle inequality). Eager's error differs between input draws, so its trial-0
-# figure counts EAGER_SPREAD times over; TF32 in a float32 problem (1000x eager) stays far out.
-EAGER_SPREAD = 2.0
+# figure counts EAGER_SPREAD times over: the RMS error of an output of thousands of elements
+# moves by a few percent between draws, and small outputs meet the floor of one ulp. TF32 in a
+# float32 matmul is 1000x eager's error on randn inputs, ~95x on non-negative ones (measured
+# on the CPU machine), against the 41x this allows.
+EAGER_SPREAD = 1.25
 
 
 @dataclass(kw_only=True, frozen=True)
