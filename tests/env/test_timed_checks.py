@@ -15,10 +15,10 @@ from multiminddev.env.timed_checks import (
     ESCAPE_TARGET,
     CheckedCalls,
     binomial_escape,
+    check_plan,
     check_plan_table,
     checks_for_escape,
     choose_check_positions,
-    check_plan,
     escape_probability,
     fewest_checks,
     runs_for_escape,
@@ -131,7 +131,7 @@ def test_the_documented_plan_table_is_what_check_plan_table_computes():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "evaluator.md").read_text()
-    rows = re.findall(r"^\| (\d+) MiB \| (\d+) \| (\d+) \| ([0-9.e-]+) \|$", doc, re.M)
+    rows = re.findall(r"^\| (\d+) MiB \| (\d+) \| (\d+) \| ([0-9.e-]+) \|$", doc, re.MULTILINE)
     assert rows, "docs/evaluator.md has no checked-calls-per-size table"
     cfg = EvalConfig()
     plans = check_plan_table([int(r[0]) * MIB for r in rows], wanted=cfg.timed_checks,
@@ -259,3 +259,10 @@ def test_the_detector_sees_an_unchecked_calls_inputs_left_in_the_candidates_pool
     del fresh
     forward(args)
     assert flags[-1] == (True, True)
+
+
+@pytest.mark.gpu
+def test_the_harness_pool_is_private_on_the_gpu():
+    from multiminddev.env.timed_checks import HarnessPool
+
+    assert HarnessPool().private  # else the harness only scrubs what it frees

@@ -10,12 +10,12 @@ from multiminddev.env.config import EvalConfig
 from multiminddev.env.precision import OutputLayout, output_layout
 from multiminddev.env.results import StageStatus
 from multiminddev.env.verify import (
+    EagerErrorScale,
     PrecisionBudget,
     compare_tensor,
-    error_magnitudes,
-    EagerErrorScale,
     distance_stats,
     eager_error_scales,
+    error_magnitudes,
     error_stats,
     layout_mismatches,
     scaled_allowance,
@@ -490,7 +490,7 @@ def test_scaled_allowance_is_the_budget_on_eagers_estimated_error_plus_that_erro
 
 
 def test_tf32_on_a_later_draw_fails_the_budget_calibrated_on_trial_0():
-    a0, b0, truth0, eager0 = _matmul_problem(seed=0)
+    _, _, truth0, eager0 = _matmul_problem(seed=0)
     a1, b1, _, eager1 = _matmul_problem(seed=1)
     [m] = _scaled_judge((truth0, eager0), eager1, _tf32(a1) @ _tf32(b1))
     assert m.reason == "precision" and m.trial == 3 and "reduced precision" in m.message

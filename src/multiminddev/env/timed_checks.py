@@ -176,9 +176,7 @@ class HarnessPool:
     harness frees instead (the draw's own temporaries then stay unscrubbed)."""
 
     def __init__(self) -> None:
-        import torch
-
-        self._pool = torch.cuda.MemPool() if hasattr(torch.cuda, "MemPool") else None
+        self._pool = _usable_mem_pool()
 
     @property
     def private(self) -> bool:
@@ -202,6 +200,23 @@ class HarnessPool:
             for value in values:
                 if type(value) is torch.Tensor and value.is_cuda:
                     value.zero_()
+
+
+def _usable_mem_pool() -> Any:
+    """A ``torch.cuda.MemPool`` that took an allocation, or None where torch has none or it
+    fails here (the harness then scrubs what it frees instead of failing the timing)."""
+    import torch
+
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        return None
+    try:
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            probe = torch.empty(1, device="cuda")
+        del probe
+        return pool
+    except (RuntimeError, TypeError, AttributeError):
+        return None
 
 
 def reseed_generators() -> None:
