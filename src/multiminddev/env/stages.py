@@ -262,7 +262,8 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                 return as_output_list(model_new(*args))
 
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=ref.check_inputs,
-                         output_specs=ref.output_specs, forward=forward, rng=ref.rng)
+                         output_specs=ref.output_specs, forward=forward, rng=ref.rng,
+                         pool=ref.harness_pool)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
     stats = bm.time_calls(timed_calls, timing_plan(cfg, ref.checks), state.flush,
                           on_planned=calls.plan, hold=state.hold)

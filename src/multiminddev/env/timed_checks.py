@@ -26,9 +26,10 @@ fewer fit, fewer timed calls (a few checks cover a larger share of them).
 
 Covered: result caching, replayed inputs, skipping work only while timed, telling checked
 calls by the memory or generator state the harness leaves. Not covered: a candidate that reads
-this process's memory at addresses it was not given (native ``load_inline`` code can, past the
-end of its own buffers); the static allowlist keeps candidate Python away from these objects,
-and the OS isolation and the parent-side verification bound what native code can forge.
+this process's memory at addresses it was not given (native ``load_inline`` code that finds
+them; reading past the end of its own buffers stays in segments the pool does not use); the
+static allowlist keeps candidate Python away from these objects, and the OS isolation and the
+parent-side verification bound what native code can forge.
 """
 
 from __future__ import annotations
@@ -250,14 +251,16 @@ class CheckedCalls:
     # Timed calls that returned an object passing isinstance(torch.Tensor) without being one
     # (a lazy output whose own methods would run later, in the harness): checked or not.
     posing_calls: list[int] = field(default_factory=list)
+    # The harness's pool (where the prepared inputs were drawn); None: one of its own.
+    pool: HarnessPool | None = None
     _sinks: list[list[Any]] = field(default_factory=list)
     _scratch: list[Any] = field(default_factory=list)
-    _pool: Any = None
 
     def __post_init__(self) -> None:
         import torch
 
-        self._pool = HarnessPool()
+        if self.pool is None:
+            self.pool = HarnessPool()
 
         def buffers() -> list[Any]:
             return [torch.empty(shape, dtype=dtype, device="cuda")
@@ -265,7 +268,7 @@ class CheckedCalls:
 
         # Allocated before timing, in the harness's pool, so a checked call allocates exactly
         # what an unchecked one does and no candidate allocation lands beside these buffers.
-        with self._pool.allocating():
+        with self.pool.allocating():
             self._sinks = [buffers() for _ in self.check_inputs]
             self._scratch = buffers()
         self.checked = [None] * len(self.check_inputs)
@@ -280,14 +283,14 @@ class CheckedCalls:
         the harness's pool, and the generators are reseeded after it."""
         import torch
 
-        with self._pool.allocating():
+        with self.pool.allocating():
             fresh = self.draw_inputs()
         reseed_generators()
         check = self.positions.get(i)
         source = fresh if check is None else self.check_inputs[check]
         args = [torch.empty_like(s).copy_(s) if isinstance(s, torch.Tensor) else s
                 for s in source]
-        self._pool.scrub(fresh)
+        self.pool.scrub(fresh)
         return args
 
     def run(self, args: list[Any]) -> list[Any]:
@@ -312,13 +315,14 @@ class CheckedCalls:
 
     def release(self) -> None:
         """Drop the harness's buffers and pool and return their memory to the driver (call it
-        once the checked outputs are on the host): the poisoning of free memory before later
-        candidate code then meets no block of the harness's pool."""
+        once the checked outputs are on the host; a pool given to it is freed once its owner
+        drops it too): the poisoning of free memory before later code then meets no block of
+        a pool nothing uses."""
         import torch
 
         self._sinks, self._scratch = [], []
         self.checked = [None] * len(self.checked)
-        self._pool = None
+        self.pool = None
         torch.cuda.empty_cache()
 
     def checked_output_layouts(self) -> list[list[dict[str, Any] | None]]:

@@ -572,6 +572,7 @@ class Reference:
     rng: random.Random  # draws every seed; OS randomness unless EvalConfig.seed is set
     model: Any = None
     checks: Any = None  # timed_checks.CheckPlan: how many checked calls, at most how many timed
+    harness_pool: Any = None  # timed_checks.HarnessPool holding check_inputs (None: none drawn)
     # The tensor bytes of the reference messages sent to the evaluator, by tag: they bound
     # what the candidate's answering messages may carry (``messages.output_byte_limit``).
     sent_bytes: dict[str, int] = field(default_factory=dict)
@@ -597,6 +598,7 @@ def evaluation_rng(seed: int | None) -> random.Random:
 def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Reference:
     import torch
 
+    from multiminddev.env.timed_checks import HarnessPool
 
     directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
     name = f"mmd_problem_{problem.source_hash}"
@@ -615,11 +617,15 @@ def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Ref
     for _ in range(cfg.num_trials):
         ref.trial_inputs.append(ref.draw_inputs())
         ref.outputs.append(_reference_outputs(model, ref.trial_inputs[-1], pinned, ref))
-    if cfg.precision_check:  # one trial: precision is a property of the kernel, not the data
+    if cfg.precision_check:  # trial 0's truth; the parent scales every other output's budget
         ref.ground_truth = precision.ground_truth_outputs(model, ref.trial_inputs[0])
     ref.checks = timing_check_plan(cfg, ref.trial_inputs[0], ref.outputs[0])
+    # The checked calls' inputs live in the harness's pool: no block the candidate allocates
+    # shares a segment with them, so reading past the end of its own buffers cannot find them.
+    ref.harness_pool = HarnessPool()
     for _ in range(ref.checks.checks):
-        ref.check_inputs.append(ref.draw_inputs())
+        with ref.harness_pool.allocating():
+            ref.check_inputs.append(ref.draw_inputs())
         ref.check_outputs.append(_reference_outputs(model, ref.check_inputs[-1], pinned, ref))
     return ref
 
