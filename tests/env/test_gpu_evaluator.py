@@ -183,8 +183,8 @@ def test_a_first_allocation_never_tells_checked_calls_and_a_reused_workspace_is_
     path, expected = _observable(name)
     result = evaluator.evaluate(problem_for(path), path.read_text())
     assert result.status is expected, result.message
-    verify = result.verify
-    assert verify.timed_checks_run == verify.timed_checks_passed == 25
+    verify = result.verify  # 1_relu: 128 MiB per call, 8 checks among 10 timed calls
+    assert verify.timed_checks_run == verify.timed_checks_passed >= 8
     assert verify.timed_check_escape is not None and verify.timed_check_escape < 1e-3
 
 

@@ -85,9 +85,9 @@ def test_checks_for_escape_is_the_fewest_that_reach_the_target():
     assert checks_for_escape(1e-2, 0.5) == 7  # 0.5 ** 7 = 0.0078
 
 
-def test_default_config_keeps_escape_below_the_target_up_to_64_mib_in_and_out():
+def test_default_config_checks_25_calls_up_to_40_mib_per_call():
     cfg = EvalConfig()
-    for size in (1 * MIB, 16 * MIB, 128 * MIB):
+    for size in (1 * MIB, 16 * MIB, 40 * MIB):
         k = timed_check_count(cfg.timed_checks, cfg.timed_check_budget_mib, size)
         assert k == 25
         for n in (cfg.min_timed_runs, cfg.max_timed_runs):
@@ -121,7 +121,7 @@ def test_every_problem_size_gets_a_plan_below_the_escape_target(size_mib):
 
 
 def test_check_plan_table_maps_sizes_to_plans():
-    rows = check_plan_table([MIB, 256 * MIB], wanted=25, budget_mib=3200.0, min_runs=10,
+    rows = check_plan_table([MIB, 85 * MIB], wanted=25, budget_mib=1024.0, min_runs=10,
                             max_runs=300)
     assert [(r.checks, r.max_runs) for r in rows] == [(25, 300), (12, runs_for_escape(12, 10, 300))]
 
