@@ -269,3 +269,102 @@ def test_reported_gpu_time_beyond_the_stage_wall_clock_is_tampering():
     (finding,) = check_timing_within_wall_clock(stats, 1.0)
     assert finding.reason is RejectReason.MONKEY_PATCH
     assert check_timing_within_wall_clock(stats, None) == []  # the stage time is unknown
+
+
+# ------------------------------------ every rule on every verified output (trials, checked calls)
+
+
+def _tf32(x):
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + (1 << 12)) & ~((1 << 13) - 1)).view(torch.float32)
+
+
+def _draw(seed, n=4096):
+    """A float64 truth and eager's float32 output of it: well within atol/rtol = 1e-3."""
+    truth = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return truth, truth.float()
+
+
+def _packed(tensors):
+    return {"outputs": [[pack_tensor(t)] for t in tensors]}
+
+
+def _dense(n=4096):
+    return {"shape": [n], "stride": [1], "dense": True}
+
+
+def _rules_outcome(trial_outputs, checked_outputs, *, checked_layouts=None, runs=50):
+    """Five trials and two checked calls of a float32 problem (eager = the float32 rounding of
+    a float64 truth), trial 0's truth sent; the candidate's outputs as given."""
+    trials = [_draw(seed) for seed in range(5)]
+    checks = [_draw(seed) for seed in (10, 11)]
+    layouts = [[_dense()] for _ in checks] if checked_layouts is None else checked_layouts
+    return JobOutcome(messages={
+        "reference": _packed([eager for _, eager in trials]), "compile": COMPILED,
+        "ground_truth": _packed([trials[0][0]]),
+        "reference_layouts": {"layouts": [_dense()]},
+        "outputs": _packed(trial_outputs(trials)),
+        "output_layouts": {"layouts": [[_dense()] for _ in trials]},
+        "baseline": BASELINE,
+        "benchmark": {"candidate": {"median_ms": 1.0, "runs": runs},
+                      "checked_layouts": layouts},
+        "timed_reference": _packed([eager for _, eager in checks]),
+        "timed_outputs": _packed(checked_outputs(checks)), "done": {}})
+
+
+def _assemble_rules(outcome):
+    """Judged as the 1024 x 1024 float32 matmul (atol = rtol = 1e-3: TF32 passes them)."""
+    return assemble_result(problem_named("4_matmul"), "src", STATIC, outcome, BENCH_CFG)
+
+
+def _exact(draws):
+    return [eager for _, eager in draws]
+
+
+def test_exact_trials_and_checked_calls_are_ok_with_the_escape_probability_reported():
+    from multiminddev.env.timed_checks import escape_probability
+
+    result = _assemble_rules(_rules_outcome(_exact, _exact))
+    assert result.status is EvalStatus.OK, result.message
+    assert result.verify.timed_check_escape == escape_probability(50, 2, 0.25)
+
+
+def test_tf32_after_an_exact_first_trial_is_incorrect():
+    def exact_then_tf32(draws):
+        return [eager if i == 0 else _tf32(eager) for i, (_, eager) in enumerate(draws)]
+
+    result = _assemble_rules(_rules_outcome(exact_then_tf32, _exact))
+    assert result.status is EvalStatus.INCORRECT
+    assert "trial 1" in result.message and "reduced precision" in result.message
+
+
+def test_tf32_on_a_checked_timed_call_is_incorrect():
+    def tf32(draws):
+        return [_tf32(eager) for _, eager in draws]
+
+    result = _assemble_rules(_rules_outcome(_exact, tf32))
+    assert result.status is EvalStatus.INCORRECT
+    assert "timed check 0" in result.message and "reduced precision" in result.message
+
+
+def test_a_stride_0_checked_timed_call_is_incorrect_though_its_values_match():
+    expanded = {"shape": [4096], "stride": [0], "dense": False}
+    result = _assemble_rules(_rules_outcome(_exact, _exact,
+                                            checked_layouts=[[_dense()], [expanded]]))
+    assert result.status is EvalStatus.INCORRECT
+    assert "timed check 1" in result.message and "stride 0" in result.message
+
+
+def test_checked_timed_calls_without_their_layouts_are_incorrect():
+    result = _assemble_rules(_rules_outcome(_exact, _exact, checked_layouts=[]))
+    assert result.status is EvalStatus.INCORRECT and "layouts of 0 came back" in result.message
+
+
+def test_a_few_ulps_off_on_later_trials_and_checked_calls_stay_ok():
+    def few_ulps(draws):  # an honest kernel summing in another order: 2 ulps here and there
+        return [(eager.view(torch.int32) + torch.randint(-2, 3, eager.shape, dtype=torch.int32,
+                 generator=torch.Generator().manual_seed(7))).view(torch.float32)
+                for _, eager in draws]
+
+    result = _assemble_rules(_rules_outcome(few_ulps, few_ulps))
+    assert result.status is EvalStatus.OK, result.message

@@ -3,6 +3,8 @@ pool, a copy-like kernel reaches >= 70% of measured bandwidth, timing is repeata
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from multiminddev.env import EvalConfig, EvalStatus, Evaluator
@@ -161,3 +163,41 @@ torch::Tensor copy_cuda(torch::Tensor x) {
     refused = inline_build.build_extension(spec.args, cache, "sm_90")
     assert refused["status"] == "rejected" and refused["sha256"] is None, refused.get("log")
     assert any("`syscall`" in f["message"] for f in refused["findings"])
+
+
+# ----------------------- checked calls look like the others; every rule on every verified output
+
+OBSERVABLES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _observable(name):
+    path = OBSERVABLES / f"{name}.py"
+    return path, EvalStatus(fixture_header(path)["expect"])
+
+
+@pytest.mark.parametrize("name", ["observe_first_allocation", "workspace_reuse_honest"])
+def test_a_first_allocation_never_tells_checked_calls_and_a_reused_workspace_is_ok(evaluator,
+                                                                                  name):
+    # observe_first_allocation returns wrong outputs from the first call on which its detector
+    # fires: ok means it never fired, on any warm-up or timed call before the last check.
+    path, expected = _observable(name)
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is expected, result.message
+    verify = result.verify  # 1_relu: 128 MiB per call, 8 checks among 10 timed calls
+    assert verify.timed_checks_run == verify.timed_checks_passed >= 8
+    assert verify.timed_check_escape is not None and verify.timed_check_escape < 1e-3
+
+
+def test_tf32_after_an_exact_first_call_is_incorrect_on_a_later_trial(evaluator):
+    path, expected = _observable("tf32_after_first_call")
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is expected, result.message
+    assert "precision" in {m.reason for m in result.verify.mismatches}
+    assert "trial 1" in result.message
+
+
+def test_an_expanded_output_after_the_trials_is_incorrect_on_a_checked_call(evaluator):
+    path, expected = _observable("expand_after_trials")
+    result = evaluator.evaluate(problem_for(path), path.read_text())
+    assert result.status is expected, result.message
+    assert "timed check" in result.message and "stride 0" in result.message

@@ -10,13 +10,18 @@ from multiminddev.env.config import EvalConfig
 from multiminddev.env.precision import OutputLayout, output_layout
 from multiminddev.env.results import StageStatus
 from multiminddev.env.verify import (
+    EagerErrorScale,
     PrecisionBudget,
     compare_tensor,
+    distance_stats,
+    eager_error_scales,
     error_magnitudes,
     error_stats,
     layout_mismatches,
+    scaled_allowance,
     verify_outputs,
     verify_precision,
+    verify_precision_scaled,
 )
 
 
@@ -452,3 +457,141 @@ def test_a_few_percent_off_is_caught_on_float16_outputs_near_the_smallest_normal
     budget = PrecisionBudget.from_config(EvalConfig())
     assert verify_precision([truth], [eager], [off], budget=budget, rtol=1e-2)
     assert verify_precision([truth], [eager], [eager.clone()], budget=budget, rtol=1e-2) == []
+
+
+# ------------------------------------------- the budget on outputs with no ground truth of their own
+
+
+def _scaled_judge(calibration, judged, kernel):
+    """Scales from eager's error on ``calibration`` (its truth, eager), then ``kernel``'s
+    output on another draw judged through them: how trials after the first and checked timed
+    calls are judged."""
+    truth0, eager0 = calibration
+    scales = eager_error_scales([truth0], [eager0])
+    return verify_precision_scaled(scales, [judged], [kernel], budget=BUDGET, rtol=1e-4, trial=3)
+
+
+def test_eager_error_scale_is_eagers_error_relative_to_the_truth():
+    truth = torch.tensor([1.0, -2.0, 4.0], dtype=torch.float64)
+    eager = torch.tensor([1.5, -2.0, 4.0], dtype=torch.float32)
+    [scale] = eager_error_scales([truth], [eager])
+    assert scale.rms_ratio == pytest.approx((0.25 / 3) ** 0.5 / (21 / 3) ** 0.5)
+    assert scale.max_ratio == pytest.approx(0.5 / 4.0)
+    assert eager_error_scales(None, [eager]) == [None]
+
+
+def test_scaled_allowance_is_the_budget_on_eagers_estimated_error_plus_that_error():
+    stats = error_stats(*(torch.tensor([3.0, 4.0]),) * 3)  # RMS magnitude 3.536, max 4
+    scale = EagerErrorScale(rms_ratio=1e-3, max_ratio=2e-3)
+    rms_allowed, max_allowed = scaled_allowance(stats, scale, torch.float32, BUDGET)
+    eager_rms, eager_max = 1.25 * 1e-3 * stats.truth_rms, 1.25 * 2e-3 * 4.0  # EAGER_SPREAD
+    assert rms_allowed == pytest.approx(32 * eager_rms + eager_rms)
+    assert max_allowed == pytest.approx(32 * 4 * eager_max + eager_max)
+
+
+def test_tf32_on_a_later_draw_fails_the_budget_calibrated_on_trial_0():
+    _, _, truth0, eager0 = _matmul_problem(seed=0)
+    a1, b1, _, eager1 = _matmul_problem(seed=1)
+    [m] = _scaled_judge((truth0, eager0), eager1, _tf32(a1) @ _tf32(b1))
+    assert m.reason == "precision" and m.trial == 3 and "reduced precision" in m.message
+
+
+def test_half_accumulation_on_a_later_draw_fails_the_calibrated_budget():
+    x0, x1 = _rows(seed=1), _rows(seed=2)
+    [m] = _scaled_judge((x0.double().sum(1), x0.sum(1)), x1.sum(1),
+                        _sequential_sum(x1, torch.float16).float())
+    assert m.reason == "precision"
+
+
+def test_a_constant_on_a_later_draw_fails_the_calibrated_budget():
+    x0, x1 = _rows(seed=1), _rows(seed=2)
+    eager1 = x1.sum(1)
+    [m] = _scaled_judge((x0.double().sum(1), x0.sum(1)), eager1,
+                        torch.full_like(eager1, float(eager1.mean())))
+    assert "wrong, not merely imprecise" in m.message
+
+
+@pytest.mark.parametrize("kernel", [
+    lambda x: _sequential_sum(x, torch.float32), _pairwise_sum, _kahan_sum,
+], ids=["sequential", "pairwise", "kahan"])
+def test_honest_float32_sums_on_later_draws_pass_the_calibrated_budget(kernel):
+    x0 = _rows(seed=1)
+    for seed in (2, 3, 4):
+        x = _rows(seed=seed)
+        assert _scaled_judge((x0.double().sum(1), x0.sum(1)), x.sum(1), kernel(x)) == []
+
+
+def test_an_honest_sequential_matmul_on_a_later_draw_passes_the_calibrated_budget():
+    _, _, truth0, eager0 = _matmul_problem(seed=0)
+    a, b, _, eager1 = _matmul_problem(seed=5)
+    acc = torch.zeros(64, 64)
+    for k in range(a.shape[1]):
+        acc = torch.addcmul(acc, a[:, k:k + 1], b[k:k + 1, :])
+    assert _scaled_judge((truth0, eager0), eager1, acc) == []
+
+
+def test_without_a_scale_the_magnitude_normalised_comparison_judges():
+    x = _rows(n=1024, rows=64).sum(1)
+    found = verify_precision_scaled([None], [x], [torch.zeros_like(x)], budget=BUDGET, rtol=1e-4)
+    assert [m.reason for m in found] == ["precision"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_distance_stats_match_error_stats_with_eager_as_the_truth(dtype):
+    gen = torch.Generator().manual_seed(3)
+    eager = torch.randn(700_001, generator=gen).to(dtype)
+    cand = (eager.float() + 1e-3 * torch.randn(700_001, generator=gen)).to(dtype)
+    cand[5] = float("nan")  # a non-finite chunk is counted without its NaN, as error_stats does
+    cand[400_000] = float("inf")
+    got, want = distance_stats(eager, cand), error_stats(eager, eager, cand)
+    assert got.count == want.count == 700_001 - 2
+    for name in ("candidate_sq", "truth_sq", "candidate_max", "truth_max"):
+        assert getattr(got, name) == pytest.approx(getattr(want, name), rel=1e-5), name
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float32_passing_path_agrees_with_the_torch_chunks(seed):
+    from multiminddev.env import verify
+
+    gen = torch.Generator().manual_seed(seed)
+    expected = torch.randn(300_001, generator=gen)
+    actual = expected + 3e-5 * torch.randn(300_001, generator=gen)
+    fast = verify._all_close_float32(expected, actual, atol=1e-4, rtol=1e-4)
+    slow = verify._all_close_chunked(expected.double(), actual.double(), atol=1e-4, rtol=1e-4)
+    assert (fast is None) == (slow is None)
+    if fast is not None:
+        assert fast == pytest.approx(slow, rel=1e-5)
+    bad = actual.clone()
+    bad[299_999] = expected[299_999] + 1.0
+    assert verify._all_close_float32(expected, bad, atol=1e-4, rtol=1e-4) is None
+
+
+def _rand_matmul(seed, rows=128, k=2048):
+    """A float32 matmul of non-negative inputs (like adv_matmul_rand_f32), where eager's own
+    error is large and TF32's only ~95x it: the narrowest margin of the budget."""
+    gen = torch.Generator().manual_seed(seed)
+    a, b = torch.rand(rows, k, generator=gen), torch.rand(k, rows, generator=gen)
+    return a, b, a.double() @ b.double(), a @ b
+
+
+def _tf32_nearest(x):
+    scaled = x * 8193.0  # Veltkamp split: 11 significant bits, TF32's precision
+    return scaled - (scaled - x)
+
+
+def test_tf32_on_non_negative_matmul_fails_the_calibrated_budget_on_later_draws():
+    _, _, truth0, eager0 = _rand_matmul(0)
+    for seed in (1, 2):
+        a, b, _, eager = _rand_matmul(seed)
+        [m] = _scaled_judge((truth0, eager0), eager, _tf32_nearest(a) @ _tf32_nearest(b))
+        assert m.reason == "precision"
+
+
+def test_sequential_non_negative_matmul_passes_the_calibrated_budget_on_later_draws():
+    _, _, truth0, eager0 = _rand_matmul(0)
+    for seed in (1, 2):
+        a, b, _, eager = _rand_matmul(seed)
+        acc = torch.zeros(a.shape[0], b.shape[1])
+        for k in range(a.shape[1]):
+            acc = torch.addcmul(acc, a[:, k:k + 1], b[k:k + 1, :])
+        assert _scaled_judge((truth0, eager0), eager, acc) == []

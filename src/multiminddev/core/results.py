@@ -159,6 +159,10 @@ class VerifyResult:
     # Hidden checked calls among the timed ones (every timed call had fresh inputs).
     timed_checks_run: int = 0
     timed_checks_passed: int = 0
+    # Probability that a candidate wrong on a quarter of its timed calls passes every checked
+    # one (hypergeometric over the timed calls; env/timed_checks.escape_probability). None
+    # where no timing ran.
+    timed_check_escape: float | None = None
 
     @property
     def pass_rate(self) -> float:

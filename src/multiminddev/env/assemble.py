@@ -15,6 +15,7 @@ import math
 import re
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from multiminddev.core.problem import Problem
@@ -33,14 +34,18 @@ from multiminddev.env.results import (
     StageStatus,
     StaticCheckResult,
     TimingStats,
+    TrialMismatch,
     VerifyResult,
     _from_jsonable,
 )
+from multiminddev.env.timed_checks import ESCAPE_FRACTION, escape_probability
 from multiminddev.env.verify import (
     PrecisionBudget,
+    eager_error_scales,
     layout_mismatches,
     verify_outputs,
     verify_precision,
+    verify_precision_scaled,
 )
 
 _FAILURE_STATUS = {
@@ -123,50 +128,102 @@ def _verify(problem: Problem, outcome: JobOutcome, cfg: EvalConfig) -> VerifyRes
         reference = reference[: len(candidate)]
     result = verify_outputs(reference, candidate, atol=atol, rtol=rtol)
     if result.status is StageStatus.OK:
-        _verify_layout_and_precision(result, outcome, cfg, reference, candidate, rtol=rtol)
-    if result.status is StageStatus.OK:
-        _verify_timed_checks(result, outcome, atol=atol, rtol=rtol)
+        rules = OutputRules.from_outcome(outcome, cfg, reference, rtol=rtol)
+        _verify_layout_and_precision(result, outcome, rules, reference, candidate)
+        if result.status is StageStatus.OK:
+            _verify_timed_checks(result, outcome, rules, atol=atol, rtol=rtol)
     # Time spent running the trials in the worker plus comparing here.
     result.seconds = outcome.stages_seconds.get(Stage.RUN.value, 0.0) + time.perf_counter() - start
     return result
 
 
-def _verify_layout_and_precision(result: VerifyResult, outcome: JobOutcome, cfg: EvalConfig,
-                                 reference: list[list[Any]], candidate: list[list[Any]], *,
-                                 rtol: float) -> None:
-    """Outputs within tolerance must also be dense where the reference's are, and (trial 0)
-    within the precision budget against the float64 ground truth (in place)."""
-    ref_layouts = (outcome.messages.get("reference_layouts") or {}).get("layouts")
+def _verify_layout_and_precision(result: VerifyResult, outcome: JobOutcome, rules: OutputRules,
+                                 reference: list[list[Any]], candidate: list[list[Any]]) -> None:
+    """Outputs within tolerance must also be dense where the reference's are, and within the
+    precision budget: trial 0 against the float64 ground truth, every other trial through
+    eager's error on trial 0 (``OutputRules``; in place)."""
     cand_layouts = (outcome.messages.get("output_layouts") or {}).get("layouts") or []
-    found = []
-    if ref_layouts is not None:
-        for trial, layouts in enumerate(cand_layouts):
-            found += layout_mismatches(_layouts(ref_layouts), _layouts(layouts), trial=trial)
-            if found:
-                break
-    truth_message = outcome.messages.get("ground_truth")
-    if not found and cfg.precision_check and reference and candidate:
-        truth = _unpacked(truth_message)[0] if truth_message else None
-        found = verify_precision(truth, reference[0], candidate[0],
-                                 budget=PrecisionBudget.from_config(cfg), rtol=rtol, trial=0)
+    found = rules.layout_mismatches(cand_layouts, label="trial")
+    for trial in range(len(candidate) if not found else 0):
+        found = rules.precision_mismatches(reference[trial], candidate[trial], trial=trial,
+                                           own_truth=trial == 0)
+        if found:
+            break
     if found:
         result.status = StageStatus.FAILED
         result.mismatches.extend(found)
         result.error = found[0].message
 
 
+@dataclass(frozen=True)
+class OutputRules:
+    """The rules every verified output meets besides the tolerance (density where the
+    reference's output is dense, the precision budget), with what they need from the
+    worker's trusted setup: the reference layouts, trial 0's float64 ground truth and eager's
+    relative error on it."""
+
+    cfg: EvalConfig
+    rtol: float
+    reference_layouts: list[Any] | None
+    truth: list[Any] | None  # trial 0's float64 outputs, None: unavailable
+    scales: list[Any]  # verify.EagerErrorScale per output (None: no truth for it)
+
+    @classmethod
+    def from_outcome(cls, outcome: JobOutcome, cfg: EvalConfig, reference: list[list[Any]], *,
+                     rtol: float) -> OutputRules:
+        ref_layouts = (outcome.messages.get("reference_layouts") or {}).get("layouts")
+        truth_message = outcome.messages.get("ground_truth")
+        truth = _unpacked(truth_message)[0] if truth_message else None
+        scales = eager_error_scales(truth, reference[0]) if cfg.precision_check and reference else []
+        return cls(cfg=cfg, rtol=rtol, truth=truth, scales=scales,
+                   reference_layouts=_layouts(ref_layouts) if ref_layouts is not None else None)
+
+    def layout_mismatches(self, layouts_per_call: list[Any], *, label: str
+                          ) -> list[TrialMismatch]:
+        """The first non-dense outputs, by call (``label`` names a call in messages)."""
+        if self.reference_layouts is None:
+            return []
+        for call, layouts in enumerate(layouts_per_call):
+            found = layout_mismatches(self.reference_layouts, _layouts(layouts or []), trial=call)
+            if found:
+                return [_relabel(m, label) for m in found]
+        return []
+
+    def precision_mismatches(self, reference: list[Any], candidate: list[Any], *, trial: int,
+                             own_truth: bool, label: str = "trial") -> list[TrialMismatch]:
+        if not self.cfg.precision_check:
+            return []
+        budget = PrecisionBudget.from_config(self.cfg)
+        if own_truth:
+            found = verify_precision(self.truth, reference, candidate, budget=budget,
+                                     rtol=self.rtol, trial=trial)
+        else:
+            found = verify_precision_scaled(self.scales, reference, candidate, budget=budget,
+                                            rtol=self.rtol, trial=trial)
+        return [_relabel(m, label) for m in found]
+
+
+def _relabel(mismatch: TrialMismatch, label: str) -> TrialMismatch:
+    """The mismatch with its message naming a ``label`` (e.g. "timed check") for "trial"."""
+    if label != "trial" and mismatch.message.startswith("trial "):
+        mismatch.message = label + mismatch.message[len("trial"):]
+    return mismatch
+
+
 def _layouts(items: list[Any]) -> list[Any]:
-    return [OutputLayout.from_dict(d) if d is not None else None for d in items]
+    return [OutputLayout.from_dict(d) if isinstance(d, dict) else None for d in items]
 
 
 def _unpacked(message: dict[str, Any]) -> list[list[Any]]:
     return [[unpack_tensor(p) for p in trial] for trial in message["outputs"]]
 
 
-def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, *, atol: float,
-                         rtol: float) -> None:
-    """Verify the outputs of the hidden checked calls among the timed ones (in place). Every
-    check the timing planned must come back: min(planned checks, timed calls)."""
+def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, rules: OutputRules, *,
+                         atol: float, rtol: float) -> None:
+    """Verify the outputs of the hidden checked calls among the timed ones (in place): the
+    tolerance, dtype and shape, density and the precision budget, as for the trials. Every
+    check the timing planned must come back: min(planned checks, timed calls); the escape
+    probability at a quarter of wrong calls is recorded."""
     bench, sent = outcome.messages.get("benchmark"), outcome.messages.get("timed_outputs")
     planned = outcome.messages.get("timed_reference")
     if bench is None or planned is None:
@@ -176,8 +233,15 @@ def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, *, atol: flo
     want = min(len(expected), runs)
     got = _unpacked(sent) if sent is not None else []
     result.timed_checks_run = want
+    result.timed_check_escape = escape_probability(runs, want, ESCAPE_FRACTION)
     if len(got) != want:
         _fail_timed(result, f"{want} checked timed calls were planned, {len(got)} came back")
+        return
+    layouts = bench.get("checked_layouts")
+    if rules.reference_layouts is not None and (not isinstance(layouts, list)
+                                                or len(layouts) != want):
+        _fail_timed(result, f"{want} checked timed calls ran, the layouts of "
+                            f"{len(layouts) if isinstance(layouts, list) else 0} came back")
         return
     timed = verify_outputs(expected[:want], got, atol=atol, rtol=rtol)
     result.timed_checks_passed = timed.trials_passed
@@ -186,6 +250,17 @@ def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, *, atol: flo
     if timed.status is not StageStatus.OK:
         result.mismatches.extend(timed.mismatches)
         _fail_timed(result, timed.error.replace("trial", "timed check", 1))
+        return
+    found = rules.layout_mismatches(layouts or [], label="timed check")
+    for call in range(want if not found else 0):
+        found = rules.precision_mismatches(expected[call], got[call], trial=call,
+                                           own_truth=False, label="timed check")
+        if found:
+            break
+    if found:
+        result.timed_checks_passed = 0
+        result.mismatches.extend(found)
+        _fail_timed(result, found[0].message)
 
 
 def _fail_timed(result: VerifyResult, detail: str) -> None:

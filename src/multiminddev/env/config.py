@@ -80,10 +80,13 @@ class EvalConfig:
     seed: int | None = None
     # Timed calls whose outputs are checked: each timed call gets fresh inputs, and this many
     # of them, at positions drawn at random once the number of calls is fixed, use inputs
-    # whose reference outputs the trusted setup computed. A candidate that skips work on a
-    # fraction f of the calls (f > 1/2 to move the median) escapes with probability about
-    # (1 - f) ** timed_checks. Fewer where the outputs are large (timed_check_budget_mib).
-    timed_checks: int = 8
+    # whose reference outputs the trusted setup computed. A candidate wrong on a fraction f of
+    # the calls escapes every check with probability at most (1 - f) ** timed_checks: 25
+    # keeps it below 1e-3 for f >= 1/4 (timed_checks.checks_for_escape). Where 25 calls'
+    # inputs and outputs exceed timed_check_budget_mib (held on the GPU, sent to and verified
+    # by the evaluator), fewer checks among fewer timed calls keep it there
+    # (timed_checks.check_plan): 25 up to 40 MiB per call, 8 among 10 calls from 128 MiB.
+    timed_checks: int = 25
     timed_check_budget_mib: float = 1024.0
     # Time limits (seconds), enforced by the parent which kills the worker
     timeout_s: float = 60.0  # cap on all candidate stages together (inline builds excluded)

@@ -142,7 +142,7 @@ PAYLOAD_TYPES: dict[str, Any] = {
     "output_layouts": {"layouts": list},
     "reference_layouts": {"layouts": list, "ground_truth_note": str},
     "guards": {"coverage": _NUMBER_OR_NONE, "notes": list},
-    "benchmark": {"candidate": dict, "checked_calls": int},
+    "benchmark": {"candidate": dict, "checked_calls": int, "checked_layouts": list},
     "baseline": {"eager": _DICT_OR_NONE, "compiled": _DICT_OR_NONE, "peak_gbps": _NUMBER_OR_NONE,
                  "gpu_name": _STR_OR_NONE, "torch_version": _STR_OR_NONE, "note": _STR_OR_NONE,
                  "measured": list, "ungated": list},

@@ -5,7 +5,8 @@ output-sized blocks and poisons free GPU memory right before the candidate runs 
 uninitialised ``torch.empty`` holds NaN, never an earlier answer), and the runtime guards of
 ``env/guards.py`` watch the forward. The stream and coverage checks run once. The benchmark
 gives every timed call fresh inputs and has the parent verify hidden checked calls among them
-(``timed_checks.py``), with the torch-compute guard around every call.
+(``timed_checks.py``), with the torch-compute guard around every call; the checked calls'
+outputs go to the parent with their device layouts, so every rule the trials meet applies.
 """
 
 from __future__ import annotations
@@ -261,12 +262,15 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                 return as_output_list(model_new(*args))
 
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=ref.check_inputs,
-                         output_specs=ref.output_specs, forward=forward, rng=ref.rng)
+                         output_specs=ref.output_specs, forward=forward, rng=ref.rng,
+                         pool=ref.harness_pool)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    stats = bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
-                          hold=state.hold)
+    stats = bm.time_calls(timed_calls, timing_plan(cfg, ref.checks), state.flush,
+                          on_planned=calls.plan, hold=state.hold)
     torch.cuda.synchronize()
     checked = [[to_host(o, state.pinned_copies) for o in outs] for outs in calls.checked_outputs()]
+    layouts = calls.checked_output_layouts()
+    calls.release()
     findings: list[Finding] = list(guard.findings) if guard is not None else []
     if calls.posing_calls:
         findings.append(Finding(
@@ -276,4 +280,5 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
                     "untimed); return plain tensors"))
     if state.guards is not None:
         findings += sandbox_findings()
-    return {"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked)}, checked, findings
+    return ({"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked),
+             "checked_layouts": layouts}, checked, findings)

@@ -18,7 +18,8 @@ the parent enforces by killing the process. Per job, in order:
    bytes. The parent verifies.
 4. guards (once): unsynchronised streams and kernel coverage; benchmark: every timed call gets
    fresh inputs, and hidden checked calls among them are verified by the parent
-   (``timed_checks.py``).
+   (``timed_checks.py``: the draws and the harness's buffers live in a private allocator
+   pool, so nothing the candidate allocates holds data that tells checked calls apart).
 
 A *baseline job* (``job["kind"] == "baseline"``, sent by the evaluator's baseline pool, never
 with a candidate) runs a lighter setup and the baseline stage only (the evaluator's baseline
@@ -480,7 +481,9 @@ def _baseline_reference(problem: Any, cfg: EvalConfig) -> Reference:
                     check_inputs=[], outputs=[], check_outputs=[], output_specs=[],
                     output_layouts=[], ground_truth=None, problem_module=module, rng=rng,
                     model=model)
-    _reference_outputs(model, ref.draw_inputs(), False, ref)  # records the output specs
+    inputs = ref.draw_inputs()
+    outputs = _reference_outputs(model, inputs, False, ref)  # records the output specs
+    ref.checks = timing_check_plan(cfg, inputs, outputs)  # its timed calls: as a candidate's
     return ref
 
 
@@ -568,6 +571,8 @@ class Reference:
     problem_module: Any
     rng: random.Random  # draws every seed; OS randomness unless EvalConfig.seed is set
     model: Any = None
+    checks: Any = None  # timed_checks.CheckPlan: how many checked calls, at most how many timed
+    harness_pool: Any = None  # timed_checks.HarnessPool holding check_inputs (None: none drawn)
     # The tensor bytes of the reference messages sent to the evaluator, by tag: they bound
     # what the candidate's answering messages may carry (``messages.output_byte_limit``).
     sent_bytes: dict[str, int] = field(default_factory=dict)
@@ -593,7 +598,7 @@ def evaluation_rng(seed: int | None) -> random.Random:
 def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Reference:
     import torch
 
-    from multiminddev.env.timed_checks import tensor_bytes, timed_check_count
+    from multiminddev.env.timed_checks import HarnessPool
 
     directory = Path(tempfile.mkdtemp(prefix="mmd-problem-"))
     name = f"mmd_problem_{problem.source_hash}"
@@ -612,13 +617,15 @@ def _setup_reference(problem: Any, cfg: EvalConfig, pinned: bool = False) -> Ref
     for _ in range(cfg.num_trials):
         ref.trial_inputs.append(ref.draw_inputs())
         ref.outputs.append(_reference_outputs(model, ref.trial_inputs[-1], pinned, ref))
-    if cfg.precision_check:  # one trial: precision is a property of the kernel, not the data
+    if cfg.precision_check:  # trial 0's truth; the parent scales every other output's budget
         ref.ground_truth = precision.ground_truth_outputs(model, ref.trial_inputs[0])
-    per_call = (tensor_bytes(ref.trial_inputs[0])
-                + sum(o.numel() * o.element_size() for o in ref.outputs[0]
-                      if isinstance(o, torch.Tensor)))
-    for _ in range(timed_check_count(cfg.timed_checks, cfg.timed_check_budget_mib, per_call)):
-        ref.check_inputs.append(ref.draw_inputs())
+    ref.checks = timing_check_plan(cfg, ref.trial_inputs[0], ref.outputs[0])
+    # The checked calls' inputs live in the harness's pool: no block the candidate allocates
+    # shares a segment with them, so reading past the end of its own buffers cannot find them.
+    ref.harness_pool = HarnessPool()
+    for _ in range(ref.checks.checks):
+        with ref.harness_pool.allocating():
+            ref.check_inputs.append(ref.draw_inputs())
         ref.check_outputs.append(_reference_outputs(model, ref.check_inputs[-1], pinned, ref))
     return ref
 
@@ -759,15 +766,30 @@ def time_like_candidate(state: WorkerState, cfg: EvalConfig, ref: Reference, mod
     calls = CheckedCalls(draw_inputs=ref.draw_inputs, check_inputs=[],
                          output_specs=ref.output_specs, forward=forward, rng=ref.rng)
     timed_calls = bm.TimedCalls(run=calls.run, prepare=calls.prepare, finish=calls.finish)
-    return bm.time_calls(timed_calls, timing_plan(cfg), state.flush, on_planned=calls.plan,
-                         hold=state.hold)
+    stats = bm.time_calls(timed_calls, timing_plan(cfg, ref.checks), state.flush,
+                          on_planned=calls.plan, hold=state.hold)
+    calls.release()
+    return stats
 
 
-def timing_plan(cfg: EvalConfig) -> Any:
+def timing_plan(cfg: EvalConfig, checks: Any = None) -> Any:
+    """The timing of a candidate or baseline: at most ``checks.max_runs`` timed calls (a
+    ``timed_checks.CheckPlan``; fewer than ``cfg.max_timed_runs`` where few checks fit)."""
     from multiminddev.env.benchmark import TimingPlan
 
+    max_runs = cfg.max_timed_runs if checks is None else min(cfg.max_timed_runs, checks.max_runs)
     return TimingPlan(warmup_runs=cfg.warmup_runs, min_runs=cfg.min_timed_runs,
-                      max_runs=cfg.max_timed_runs, budget_s=cfg.bench_budget_s)
+                      max_runs=max(cfg.min_timed_runs, max_runs), budget_s=cfg.bench_budget_s)
+
+
+def timing_check_plan(cfg: EvalConfig, inputs: list[Any], outputs: list[Any]) -> Any:
+    """The ``timed_checks.CheckPlan`` of a problem whose one call takes ``inputs`` and gives
+    ``outputs``: how many checked calls, among at most how many timed calls."""
+    from multiminddev.env.timed_checks import check_plan, tensor_bytes
+
+    return check_plan(tensor_bytes(inputs) + tensor_bytes(outputs), wanted=cfg.timed_checks,
+                      budget_mib=cfg.timed_check_budget_mib, min_runs=cfg.min_timed_runs,
+                      max_runs=cfg.max_timed_runs)
 
 
 def _import_candidate(conn: Any, state: WorkerState, cfg: EvalConfig, source: str,
