@@ -41,6 +41,7 @@ import importlib.util
 import json
 import math
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -170,7 +171,7 @@ class SizeResult:
     precision: Precision
     device: str
     status: Status
-    params: int = 0  # base parameters (a 4-bit base counts each packed weight once)
+    params: int = 0  # the architecture's parameters, whatever the precision
     adapter_params: int = 0  # one agent's LoRA parameters
     model_gib: float | None = None  # memory held by the built policy before any phase
     phases: dict[str, Measurement] = field(default_factory=dict)
@@ -205,8 +206,18 @@ def build_base(shape: ModelShape, precision: Precision, device: str, workdir: Pa
     model.save_pretrained(folder)
     del model
     free_memory()
-    return load_base_model(PolicyConfig(model=str(folder), device=device, dtype="bfloat16",
-                                        load_in_4bit=True))
+    try:
+        return load_base_model(PolicyConfig(model=str(folder), device=device, dtype="bfloat16",
+                                            load_in_4bit=True))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # a 7B's bf16 files take 15 GB of disk
+
+
+def architecture_params(shape: ModelShape) -> int:
+    """The architecture's parameter count (a 4-bit model's packed tensors count fewer)."""
+    with torch.device("meta"):  # shapes only, no memory
+        model = AutoModelForCausalLM.from_config(shape.config())
+    return sum(p.numel() for p in model.parameters())
 
 
 def precision_unavailable(precision: Precision, device: str) -> str | None:
@@ -378,8 +389,8 @@ def bench_size(shape: ModelShape, precision: Precision, cfg: BenchConfig, device
     torch.manual_seed(cfg.seed)
     policy = base = None
     try:
+        result.params = architecture_params(shape)
         base = build_base(shape, precision, device, workdir)
-        result.params = sum(p.numel() for p in base.parameters())
         policy = build_policy(base, random_tokenizer(shape.vocab_size), PolicyConfig(
             device=device, load_in_4bit=precision is Precision.NF4))
         base = None  # the policy holds the model now

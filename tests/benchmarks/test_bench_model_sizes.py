@@ -8,7 +8,6 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from tests.benchmarks.helpers import load_script
 
@@ -32,9 +31,7 @@ PUBLISHED_PARAMS = {"0.5B": 494_032_768, "1.5B": 1_543_714_304, "7B": 7_615_616_
 def test_shapes_have_the_published_parameter_counts(bench):
     assert set(bench.SHAPES) == set(PUBLISHED_PARAMS)
     for name, shape in bench.SHAPES.items():
-        with torch.device("meta"):  # shapes only, no memory
-            model = AutoModelForCausalLM.from_config(shape.config(), dtype=torch.bfloat16)
-        assert sum(p.numel() for p in model.parameters()) == PUBLISHED_PARAMS[name], name
+        assert bench.architecture_params(shape) == PUBLISHED_PARAMS[name], name
 
 
 def test_tiny_run_writes_a_table_with_finite_figures(bench, tiny_run):
