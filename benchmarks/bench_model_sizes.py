@@ -198,8 +198,8 @@ def build_base(shape: ModelShape, precision: Precision, device: str, workdir: Pa
     ``workdir`` and loaded back by the project's loader (``load_base_model``), which quantizes
     on load as it does for a downloaded model."""
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(shape.config(), dtype=dtype)
+    with torch.device(device):  # initialised where it runs: a 7B's CPU init takes minutes
+        model = AutoModelForCausalLM.from_config(shape.config(), dtype=dtype).to(device)
     if precision is Precision.BF16:
         return model.eval()
     folder = workdir / f"qwen2.5-coder-{shape.name}-random"
@@ -446,13 +446,14 @@ def _cell(m: Measurement | None, attr: str, fmt: str) -> str:
 
 
 def markdown_table(results: list[SizeResult], cfg: BenchConfig) -> str:
-    """The docs table: one row per size and base precision; peak GiB is the largest of the
-    phases' peaks (model included)."""
+    """The docs table: one row per size and base precision; peak GiB is the largest peak of
+    the phases that fit (model included)."""
     columns = (["size", "base", "params"] + [f"decode tok/s b{n}" for n in cfg.decode_batches]
                + ["SFT step s", "GRPO step s", "peak GiB", "note"])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
-        peaks = [m.peak_gib for m in r.phases.values() if m.peak_gib is not None]
+        peaks = [m.peak_gib for m in r.phases.values()
+                 if m.status is Status.OK and m.peak_gib is not None]
         params = (f"{r.params / 1e9:.2f}B" if r.params >= 1e8 else f"{r.params / 1e6:.2f}M"
                   if r.params else "-")
         note = r.note or "; ".join(f"{k}: {m.note}" for k, m in r.phases.items()
@@ -527,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     shapes = [TINY] if args.tiny else [SHAPES[s] for s in args.sizes]
     results = []
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mmd-sizes-") as workdir:
         for shape in shapes:
             for precision in (Precision(p) for p in args.precisions):
@@ -537,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(result)
                 write_outputs(args.out, results, cfg)  # what is done survives a later crash
     print(markdown_table(results, cfg), end="")
+    print(f"bench_model_sizes: {time.perf_counter() - started:.0f} s", flush=True)
     return 0
 
 

@@ -104,8 +104,10 @@ def test_does_not_fit_shows_in_the_table(bench):
                                   "decode_b1": bench.Measurement(status=bench.Status.OK,
                                                                  tokens_per_s=30.0, peak_gib=15.0),
                                   "sft_step": bench.Measurement(status=bench.Status.DOES_NOT_FIT,
+                                                                peak_gib=139.0,
                                                                 note="CUDA out of memory")})
     row = bench.markdown_table([result], cfg).splitlines()[2]
+    # the peak is that of the phases that fit, not the failed one's
     assert row == ("| 7B | bf16 | 7.62B | 30.0 | - | does not fit | - | 15.0 "
                    "| sft_step: CUDA out of memory |")
 
