@@ -227,3 +227,22 @@ def test_a_file_that_is_not_utf8_counts_as_bad_input_not_as_a_hack(exported, tmp
     result = unreadable_result(problem, tmp_path / "x.py", "x.py is not UTF-8 text")
     assert result.reject_reason is RejectReason.ENCODING
     assert summarize([result])["status_counts"] == {"bad_input": 1}
+
+
+def test_eval_dir_with_an_unreachable_ray_address_fails_at_once(exported, capsys):
+    """Exit 69 (unavailable), one line naming the address, within seconds: ray.init alone
+    waits on such an address for minutes without a word."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    level = _level(exported)
+    solutions = exported / "solutions" / "naive" / level.name
+    start = time.monotonic()
+    code, out, err = run_cli(capsys, "eval-dir", level, solutions, "--ray", f"127.0.0.1:{port}")
+    assert time.monotonic() - start < 30
+    assert_one_line_error(code, out, err, contains=f"127.0.0.1:{port}",
+                          exit_code=ExitCode.UNAVAILABLE)
