@@ -41,7 +41,7 @@ from multiminddev.env.results import (
     StaticCheckResult,
 )
 from multiminddev.report.files import read_jsonl_rows, write_atomic
-from multiminddev.report.metrics import geometric_mean
+from multiminddev.report.metrics import NOT_MEASURED, geometric_mean
 from multiminddev.tasks.problem import ProblemError, load_problem
 
 
@@ -260,7 +260,6 @@ def match_candidates(problem_files: list[Path], candidate_files: list[Path]) -> 
 
 
 BAD_INPUT_LABEL = "bad_input"  # status_counts' key for candidate files that are not UTF-8
-NOT_MEASURED = "not measured (no GPU: compile-only)"
 
 
 def summarize(results: list[Any], unmatched: Sequence[str] = ()) -> dict[str, Any]:
