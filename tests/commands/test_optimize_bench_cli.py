@@ -52,7 +52,7 @@ def test_optimize_refuses_a_bad_setting_before_the_model_loads(problem, option, 
                                                                monkeypatch):
     """argparse's one-line usage error and exit 2; the model is never loaded (the loader
     raises here if it is reached)."""
-    import multiminddev.commands.optimize as optimize
+    from multiminddev.commands import optimize
 
     def no_loading(config):
         raise AssertionError("the model was loaded for a bad argument")
@@ -101,3 +101,17 @@ def test_progress_evaluator_reports_each_status():
     result = asyncio.run(judge.aevaluate(SimpleNamespace(name="relu"), "src"))
     assert result.status.value == "no_gpu"
     assert stream.getvalue() == "evaluated #1 relu: no_gpu (compiled)\n"
+
+
+@pytest.mark.parametrize("verified,compiled,compile_only,code", [
+    (True, True, False, ExitCode.OK),
+    (False, True, True, ExitCode.UNAVAILABLE),  # compiles; no GPU here to verify it
+    (False, True, False, ExitCode.EVALUATION_FAILED),  # ran on a GPU, not correct
+    (False, False, True, ExitCode.EVALUATION_FAILED),
+])
+def test_the_exit_code_of_an_episode(verified, compiled, compile_only, code):
+    from multiminddev.commands.optimize import episode_exit_code
+
+    episode = SimpleNamespace(verified=verified, compile_only=compile_only,
+                              best_result=SimpleNamespace(compiled=compiled))
+    assert episode_exit_code(episode) == code

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from multiminddev.cli import build_parser
-from multiminddev.commands.train import seeds_problem
 from multiminddev.commands._io import ExitCode
+from multiminddev.commands.train import seeds_problem
 from tests.commands.helpers import assert_one_line_error, run_cli
 
 

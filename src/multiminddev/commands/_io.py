@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +59,7 @@ def bounded_number(kind: Callable[[str], float], *, minimum: float | None = None
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {name}") from None
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"{text} is below the minimum {minimum:g}")

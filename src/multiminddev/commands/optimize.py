@@ -59,14 +59,17 @@ def register(subparsers: Any) -> None:
                    help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint); "
                         "default: the agents the package ships, if any, on their model; "
                         "'none': the model alone")
-    p.add_argument("--turns", type=POSITIVE_INT, default=5, help="Generator/Optimizer turns (default 5)")
+    p.add_argument("--turns", type=POSITIVE_INT, default=5,
+                   help="Generator/Optimizer turns (default 5)")
     p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=0.7,
                    help="sampling temperature (default 0.7)")
-    p.add_argument("--top-p", type=bounded_number(float, above=0.0, maximum=1.0), default=0.95, help="nucleus sampling p (default 0.95)")
+    p.add_argument("--top-p", type=bounded_number(float, above=0.0, maximum=1.0), default=0.95,
+                   help="nucleus sampling p (default 0.95)")
     p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=1024,
                    help="tokens per agent reply (default 1024)")
     p.add_argument("--target-speedup", type=NON_NEGATIVE_FLOAT, default=2.0,
-                   help="stop once a verified kernel is this much faster than eager (default 2; 0: never)")
+                   help="stop once a verified kernel is this much faster than eager "
+                        "(default 2; 0: never)")
     p.add_argument("--patience", type=NON_NEGATIVE_INT, default=2,
                    help="stop after this many turns without a better kernel (default 2; 0: never)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> int:
         policy = load_policy(config)
     except PolicyError as exc:
         return fail(str(exc), ExitCode.UNAVAILABLE)
+    except ValueError as exc:  # a setting the model refuses (e.g. --device)
+        return fail(str(exc))
     config = dataclasses.replace(
         single_episode_config(turns=args.turns, sampling=sampling,
                               target_speedup=args.target_speedup, patience=args.patience,
