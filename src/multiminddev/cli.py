@@ -10,7 +10,13 @@ import sys
 
 import multiminddev.commands as commands_pkg
 from multiminddev import __version__
-from multiminddev.commands._io import InputError
+from multiminddev.commands._io import (
+    EXIT_CODES_EPILOG,
+    ExitCode,
+    InputError,
+    ResourceUnavailable,
+)
+from multiminddev.distributed.cluster import RayUnavailableError
 from multiminddev.policy.model import PolicyError
 from multiminddev.tasks.problem import ProblemError
 
@@ -19,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="multiminddev",
         description="Train and evaluate language models that write CUDA kernels.",
+        epilog=EXIT_CODES_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
                         help="print the package version and exit")
@@ -28,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(module, "register", None)
         if register is not None:
             register(subparsers)
+    for command in subparsers.choices.values():  # every command's --help lists the exit codes
+        command.epilog = f"{command.epilog}\n\n{EXIT_CODES_EPILOG}" if command.epilog else \
+            EXIT_CODES_EPILOG
     return parser
 
 
@@ -37,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 2
+        return ExitCode.BAD_INPUT
     try:
         code = int(handler(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below
@@ -46,21 +56,30 @@ def main(argv: list[str] | None = None) -> int:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(f"error: {exc.code}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
     except BrokenPipeError:
         return _stdout_closed()
-    except _user_errors() as exc:
-        # The errors whose messages say what to do (a model, a problem, a file given on the
-        # command line): one line, not a traceback.
+    except _unavailable_errors() as exc:
+        # What the command needs is not there (a model, a Ray cluster): one line saying what
+        # to do, and the exit code scripts can tell from bad input.
         print(f"error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        return ExitCode.UNAVAILABLE
+    except _user_errors() as exc:
+        # The errors whose messages say what to do (a problem, a file given on the command
+        # line): one line, not a traceback.
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+
+
+def _unavailable_errors() -> tuple[type[BaseException], ...]:
+    return (ResourceUnavailable, RayUnavailableError, PolicyError)
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    return (InputError, PolicyError, ProblemError, FileNotFoundError, IsADirectoryError,
+    return (InputError, ProblemError, FileNotFoundError, IsADirectoryError,
             NotADirectoryError, PermissionError)
 
 

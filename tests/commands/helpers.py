@@ -12,10 +12,12 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
-def assert_one_line_error(code: int, out: str, err: str, *, contains: str) -> None:
-    """Exit 2, one ``error:`` line on stderr naming the problem, nothing on stdout, no traceback."""
+def assert_one_line_error(code: int, out: str, err: str, *, contains: str,
+                          exit_code: int = 2) -> None:
+    """Exit ``exit_code`` (2: bad input), one ``error:`` line on stderr naming the problem,
+    nothing on stdout, no traceback."""
     lines = err.strip().splitlines()
-    assert code == 2
+    assert code == exit_code, (code, err)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert contains in lines[0], lines[0]
     assert "Traceback" not in out + err and out == ""

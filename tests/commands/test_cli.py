@@ -77,3 +77,14 @@ def test_json_piped_into_head_ends_without_a_traceback():
 def test_no_command_prints_help_and_exits_2(capsys):
     assert main([]) == 2
     assert "COMMAND" in capsys.readouterr().out
+
+
+def test_every_commands_help_lists_the_exit_codes():
+    from multiminddev.cli import build_parser
+    from multiminddev.commands._io import ExitCode
+
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # argparse keeps them here only
+    for name, command in commands.items():
+        text = command.format_help()
+        assert all(f"{int(code)} " in text for code in ExitCode), name

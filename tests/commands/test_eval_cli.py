@@ -9,7 +9,16 @@ from pathlib import Path
 import pytest
 
 from multiminddev.cli import main
-from multiminddev.commands.eval import pair_candidates, problem_files
+from multiminddev.commands._io import ExitCode
+from multiminddev.commands.eval import (
+    pair_candidates,
+    problem_files,
+    result_exit_code,
+    summarize,
+    unreadable_result,
+)
+from multiminddev.env.results import EvalResult, EvalStatus, RejectReason
+from multiminddev.tasks.problem import load_problem
 from tests.commands.helpers import assert_one_line_error, run_cli
 
 NOT_UTF8 = b"import torch\n# \xff\xfe latin-1 residue\n"
@@ -90,7 +99,7 @@ def test_eval_dir_evaluates_the_rest_when_one_candidate_is_not_utf8(exported, tm
     (cands / "notes.py").write_text("# matches no problem\n")
     out = tmp_path / "results.jsonl"
     code, stdout, stderr = run_cli(capsys, "eval-dir", level, cands, "--out", out)
-    assert code == 0 and "Traceback" not in stdout + stderr
+    assert code == ExitCode.EVALUATION_FAILED and "Traceback" not in stdout + stderr
     rows = {r["candidate_file"]: r for r in map(json.loads, out.read_text().splitlines())}
     assert set(rows) == {f"{number}_broken.py", f"level_{level.name[5:]}_problem_{number}_sample_0_kernel.py"}
     broken = rows[f"{number}_broken.py"]
@@ -154,3 +163,86 @@ def test_the_tensor_transfer_reaches_the_evaluators_config():
                    ).tensor_transfer == "pipe"
     assert _config(parser.parse_args(["eval", "p", "c"])).tensor_transfer == (
         EvalConfig().tensor_transfer)
+
+
+def test_eval_refuses_an_arch_nvrtc_does_not_compile_for(exported, capsys):
+    """argparse's one-line usage error and exit 2, before any evaluator starts."""
+    problem = next(_level(exported).glob("*.py"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(problem), str(problem), "--arch", "sm_999"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == ExitCode.BAD_INPUT
+    assert err.strip().splitlines()[-1].startswith("multiminddev eval: error: argument --arch")
+    assert "sm_90" in err and "\x00" not in err
+
+
+@pytest.mark.parametrize("option,value", [("--trials", "0"), ("--workers", "0"),
+                                          ("--arch", "hopper")])
+def test_eval_refuses_a_bad_option_value(exported, option, value, capsys):
+    problem = next(_level(exported).glob("*.py"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval-dir", str(problem.parent), str(problem.parent), option, value])
+    assert exit_info.value.code == ExitCode.BAD_INPUT
+    assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_eval_exits_1_for_a_rejected_candidate(exported, tmp_path, capsys):
+    """A candidate the static checks reject (torch does the work) is a failed evaluation."""
+    problem = next(_level(exported).glob("*.py"))
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text("import torch\n\nclass ModelNew(torch.nn.Module):\n"
+                     "    def forward(self, x):\n        return torch.relu(x)\n")
+    code, out, err = run_cli(capsys, "eval", problem, cheat, "--json", "--no-benchmark",
+                             "--trials", "1")
+    assert json.loads(out)["status"] == "rejected"
+    assert code == ExitCode.EVALUATION_FAILED and "Traceback" not in err
+
+
+def _result(status: EvalStatus, reason: RejectReason | None = None) -> EvalResult:
+    return EvalResult(status=status, problem="p", reject_reason=reason)
+
+
+@pytest.mark.parametrize("statuses,code", [
+    ([EvalStatus.OK], ExitCode.OK),
+    ([EvalStatus.OK, EvalStatus.OK], ExitCode.OK),
+    ([EvalStatus.REJECTED], ExitCode.EVALUATION_FAILED),
+    ([EvalStatus.COMPILE_ERROR], ExitCode.EVALUATION_FAILED),
+    ([EvalStatus.INCORRECT, EvalStatus.OK], ExitCode.EVALUATION_FAILED),
+    ([EvalStatus.NO_GPU, EvalStatus.COMPILE_ERROR], ExitCode.EVALUATION_FAILED),
+    ([EvalStatus.NO_GPU], ExitCode.UNAVAILABLE),
+    ([EvalStatus.NO_GPU, EvalStatus.OK], ExitCode.UNAVAILABLE),
+])
+def test_the_exit_code_of_a_set_of_results(statuses, code):
+    assert result_exit_code([_result(s) for s in statuses]) == code
+
+
+def test_a_summary_without_a_gpu_says_not_measured_not_zero():
+    summary = summarize([_result(EvalStatus.NO_GPU), _result(EvalStatus.COMPILE_ERROR)])
+    assert summary["correct_rate"] is None
+    assert json.loads(json.dumps(summary))["correct_rate"] is None
+
+
+def test_a_file_that_is_not_utf8_counts_as_bad_input_not_as_a_hack(exported, tmp_path):
+    problem = load_problem(next(_level(exported).glob("*.py")))
+    result = unreadable_result(problem, tmp_path / "x.py", "x.py is not UTF-8 text")
+    assert result.reject_reason is RejectReason.ENCODING
+    assert summarize([result])["status_counts"] == {"bad_input": 1}
+
+
+def test_eval_dir_with_an_unreachable_ray_address_fails_at_once(exported, capsys):
+    """Exit 69 (unavailable), one line naming the address, within seconds: ray.init alone
+    waits on such an address for minutes without a word."""
+    import socket
+    import time
+
+    pytest.importorskip("ray")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    level = _level(exported)
+    solutions = exported / "solutions" / "naive" / level.name
+    start = time.monotonic()
+    code, out, err = run_cli(capsys, "eval-dir", level, solutions, "--ray", f"127.0.0.1:{port}")
+    assert time.monotonic() - start < 30
+    assert_one_line_error(code, out, err, contains=f"127.0.0.1:{port}",
+                          exit_code=ExitCode.UNAVAILABLE)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from multiminddev.cli import main
+from multiminddev.commands._io import ExitCode
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
 from tests.commands.helpers import assert_one_line_error, run_cli
 
@@ -23,23 +24,46 @@ def problem(tmp_path_factory):
 
 def test_optimize_with_a_missing_model_folder(problem, tmp_path, capsys):
     assert_one_line_error(*run_cli(capsys, "optimize", problem, "--model", tmp_path / "nope"),
-                          contains="does not exist")
+                          contains="does not exist", exit_code=ExitCode.UNAVAILABLE)
 
 
 def test_optimize_with_a_junk_model_folder(problem, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not a model")
     assert_one_line_error(*run_cli(capsys, "optimize", problem, "--model", tmp_path),
-                          contains="is not a model folder")
+                          contains="is not a model folder", exit_code=ExitCode.UNAVAILABLE)
 
 
 def test_optimize_with_an_uncached_hub_id_offline_fails_fast(problem, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert_one_line_error(*run_cli(capsys, "optimize", problem, "--model", "no-org/no-model"),
-                          contains="HF_HUB_OFFLINE is set")
+                          contains="HF_HUB_OFFLINE is set", exit_code=ExitCode.UNAVAILABLE)
 
 
 def test_optimize_names_a_directory_given_as_problem(tmp_path, capsys):
     assert_one_line_error(*run_cli(capsys, "optimize", tmp_path), contains="is a directory")
+
+
+@pytest.mark.parametrize("option,value", [
+    ("--turns", "0"), ("--turns", "-1"), ("--turns", "two"), ("--max-new-tokens", "0"),
+    ("--temperature", "-0.5"), ("--top-p", "0"), ("--top-p", "1.5"), ("--patience", "-1"),
+    ("--target-speedup", "nan"),
+])
+def test_optimize_refuses_a_bad_setting_before_the_model_loads(problem, option, value, capsys,
+                                                               monkeypatch):
+    """argparse's one-line usage error and exit 2; the model is never loaded (the loader
+    raises here if it is reached)."""
+    from multiminddev.commands import optimize
+
+    def no_loading(config):
+        raise AssertionError("the model was loaded for a bad argument")
+
+    monkeypatch.setattr(optimize, "load_policy", no_loading)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["optimize", str(problem), option, value])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == ExitCode.BAD_INPUT
+    assert err.strip().splitlines()[-1].startswith(f"multiminddev optimize: error: argument {option}")
+    assert "Traceback" not in err
 
 
 def test_bench_checks_every_model_before_writing(tmp_path, capsys):
@@ -77,3 +101,17 @@ def test_progress_evaluator_reports_each_status():
     result = asyncio.run(judge.aevaluate(SimpleNamespace(name="relu"), "src"))
     assert result.status.value == "no_gpu"
     assert stream.getvalue() == "evaluated #1 relu: no_gpu (compiled)\n"
+
+
+@pytest.mark.parametrize("verified,compiled,compile_only,code", [
+    (True, True, False, ExitCode.OK),
+    (False, True, True, ExitCode.UNAVAILABLE),  # compiles; no GPU here to verify it
+    (False, True, False, ExitCode.EVALUATION_FAILED),  # ran on a GPU, not correct
+    (False, False, True, ExitCode.EVALUATION_FAILED),
+])
+def test_the_exit_code_of_an_episode(verified, compiled, compile_only, code):
+    from multiminddev.commands.optimize import episode_exit_code
+
+    episode = SimpleNamespace(verified=verified, compile_only=compile_only,
+                              best_result=SimpleNamespace(compiled=compiled))
+    assert episode_exit_code(episode) == code

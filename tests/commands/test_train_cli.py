@@ -3,6 +3,7 @@ one line on stderr, exit 2, no run folder created."""
 
 from __future__ import annotations
 
+from multiminddev.commands._io import ExitCode
 from tests.commands.helpers import assert_one_line_error, run_cli
 
 
@@ -12,7 +13,8 @@ def test_mistyped_generator_checkpoint_is_a_missing_checkpoint(tmp_path, capsys,
     out = tmp_path / "out"
     code, stdout, err = run_cli(capsys, "rl", "--generator-checkpoint",
                                 "runs/x/sft_checkpoints/generatr", "--output-dir", out)
-    assert_one_line_error(code, stdout, err, contains="no such checkpoint folder")
+    assert_one_line_error(code, stdout, err, contains="no such checkpoint folder",
+                          exit_code=ExitCode.UNAVAILABLE)
     assert "--generator-checkpoint" in err and not out.exists()
 
 
@@ -21,13 +23,14 @@ def test_checkpoint_folder_without_adapters_says_where_it_looked(tmp_path, capsy
     junk.mkdir()
     code, out, err = run_cli(capsys, "rl", "--optimizer-checkpoint", junk,
                              "--output-dir", tmp_path / "out")
-    assert_one_line_error(code, out, err, contains="no adapter_config.json in it")
+    assert_one_line_error(code, out, err, contains="no adapter_config.json in it",
+                          exit_code=ExitCode.UNAVAILABLE)
 
 
 def test_missing_model_folder_fails_before_the_run_starts(tmp_path, capsys):
     code, out, err = run_cli(capsys, "train", "--model", tmp_path / "nope", "--output-dir",
                              tmp_path / "out")
-    assert_one_line_error(code, out, err, contains="does not exist")
+    assert_one_line_error(code, out, err, contains="does not exist", exit_code=ExitCode.UNAVAILABLE)
     assert not (tmp_path / "out").exists()
 
 

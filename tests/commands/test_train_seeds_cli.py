@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from multiminddev.cli import build_parser
+from multiminddev.commands._io import ExitCode
 from multiminddev.commands.train import seeds_problem
 from tests.commands.helpers import assert_one_line_error, run_cli
 
@@ -45,7 +46,8 @@ def test_a_repeated_seed_is_a_one_line_error(capsys, tmp_path):
 def test_a_bad_model_stops_before_any_seed_starts(capsys, tmp_path):
     code, out, err = run_cli(capsys, "train", "--seeds", "0", "1", "--model",
                              tmp_path / "no-such-model", "--output-dir", tmp_path / "run")
-    assert_one_line_error(code, out, err, contains="no-such-model")
+    assert_one_line_error(code, out, err, contains="no-such-model",
+                          exit_code=ExitCode.UNAVAILABLE)
     assert not (tmp_path / "run" / "seed0").exists()
 
 

@@ -156,3 +156,12 @@ def test_no_cache_is_written_without_use_cache(tmp_path):
 
     compile_cuda(RELU, CompileOptions(arch="sm_90", cache_dir=str(tmp_path), use_cache=False))
     assert not any(tmp_path.iterdir()) and not cache_auth.key_path(tmp_path).exists()
+
+
+def test_an_arch_nvrtc_refuses_leaves_no_nul_in_the_log():
+    """NVRTC's log is a C string; its terminating NUL must not reach the result (it would land
+    in the printed log and as \\u0000 in every JSON the result is written to)."""
+    module = compile_cuda(RELU, CompileOptions(arch="sm_999", use_cache=False))
+    result = module.result
+    assert result.status is StageStatus.FAILED and "gpu-architecture" in result.error
+    assert "\x00" not in result.log and "\x00" not in result.error

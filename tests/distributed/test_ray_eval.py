@@ -10,6 +10,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from multiminddev.commands._io import ExitCode
 from multiminddev.distributed.cluster import (
     RAY_NAMESPACE,
     LocalClusterConfig,
@@ -187,7 +188,7 @@ class TestLocalCluster:
         problems, cands = _eval_dir_dirs(tmp_path)
         out = tmp_path / "results.jsonl"
         assert main(["eval-dir", str(problems), str(cands), "--no-benchmark", "--workers", "1",
-                     "--out", str(out), "--ray", "auto"]) == 0
+                     "--out", str(out), "--ray", "auto"]) == ExitCode.UNAVAILABLE  # no_gpu
         assert '"status": "no_gpu"' in out.read_text()
         assert ray.is_initialized()  # a connection it found open is left open
 

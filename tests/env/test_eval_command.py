@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from multiminddev.cli import main
+from multiminddev.commands._io import ExitCode
 from multiminddev.commands.eval import match_candidates, summarize
 from multiminddev.env import EvalResult, EvalStatus
 from multiminddev.env.results import BenchmarkResult, StageStatus
@@ -20,7 +21,7 @@ def test_eval_json_prints_a_result_with_status(capsys):
     code = main(["eval", str(FIXTURES / "problems" / "1_relu.py"),
                  str(FIXTURES / "honest" / "relu_basic.py"), "--json"])
     data = json.loads(capsys.readouterr().out)
-    assert code == 0 and data["status"] == "no_gpu"
+    assert code == ExitCode.UNAVAILABLE and data["status"] == "no_gpu"  # compile-only
     assert data["compile"]["kernels"][0]["name"] == "relu"
 
 
@@ -62,7 +63,7 @@ def test_eval_dir_writes_jsonl(tmp_path, capsys):
     out = tmp_path / "results.jsonl"
     code = main(["eval-dir", str(FIXTURES / "problems"), str(cands), "--out", str(out)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert code == 0
+    assert code == ExitCode.EVALUATION_FAILED  # one candidate does not compile
     assert {r["candidate_file"]: r["status"] for r in rows} == {
         "1_relu.py": "no_gpu", "1_relu_v2.py": "compile_error"}
     assert "2 candidates" in capsys.readouterr().out
@@ -79,7 +80,7 @@ def test_eval_dir_resume_keeps_written_results_and_evaluates_the_rest(tmp_path, 
     kept = EvalResult(status=EvalStatus.INCORRECT, problem="relu", message="from the first run")
     out.write_text(json.dumps({"candidate_file": "1_relu.py", **kept.to_dict()}) + "\n{\"cand")
     code = main(["eval-dir", str(FIXTURES / "problems"), str(cands), "--out", str(out), "--resume"])
-    assert code == 0
+    assert code == ExitCode.EVALUATION_FAILED  # incorrect and compile_error
     assert "resuming: 1 of 2" in capsys.readouterr().out
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["candidate_file"]: r["status"] for r in rows} == {

@@ -49,7 +49,7 @@ def test_optimize_runs_the_embedded_model_end_to_end(tmp_path, capsys):
     code = main(["optimize", str(problem), "--turns", "2", "--max-new-tokens", "24",
                  "--seed", "0", "--json", "--save", str(out)])
     data = json.loads(capsys.readouterr().out)
-    assert code in (0, 1) and data["problem"]["name"] == "relu"
+    assert code in (0, 1, 69) and data["problem"]["name"] == "relu"  # 69: compile-only
     assert 1 <= len(data["turns"]) <= 2 and data["status"] != "running"
     assert all(t["response_ids"] and len(t["logprobs"]) == len(t["response_ids"])
                for t in data["turns"])

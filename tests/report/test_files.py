@@ -39,3 +39,22 @@ def test_read_jsonl_rows_counts_lines_that_are_not_objects(tmp_path):
 def test_describe_bad_lines_counts_and_names_the_first_lines(tmp_path):
     text = describe_bad_lines(tmp_path / "x.jsonl", list(range(1, 9)))
     assert "skipped 8 lines" in text and "line 1, 2, 3, 4, 5, ..." in text
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path, umask):
+    """Reports are for others to read: 0644 under umask 022 (mkstemp alone gives 0600)."""
+    old = os.umask(umask)
+    try:
+        path = write_atomic(tmp_path / "report.html", "<p>hi</p>")
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_rewritten_file_keeps_its_mode(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text("{}")
+    path.chmod(0o640)
+    write_atomic(path, "{\"n\": 1}")
+    assert path.stat().st_mode & 0o777 == 0o640 and path.read_text() == "{\"n\": 1}"

@@ -203,3 +203,18 @@ def test_tiers_from_episodes_apply_to_eval_result_labels(report):
     path, _ = report
     base = json.loads((path.parent / "summary.json").read_text())["labels"]["base"]
     assert base["per_tier"]["0"]["n"] == 2  # relu (tier 0 in the other label's episodes)
+
+
+def test_a_compile_only_run_says_not_measured_instead_of_zero(tmp_path):
+    """Without a GPU nothing ran: correctness is unknown, so the page says "not measured" and
+    summary.json holds null, never a 0% that reads as "every kernel wrong"."""
+    from multiminddev.report.metrics import NOT_MEASURED
+
+    results = [real_result("relu", EvalStatus.NO_GPU), real_result("gelu", EvalStatus.NO_GPU)]
+    path = write_report(tmp_path, bench_runs={"cpu": results}, tiers={"relu": 0, "gelu": 0})
+    page = path.read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())["labels"]["cpu"]
+    assert summary["correct_rate"] is None and summary["fast_p"]["1"] is None
+    assert summary["ci95"]["correct_rate"] is None and summary["pass_at_k"] == {}
+    for row in ("correct (fast_0)", "fast_1", "fast_2"):
+        assert f"<td>{row}</td><td>{NOT_MEASURED}</td>" in page, row

@@ -202,3 +202,12 @@ def test_episode_best_result_prefers_compiled_over_later_compile_error():
 def test_episode_best_result_uses_recorded_best():
     ep = {"best_result": result("p", EvalStatus.OK, 4.0).to_dict(), "turns": []}
     assert episode_best_result(ep).speedup == pytest.approx(4.0)
+
+
+def test_a_file_that_is_not_utf8_is_bad_input_not_a_hack():
+    results = [EvalResult(status=EvalStatus.REJECTED, problem="p",
+                          reject_reason=RejectReason.ENCODING),
+               EvalResult(status=EvalStatus.REJECTED, problem="p",
+                          reject_reason=RejectReason.TORCH_COMPUTE)]
+    summary = summarize_results(results)
+    assert summary["rejected_rate"] == 0.5 and summary["bad_input_rate"] == 0.5

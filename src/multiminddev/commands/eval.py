@@ -1,7 +1,9 @@
 """``multiminddev eval`` and ``multiminddev eval-dir``: evaluate candidates against problems.
 
-Exit codes: 0 whenever candidates were evaluated (whatever their status, no_gpu included);
-2 for usage errors (a missing file or directory, a problem that does not load).
+Exit codes (``commands._io.ExitCode``): 0 when every candidate is ``ok``; 1 when one was
+rejected, incorrect, did not compile or failed to run; 69 when none failed but some could not be
+run for want of a GPU (``no_gpu``: compile-only) or the Ray cluster is not reachable; 2 for bad
+input (a missing file or folder, a problem that does not load, a bad option value).
 """
 
 from __future__ import annotations
@@ -16,8 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from multiminddev.commands._io import InputError, dir_problem, fail, read_text, warn
-from multiminddev.distributed.cluster import add_ray_argument
+from multiminddev.commands._io import (
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    ExitCode,
+    InputError,
+    dir_problem,
+    fail,
+    read_text,
+    warn,
+)
+from multiminddev.distributed.cluster import RayUnavailableError, add_ray_argument
 from multiminddev.distributed.ray_eval import make_evaluator
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.env.config import TENSOR_TRANSFERS
@@ -30,7 +41,7 @@ from multiminddev.env.results import (
     StaticCheckResult,
 )
 from multiminddev.report.files import read_jsonl_rows, write_atomic
-from multiminddev.report.metrics import geometric_mean
+from multiminddev.report.metrics import NOT_MEASURED, geometric_mean
 from multiminddev.tasks.problem import ProblemError, load_problem
 
 
@@ -56,8 +67,8 @@ def register(subparsers: Any) -> None:
                       help="write EvalResults as JSONL here, each as soon as it is known")
     many.add_argument("--resume", action="store_true",
                       help="keep the results already in --out and evaluate only the other candidates")
-    many.add_argument("--workers", type=int, default=None, help="evaluation slots (default: two per GPU, one without a GPU)")
-    many.add_argument("--baseline-workers", type=int, default=None,
+    many.add_argument("--workers", type=POSITIVE_INT, default=None, help="evaluation slots (default: two per GPU, one without a GPU)")
+    many.add_argument("--baseline-workers", type=NON_NEGATIVE_INT, default=None,
                       help="trusted processes measuring baselines ahead of the candidates "
                            "(default: half the CPU cores, 2 to 8; 0: each evaluation measures its own)")
     _common_options(many)
@@ -67,10 +78,11 @@ def register(subparsers: Any) -> None:
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-benchmark", action="store_true", help="skip timing")
-    parser.add_argument("--trials", type=int, default=5, help="correctness trials (default 5)")
+    parser.add_argument("--trials", type=POSITIVE_INT, default=5, help="correctness trials (default 5)")
     parser.add_argument("--no-compile-baseline", action="store_true",
                         help="skip the torch.compile baseline")
-    parser.add_argument("--arch", default=None, help="compile target without a GPU (default sm_90)")
+    parser.add_argument("--arch", type=compile_arch, default=None,
+                        help="compile target without a GPU (default sm_90; one NVRTC supports)")
     parser.add_argument("--bench-budget", type=float, default=None, metavar="SECONDS",
                         help="seconds of timed calls per timed function: the candidate and each "
                              "baseline measured on first sight (default: EvalConfig's "
@@ -103,7 +115,44 @@ def run_eval(args: argparse.Namespace) -> int:
         print(result.to_json(indent=2))
     else:
         print_result(result, args.candidate.name)
-    return 0
+    return result_exit_code([result])
+
+
+def result_exit_code(results: Sequence[Any]) -> ExitCode:
+    """OK when every result is ok; EVALUATION_FAILED when one failed (rejected, incorrect,
+    compile or runtime error, timeout; a candidate file that is not UTF-8 too); UNAVAILABLE when
+    none failed but one could not be run here (no GPU: compile-only; an infrastructure error)."""
+    statuses = {r.status for r in results}
+    if statuses <= {EvalStatus.OK}:
+        return ExitCode.OK
+    if statuses - {EvalStatus.OK, EvalStatus.NO_GPU, EvalStatus.INFRA_ERROR}:
+        return ExitCode.EVALUATION_FAILED
+    return ExitCode.UNAVAILABLE
+
+
+def compile_arch(text: str) -> str:
+    """An argparse ``type`` for ``--arch``: ``sm_NN`` (or ``sm_NNa``) that this machine's NVRTC
+    compiles for, else a one-line usage error listing the ones it does."""
+    match = re.fullmatch(r"sm_(\d+)[a-z]?", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a GPU architecture such as sm_90")
+    supported = nvrtc_archs()
+    if supported and int(match.group(1)) not in supported:
+        raise argparse.ArgumentTypeError(
+            f"{text}: NVRTC here compiles for " + ", ".join(f"sm_{a}" for a in supported))
+    return text
+
+
+def nvrtc_archs() -> list[int]:
+    """The architectures this machine's NVRTC compiles for (``[75, 80, ...]``); empty where the
+    CUDA bindings are missing (the compile stage then says why)."""
+    try:
+        from cuda.bindings import nvrtc
+
+        status, archs = nvrtc.nvrtcGetSupportedArchs()
+    except (ImportError, RuntimeError, OSError):
+        return []
+    return [int(a) for a in archs] if int(status) == 0 else []
 
 
 def print_result(result: Any, label: str) -> None:
@@ -210,23 +259,40 @@ def match_candidates(problem_files: list[Path], candidate_files: list[Path]) -> 
     return pair_candidates(problem_files, candidate_files).pairs
 
 
+BAD_INPUT_LABEL = "bad_input"  # status_counts' key for candidate files that are not UTF-8
+
+
 def summarize(results: list[Any], unmatched: Sequence[str] = ()) -> dict[str, Any]:
-    """Counts per status, compile rate, correctness rate, geometric-mean speedup of correct ones,
-    and the candidate files that matched no problem (not evaluated)."""
+    """Counts per status (candidate files that are not UTF-8 under ``bad_input``, not among the
+    rejected hacks), compile rate, correctness rate, geometric-mean speedup of correct ones,
+    and the candidate files that matched no problem (not evaluated). A rate nothing measured is
+    None: the correctness rate where a candidate could not run (no GPU), every rate of an empty
+    list."""
     n = len(results)
-    counts = Counter(r.status.value for r in results)
+    counts = Counter(_count_label(r) for r in results)
     speedups = [r.benchmark.speedup_vs_eager for r in results
                 if r.correct and r.benchmark.speedup_vs_eager > 0]
     geo = geometric_mean(speedups) if speedups else None
+    measured = n and not counts.get(EvalStatus.NO_GPU.value)
     return {
         "candidates": n,
         "status_counts": dict(sorted(counts.items())),
-        "compile_rate": sum(r.compiled for r in results) / n if n else 0.0,
-        "correct_rate": sum(r.correct for r in results) / n if n else 0.0,
+        "compile_rate": sum(r.compiled for r in results) / n if n else None,
+        "correct_rate": sum(r.correct for r in results) / n if measured else None,
         "geomean_speedup_vs_eager": geo,
         "timed": len(speedups),
         "unmatched_candidates": list(unmatched),
     }
+
+
+def _count_label(result: Any) -> str:
+    if result.status is EvalStatus.REJECTED and result.reject_reason is RejectReason.ENCODING:
+        return BAD_INPUT_LABEL
+    return result.status.value
+
+
+def _rate(value: float | None) -> str:
+    return NOT_MEASURED if value is None else f"{value:.0%}"
 
 
 def run_eval_dir(args: argparse.Namespace) -> int:
@@ -263,8 +329,10 @@ def run_eval_dir(args: argparse.Namespace) -> int:
     todo = [(p, c) for p, c in pairs if c.name not in done]
     try:
         evaluator = _evaluator(config, args.ray) if todo else None
-    except (RuntimeError, ValueError) as exc:  # RayUnavailableError is a RuntimeError
-        return fail(" ".join(str(exc).split()))
+    except RayUnavailableError as exc:
+        return fail(str(exc), ExitCode.UNAVAILABLE)
+    except ValueError as exc:
+        return fail(str(exc))
     if args.out:
         # Rewritten with the kept results only (atomically), so a line torn by a crash cannot
         # glue onto the next one appended.
@@ -274,7 +342,7 @@ def run_eval_dir(args: argparse.Namespace) -> int:
     fresh = _evaluate_with_progress(todo, problems, evaluator, args.out)
     results = [done.get(c.name) or fresh[c.name] for _, c in pairs]
     _print_summary(pairs, results, summarize(results, unmatched))
-    return 0
+    return result_exit_code(results)
 
 
 def _names(names: Sequence[str], limit: int = 10) -> str:
@@ -286,11 +354,11 @@ def _jsonl_line(candidate_file: str, result: Any) -> str:
 
 
 def unreadable_result(problem: Any, candidate: Path, message: str) -> Any:
-    """The result of a candidate file that is not UTF-8 text: rejected as a format error
-    (reason ``syntax``, rule ``encoding``) without reaching the evaluator."""
-    finding = Finding(rule="encoding", reason=RejectReason.SYNTAX, message=message)
+    """The result of a candidate file that is not UTF-8 text: bad input (reason ``encoding``,
+    counted apart from the hacks), refused without reaching the evaluator."""
+    finding = Finding(rule="encoding", reason=RejectReason.ENCODING, message=message)
     return EvalResult(status=EvalStatus.REJECTED, problem=problem.name,
-                      reject_reason=RejectReason.SYNTAX, message=message,
+                      reject_reason=RejectReason.ENCODING, message=message,
                       static=StaticCheckResult(status=StageStatus.FAILED, findings=[finding]))
 
 
@@ -372,7 +440,7 @@ def _print_summary(pairs: list[tuple[Path, Path]], results: list[Any], summary: 
     console.print(
         f"{summary['candidates']} candidates: " +
         ", ".join(f"{k} {v}" for k, v in summary["status_counts"].items()) +
-        f" | compiled {summary['compile_rate']:.0%}, correct {summary['correct_rate']:.0%}" +
+        f" | compiled {_rate(summary['compile_rate'])}, correct {_rate(summary['correct_rate'])}" +
         (f", geometric-mean speedup {geo:.2f}x over {summary['timed']} timed" if geo else ""))
     if summary["unmatched_candidates"]:
         names = summary["unmatched_candidates"]

@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.shipped import shipped_agents
-from multiminddev.commands._io import InputError, dir_problem, fail, read_text
+from multiminddev.commands._io import (
+    NON_NEGATIVE_FLOAT,
+    NON_NEGATIVE_INT,
+    POSITIVE_INT,
+    ExitCode,
+    InputError,
+    bounded_number,
+    dir_problem,
+    fail,
+    read_text,
+)
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.episode import episode_to_dict, run_episodes
@@ -49,16 +59,19 @@ def register(subparsers: Any) -> None:
                    help="folder with generator/ and optimizer/ adapters (e.g. a checkpoint); "
                         "default: the agents the package ships, if any, on their model; "
                         "'none': the model alone")
-    p.add_argument("--turns", type=int, default=5, help="Generator/Optimizer turns (default 5)")
-    p.add_argument("--temperature", type=float, default=0.7,
+    p.add_argument("--turns", type=POSITIVE_INT, default=5,
+                   help="Generator/Optimizer turns (default 5)")
+    p.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=0.7,
                    help="sampling temperature (default 0.7)")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling p (default 0.95)")
-    p.add_argument("--max-new-tokens", type=int, default=1024,
+    p.add_argument("--top-p", type=bounded_number(float, above=0.0, maximum=1.0), default=0.95,
+                   help="nucleus sampling p (default 0.95)")
+    p.add_argument("--max-new-tokens", type=POSITIVE_INT, default=1024,
                    help="tokens per agent reply (default 1024)")
-    p.add_argument("--target-speedup", type=float, default=2.0,
-                   help="stop once a verified kernel is this much faster than eager (default 2)")
-    p.add_argument("--patience", type=int, default=2,
-                   help="stop after this many turns without a better kernel (default 2)")
+    p.add_argument("--target-speedup", type=NON_NEGATIVE_FLOAT, default=2.0,
+                   help="stop once a verified kernel is this much faster than eager "
+                        "(default 2; 0: never)")
+    p.add_argument("--patience", type=NON_NEGATIVE_INT, default=2,
+                   help="stop after this many turns without a better kernel (default 2; 0: never)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     p.add_argument("--device", default="auto",
                    help="where the model runs: auto (cuda if available), cuda, cpu")
@@ -131,13 +144,21 @@ def run(args: argparse.Namespace) -> int:
         if shipped is not None:
             progress(f"agents: the shipped adapters ({shipped.root}; --adapters none for the "
                      "model alone)", args.quiet)
+        # The sampling settings are checked by their own config before the model loads.
+        sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                  max_new_tokens=args.max_new_tokens, seed=args.seed)
         resolve_model_source(config.model)  # a bad --model fails here, before anything loads
+    except (InputError, ProblemError, ValueError) as exc:
+        return fail(str(exc))
+    except PolicyError as exc:
+        return fail(str(exc), ExitCode.UNAVAILABLE)
+    try:
         progress(f"loading model {config.model!r} ...", args.quiet)
         policy = load_policy(config)
-    except (InputError, ProblemError, PolicyError, ValueError) as exc:
-        return fail(" ".join(str(exc).split()))
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                              max_new_tokens=args.max_new_tokens, seed=args.seed)
+    except PolicyError as exc:
+        return fail(str(exc), ExitCode.UNAVAILABLE)
+    except ValueError as exc:  # a setting the model refuses (e.g. --device)
+        return fail(str(exc))
     config = dataclasses.replace(
         single_episode_config(turns=args.turns, sampling=sampling,
                               target_speedup=args.target_speedup, patience=args.patience,
@@ -157,7 +178,18 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(episode_to_dict(episode), indent=2))
     else:
         print(describe(episode))
-    return 0 if episode.best_source else 1
+    return episode_exit_code(episode)
+
+
+def episode_exit_code(episode: Any) -> ExitCode:
+    """OK for a verified best kernel; UNAVAILABLE for one that compiles where no GPU could
+    verify it; EVALUATION_FAILED where no kernel got that far."""
+    if episode.verified:
+        return ExitCode.OK
+    result = episode.best_result
+    if result is not None and result.compiled and episode.compile_only:
+        return ExitCode.UNAVAILABLE
+    return ExitCode.EVALUATION_FAILED
 
 
 def describe(episode: Any) -> str:

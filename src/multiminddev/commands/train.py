@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
-from multiminddev.commands._io import USAGE_ERROR, fail
+from multiminddev.commands._io import USAGE_ERROR, ExitCode, fail
 from multiminddev.distributed.cluster import LOCAL, RayUnavailableError
 from multiminddev.distributed.grpo import run_ray_pipeline
 from multiminddev.distributed.rollout import StaleWeights, WorkerLost
@@ -318,12 +318,13 @@ def _run(settings, ray: str | None = None) -> int:
             run_pipeline(settings)
         else:
             run_ray_pipeline(settings, ray or LOCAL)  # a bare --ray starts a local cluster
-    except (CheckpointError, PolicyError, RayUnavailableError, RemoteGenerationError,
-            ValueError) as exc:
-        return fail(" ".join(str(exc).split()))
+    except (PolicyError, RayUnavailableError, RemoteGenerationError) as exc:
+        return fail(str(exc), ExitCode.UNAVAILABLE)  # a model, a cluster or a server not there
+    except (CheckpointError, ValueError) as exc:
+        return fail(str(exc))
     except (WorkerLost, StaleWeights) as exc:  # the cluster's doing: checkpoints are kept
-        return fail(f"{' '.join(str(exc).split())}; continue the run with --resume "
-                    f"{settings.output_dir}")
+        return fail(f"{exc}; continue the run with --resume {settings.output_dir}",
+                    ExitCode.UNAVAILABLE)
     return 0
 
 
@@ -385,8 +386,10 @@ def _run_seeds(args) -> int:
                     "names to one server; train each seed on its own server instead")
     try:  # a bad --model stops here once, not once per seed
         check_model_inputs(settings)
-    except (PolicyError, ValueError) as exc:
-        return fail(" ".join(str(exc).split()))
+    except PolicyError as exc:
+        return fail(str(exc), ExitCode.UNAVAILABLE)
+    except ValueError as exc:
+        return fail(str(exc))
     settings.output_dir.mkdir(parents=True, exist_ok=True)
     config_path = settings.output_dir / SEEDS_CONFIG_FILE
     record = {k: v for k, v in settings_record(settings).items()

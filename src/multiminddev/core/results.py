@@ -60,6 +60,7 @@ class RejectReason(str, enum.Enum):
     LOW_KERNEL_COVERAGE = "low_kernel_coverage"  # its kernels don't account for the GPU time
     IMPOSSIBLE_SPEED = "impossible_speed"  # faster than the roofline floor
     PRECISION_DOWNGRADE = "precision_downgrade"
+    ENCODING = "encoding"  # the candidate file is not UTF-8 text: bad input, not a hack
     OTHER = "other"
 
 

@@ -135,6 +135,11 @@ _STACK_RE = re.compile(
 _USED_RE = re.compile(r"Used (\d+) registers(?:, used (\d+) barriers)?(?:, (\d+) bytes smem)?")
 
 
+def _without_nul(log: str) -> str:
+    """NVRTC's log is a C string: its terminating NUL (and any other) is no text to keep."""
+    return log.replace("\x00", "")
+
+
 def parse_diagnostics(log: str) -> list[Diagnostic]:
     """NVRTC messages (``default_program(12): error: ...``) with their source line."""
     diagnostics = []
@@ -208,11 +213,11 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
     except Exception as exc:  # noqa: BLE001 - NVRTCError carries the log in its message
         cubin, status = b"", StageStatus.FAILED
         text = str(exc)
-        error = text.split("compilation log:", 1)[-1].strip() or text
+        error = _without_nul(text.split("compilation log:", 1)[-1]).strip() or _without_nul(text)
         if not log.getvalue():
             log.write(error)
     seconds = time.perf_counter() - start
-    text = log.getvalue()
+    text = _without_nul(log.getvalue())
     result = CompileResult(
         status=status,
         backend="nvrtc",

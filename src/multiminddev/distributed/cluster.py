@@ -9,6 +9,7 @@ whatever the address says: Ray allows one per process.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,6 +19,9 @@ from typing import Any
 RAY_NAMESPACE = "multiminddev"
 LOCAL = "local"
 AUTO = "auto"
+# Seconds a TCP connect to a cluster's address may take before the cluster counts as not
+# reachable: ray.init itself retries an unreachable address for minutes without a word.
+REACHABILITY_TIMEOUT_S = 5.0
 
 
 class RayUnavailableError(RuntimeError):
@@ -46,6 +50,35 @@ def validate_address(address: str) -> str:
         raise ValueError(f"Ray address {address!r}: use 'auto' (the cluster running on this "
                          "machine), 'local' (start one here) or HOST:PORT / ray://HOST:PORT")
     return text
+
+
+def host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``HOST:PORT`` or ``ray://HOST:PORT`` address; None for ``local``
+    and ``auto`` (pure)."""
+    text = validate_address(address)
+    if text in (LOCAL, AUTO):
+        return None
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str, timeout_s: float = REACHABILITY_TIMEOUT_S) -> None:
+    """Return once a TCP connection to the address's host and port opens within ``timeout_s``;
+    else RayUnavailableError naming the address, the reason and what to do. ``local`` and
+    ``auto`` need no check (Ray answers for them at once)."""
+    target = host_port(address)
+    if target is None:
+        return
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            pass
+    except (OSError, UnicodeError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (
+            getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
+        raise RayUnavailableError(
+            f"Ray cluster at {address!r} is not reachable ({reason}; tried {timeout_s:g} s): "
+            f"check the host and port (Ray's GCS port, 6379 by default, or the client port "
+            f"10001 for ray://) and that `ray start --head` runs there") from None
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -80,6 +113,7 @@ def connect(address: str = LOCAL, local: LocalClusterConfig | None = None) -> bo
         kwargs.update(include_dashboard=False, num_cpus=local.num_cpus, num_gpus=local.num_gpus)
         if local.object_store_mib is not None:
             kwargs["object_store_memory"] = local.object_store_mib * 1024 * 1024
+    check_reachable(address)
     try:
         ray.init(address=address, **kwargs)
     except ConnectionError as exc:

@@ -210,14 +210,13 @@ def only_device_environment(index: int, inherited: str | None) -> str:
 
 def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> None:
     """Process entry point: initialise, announce readiness, then serve jobs until EOF/None."""
-    from multiminddev.env.isolation import isolate_worker_process
     from multiminddev.env.messages import PlainConnection
 
     conn = PlainConnection(conn)  # the evaluator decodes plain data only (env/messages.py)
     if device_index is not None:  # before anything in this process initialises CUDA
         os.environ["CUDA_VISIBLE_DEVICES"] = only_device_environment(
             device_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    isolate_worker_process(conn, config)  # first: namespaces need a single-threaded process
+    enter_worker_process(conn, config)
     try:
         state = _init_worker(device_index, EvalConfig.from_dict(config))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which marks infra_error
@@ -238,6 +237,32 @@ def worker_main(conn: Any, device_index: int | None, config: dict[str, Any]) -> 
         fatal = run(conn, state, job)
         if fatal:  # a CUDA error poisons the context: leave, the parent starts a fresh worker
             return
+
+
+def enter_worker_process(conn: Any, config: dict[str, Any]) -> Any:
+    """Isolate this worker (first: namespaces need a single-threaded process); behind the
+    boundary, leave multiprocessing's resource tracker out. Returns the IsolationReport.
+
+    The worker's /dev/shm is a tmpfs of its own mount namespace, freed with it, and the tracker
+    it inherits runs outside that namespace. A named semaphore or shared-memory block made here
+    (by torch or a library in the worker) would be registered with that tracker; a worker that
+    is killed (every worker whose candidate held the timing gate is) never unregisters it, and
+    at its shutdown the tracker unlinks the name in the host's /dev/shm, where it never was,
+    printing ``resource_tracker: '/mp-...': [Errno 2] No such file or directory`` once per
+    evaluation. Nothing here can leak past the namespace, so nothing is registered."""
+    from multiminddev.env.isolation import isolate_worker_process
+
+    report = isolate_worker_process(conn, config)
+    if report.active:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.register = _untracked
+        resource_tracker.unregister = _untracked
+    return report
+
+
+def _untracked(name: str, rtype: str) -> None:
+    """multiprocessing's register/unregister for a process whose /dev/shm dies with it."""
 
 
 def _init_worker(device_index: int | None, cfg: EvalConfig) -> WorkerState:

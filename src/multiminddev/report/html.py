@@ -23,6 +23,7 @@ from multiminddev.env.results import EvalResult, EvalStatus
 from multiminddev.report import plots
 from multiminddev.report.files import write_atomic
 from multiminddev.report.metrics import (
+    NOT_MEASURED,
     NoCandidate,
     bootstrap_ci,
     episode_best_result,
@@ -89,6 +90,8 @@ def summarize_label(data: LabelData, *, tiers: Mapping[str, int] | None = None) 
         "fast_1": _ci(bootstrap_ci(pairs, lambda v: fast_p([c for c, _ in v], [s for _, s in v], 1.0))),
         "geomean_speedup_vs_eager": _ci(bootstrap_ci(pairs, lambda v: geometric_mean(s for c, s in v if c))),
     }
+    if summary["correct_rate"] is None:  # not measured (no GPU): no interval either
+        summary["ci95"].update(correct_rate=None, fast_1=None)
     if data.episodes:
         summary["episodes"] = len(data.episodes)
         summary["per_turn"] = per_turn_curves(data.episodes)
@@ -189,14 +192,16 @@ _SUMMARY_ROWS = (
     ("episodes", lambda s: s.get("episodes")),
     ("mean episode reward", lambda s: _num_ci(s.get("reward_mean"), s["ci95"].get("reward_mean"))),
     ("compile rate", lambda s: _pct(s["compile_rate"])),
-    ("correct (fast_0)", lambda s: _pct_ci(s["correct_rate"], s["ci95"]["correct_rate"])),
-    ("fast_1", lambda s: _pct_ci(s["fast_p"].get("1"), s["ci95"]["fast_1"])),
-    ("fast_1.2", lambda s: _pct(s["fast_p"].get("1.2"))),
-    ("fast_2", lambda s: _pct(s["fast_p"].get("2"))),
+    ("correct (fast_0)", lambda s: _measured(s, _pct_ci(s["correct_rate"],
+                                                        s["ci95"]["correct_rate"]))),
+    ("fast_1", lambda s: _measured(s, _pct_ci(s["fast_p"].get("1"), s["ci95"]["fast_1"]))),
+    ("fast_1.2", lambda s: _measured(s, _pct(s["fast_p"].get("1.2")))),
+    ("fast_2", lambda s: _measured(s, _pct(s["fast_p"].get("2")))),
     ("geomean speedup vs eager", lambda s: _x_ci(s["geomean_speedup_vs_eager"],
                                                   s["ci95"]["geomean_speedup_vs_eager"])),
     ("geomean speedup vs torch.compile", lambda s: _x(s["geomean_speedup_vs_compile"])),
     ("rejected (hack) rate", lambda s: _pct(s["rejected_rate"])),
+    ("bad input (not UTF-8)", lambda s: _pct(s.get("bad_input_rate"))),
     ("no GPU (compile only)", lambda s: _pct(s["no_gpu_rate"])),
     ("no candidate (format failure)", lambda s: _pct(s.get("format_failure_rate"))),
     ("measured on", lambda s: ", ".join(s["devices"]) or "-"),
@@ -346,8 +351,8 @@ def _tier_table(summaries: Mapping[str, Any]) -> list[str]:
         for s in summaries.values():
             ts = s.get("per_tier", {}).get(t)
             cells.append("-" if ts is None else
-                         f"{_pct(ts['correct_rate'])} correct, fast_1 {_pct(ts['fast_p'].get('1'))}, "
-                         f"n={ts['n']}")
+                         f"{_measured(ts, _pct(ts['correct_rate']))} correct, fast_1 "
+                         f"{_measured(ts, _pct(ts['fast_p'].get('1')))}, n={ts['n']}")
         rows.append([f"tier {t}", *cells])
     return ["<h2>Per tier</h2>", _table(["tier", *summaries], rows)]
 
@@ -404,6 +409,13 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def _measured(summary: Mapping[str, Any], text: str) -> str:
+    """``text``, or NOT_MEASURED where correctness was not measured (no GPU): a rate of None
+    there means "unknown", not "none"."""
+    return NOT_MEASURED if summary.get("correct_rate") is None and summary.get("no_gpu_rate") \
+        else text
 
 
 def _pct(v: float | None) -> str:

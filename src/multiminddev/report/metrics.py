@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 
 from multiminddev.core.stats import geometric_mean
-from multiminddev.env.results import EvalResult, EvalStatus
+from multiminddev.env.results import EvalResult, EvalStatus, RejectReason
 
 FAST_P_THRESHOLDS = (0.0, 1.0, 1.2, 2.0)
+# What a figure says where nothing was measured (no GPU: candidates compile but cannot run).
+NOT_MEASURED = "not measured (no GPU: compile-only)"
 
 
 def fast_p(correct: Sequence[bool], speedups: Sequence[float], p: float) -> float:
@@ -133,6 +135,10 @@ def _rates(samples: Sequence[Sample], thresholds: Sequence[float]) -> dict[str, 
         status[FORMAT_FAILURE] = n - len(results)
     reasons = Counter(r.reject_reason.value for r in results
                       if r.status is EvalStatus.REJECTED and r.reject_reason is not None)
+    bad_input = reasons.get(RejectReason.ENCODING.value, 0)  # not UTF-8: not a hack
+    # A sample that could not run (no GPU) has no known correctness, so neither has a rate over
+    # it: None ("not measured"), never a 0 that reads as "all wrong".
+    measured = not status.get(EvalStatus.NO_GPU.value)
     correct = [_is_correct(r) for r in samples]
     speedups = [r.speedup if isinstance(r, EvalResult) else 0.0 for r in samples]
     vs_compile = [r.benchmark.speedup_vs_compile for r in results if r.correct]
@@ -141,13 +147,15 @@ def _rates(samples: Sequence[Sample], thresholds: Sequence[float]) -> dict[str, 
         "n": n,
         "problems": len({r.problem for r in samples}),
         "compile_rate": _ratio(sum(r.compiled for r in results), n),
-        "correct_rate": _ratio(sum(correct), n),
-        "rejected_rate": _ratio(status.get(EvalStatus.REJECTED.value, 0), n),
+        "correct_rate": _ratio(sum(correct), n) if measured else None,
+        "rejected_rate": _ratio(status.get(EvalStatus.REJECTED.value, 0) - bad_input, n),
+        "bad_input_rate": _ratio(bad_input, n),
         "no_gpu_rate": _ratio(status.get(EvalStatus.NO_GPU.value, 0), n),
         "format_failure_rate": _ratio(status.get(FORMAT_FAILURE, 0), n),
         "status_counts": dict(sorted(status.items())),
         "reject_reasons": dict(sorted(reasons.items())),
-        "fast_p": {_p_key(p): _finite(fast_p(correct, speedups, p)) for p in thresholds},
+        "fast_p": {_p_key(p): _finite(fast_p(correct, speedups, p)) if measured else None
+                   for p in thresholds},
         "geomean_speedup_vs_eager": _finite(geometric_mean(s for s, c in zip(speedups, correct) if c)),
         "geomean_speedup_vs_compile": _finite(geometric_mean(s for s in vs_compile if s is not None)),
         "mean_fraction_of_peak": _finite(_mean([f for f in fracs if f is not None])),
@@ -156,6 +164,8 @@ def _rates(samples: Sequence[Sample], thresholds: Sequence[float]) -> dict[str, 
 
 
 def _pass_at_k_table(results: Sequence[Sample], ks: Sequence[int]) -> dict[str, float]:
+    if any(isinstance(r, EvalResult) and r.status is EvalStatus.NO_GPU for r in results):
+        return {}  # correctness not measured (no GPU): no pass@k to state
     per_problem: dict[str, list[bool]] = defaultdict(list)
     for r in results:
         per_problem[r.problem].append(_is_correct(r))

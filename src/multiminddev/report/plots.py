@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.report.files import read_jsonl_rows, write_atomic
+from multiminddev.report.metrics import NOT_MEASURED
 
 TRAINING_PANELS = (
     ("Reward", ("reward_mean",), "reward_std"),
@@ -94,6 +95,10 @@ def plot_per_tier(per_tier: Mapping[str, Mapping[str, Mapping[str, Any]]], path:
     for ax, (name, get) in zip(axes, metrics):
         if not tiers:
             _empty_note(ax, "no tier information")
+            continue
+        if all(get(v[t]) is None for v in per_tier.values() for t in v):
+            _empty_note(ax, NOT_MEASURED)  # no bar at 0: nothing was measured (no GPU)
+            ax.set_title(name)
             continue
         for i, label in enumerate(labels):
             ys = [(get(per_tier[label][t]) or 0.0) if t in per_tier[label] else 0.0 for t in tiers]
