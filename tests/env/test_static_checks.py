@@ -994,10 +994,17 @@ def test_builtin_class_patterns_stay_allowed():
 @pytest.mark.parametrize("call, rule", [
     ('compile_kernels(SRC, use_fast_math=True)', "fast_math_flag"),
     ('compile_kernels(SRC, defines=("CVT=__float2half_rn",))', "native_build_flag"),
-    ('compile_kernels(SRC, defines=[name for name in ("A",)])', "native_build_flag"),
+    ('compile_kernels(SRC, defines={"CVT": "__float2half_rn"})', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={CVT_NAME}"])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={\'__float2half_rn\'}"])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={x!s}" for x in VALUES])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[str(v) for v in VALUES])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=["=".join(("CVT", name))])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"{name}=1"])', "native_build_flag"),
 ])
 def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, rule):
-    source = candidate().replace("compile_kernels(", "SRC = (", 1)
+    source = candidate(extra="CVT_NAME = '__float2half_rn'\nVALUES = ('A',)\nname = 'CVT'")
+    source = source.replace("compile_kernels(", "SRC = (", 1)
     source = source.replace('""")', '""")\nkernels = ' + call, 1)
     assert rule in rules(source), sc.run_static_checks(source).findings
 
@@ -1005,6 +1012,45 @@ def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, 
 def test_numeric_defines_stay_allowed():
     source = candidate().replace('""")', '""", defines=("BLOCK=256", "SCALE=0.5f", "FAST"))', 1)
     assert sc.run_static_checks(source).findings == []
+
+
+@pytest.mark.parametrize("defines", [
+    '{"BLOCK": 256, "SCALE": 0.5, "FAST": True}',
+    '{"BLOCK": ModelNew.BLOCK, "UNROLL": max(1, WAVES // 2)}',
+    '[f"BLOCK={ModelNew.BLOCK}", f"UNROLL={int(WAVES / 2)}", "FAST"]',
+    '[f"BLOCK={b}" for b in (ModelNew.BLOCK,)]',
+    'DEFINES',
+])
+def test_defines_computed_in_python_stay_allowed(defines):
+    """compile_kernels lets names and numbers only through at run time, so class attributes
+    and ints computed in Python need no literal."""
+    extra = "WAVES = 4\nDEFINES = {'BLOCK': 2 ** 8}"
+    source = candidate(extra=extra).replace('""")', f'""", defines={defines})', 1)
+    source = source.replace("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n"
+                            "    BLOCK = 256\n", 1)
+    assert sc.run_static_checks(source).findings == []
+
+
+@pytest.mark.parametrize("pick", [
+    "(self.k.relu if n > 0 else self.k.relu)",
+    "{256: self.k.relu, 128: kernels.relu}[256]",
+    "self.table.get(256, kernels.relu)",
+])
+def test_launch_through_a_kernel_picked_by_block_size_stays_allowed(pick):
+    forward = ("    def forward(self, x):\n        n = x.numel()\n        y = torch.empty_like(x)\n"
+               f"        k = {pick}\n"
+               "        k(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))\n"
+               "        return y\n")
+    init = "self.k = kernels\nself.table = {256: kernels.relu, 128: kernels.relu}"
+    assert sc.run_static_checks(candidate(forward, init=init)).findings == []
+
+
+def test_kernel_table_get_with_a_torch_default_is_not_a_launch():
+    forward = ("    def forward(self, x):\n        n = x.numel()\n        y = torch.empty_like(x)\n"
+               "        kernels.relu(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))\n"
+               "        k = self.table.get(256, F.relu)\n        return k(y)\n")
+    init = "self.table = {256: kernels.relu}"
+    assert "torch_compute" in rules(candidate(forward, init=init))
 
 
 @pytest.mark.parametrize("extra", [

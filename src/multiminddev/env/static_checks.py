@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from multiminddev import pyast
+from multiminddev.cuda.compiler import define_options
 from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
 
 # ---------------------------------------------------------------------------------------------
@@ -367,6 +368,8 @@ def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
     if isinstance(node, ast.Subscript):
         return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
     if isinstance(node, ast.Call):
+        if _is_kernel_table_get(node, info):
+            return KernelValue.HANDLE
         return KernelValue.HANDLE if kernel_value(node.func, info) is KernelValue.FACTORY else None
     if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.IfExp)):
         parts = (node.elts if isinstance(node, (ast.Tuple, ast.List)) else node.values
@@ -378,6 +381,15 @@ def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
     if isinstance(node, ast.Lambda):
         return KernelValue.FACTORY if kernel_value(node.body, info) is KernelValue.HANDLE else None
     return None
+
+
+def _is_kernel_table_get(call: ast.Call, info: ModuleInfo) -> bool:
+    """``table.get(block_size, kernels.relu_128)``: a kernel picked from a table of kernels with
+    a kernel as the default, so whichever is found is a kernel."""
+    func = call.func
+    return (isinstance(func, ast.Attribute) and func.attr == "get" and len(call.args) == 2
+            and not call.keywords and kernel_value(func.value, info) is KernelValue.HANDLE
+            and kernel_value(call.args[1], info) is KernelValue.HANDLE)
 
 
 def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
@@ -2316,8 +2328,11 @@ SAFE_FLAG = re.compile(
     r"-U__CUDA_NO_HALF_OPERATORS__|-U__CUDA_NO_HALF_CONVERSIONS__|-U__CUDA_NO_HALF2_OPERATORS__|"
     r"-U__CUDA_NO_BFLOAT16_CONVERSIONS__|-U__CUDA_NO_BFLOAT16_OPERATORS__|"
     r"-U__CUDA_NO_BFLOAT162_OPERATORS__|-U__CUDA_NO_BFLOAT162_CONVERSIONS__")
-# A compile_kernels define: a name, or a name given a number ("TILE=32", "SCALE=0.5f").
-SAFE_DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d[\w]*))?")
+# compile_kernels(defines=...) computed in Python: compile_kernels lets names and numbers only
+# through (cuda.compiler.define_options), so the source may compute them; these build text.
+DEFINE_TEXT_BUILDERS = frozenset({"str", "repr", "ascii", "chr", "format", "bytes", "bytearray"})
+DEFINE_TEXT_METHODS = frozenset({"format", "format_map", "join", "replace", "decode", "strip"})
+DEFINE_FSTRING_HEAD = re.compile(r"[A-Za-z_]\w*=")
 FAST_MATH_FLAG = re.compile(r"-{1,2}use_fast_math|-ffast-math|-Ofast|--ftz=true|--prec-div=false|"
                             r"--prec-sqrt=false|--fmad=true")
 
@@ -2332,7 +2347,7 @@ class NativeBuilds:
     flags: list[tuple[ast.AST, str, str]] = field(default_factory=list)  # (call, argument, flag)
     functions: list[tuple[ast.AST, str]] = field(default_factory=list)
     not_static: list[ast.Call] = field(default_factory=list)
-    defines: list[tuple[ast.AST, str | None]] = field(default_factory=list)  # None: not static
+    defines: list[tuple[ast.Call, ast.expr]] = field(default_factory=list)  # (call, defines=)
 
 
 def _is_load_inline(call: ast.Call, aliases: dict[str, str]) -> bool:
@@ -2384,11 +2399,7 @@ def native_builds(tree: ast.Module) -> NativeBuilds:
             value = inline_build._static_value(arg, consts) if arg is not None else None
             if isinstance(value, str):
                 builds.sources.append((call, value))
-            for keyword in call.keywords:
-                if keyword.arg == "defines":
-                    texts = _strings(inline_build._static_value(keyword.value, consts))
-                    builds.defines += [(call, t) for t in texts] if texts is not None else [
-                        (call, None)]
+            builds.defines += [(call, k.value) for k in call.keywords if k.arg == "defines"]
     return builds
 
 
@@ -2419,8 +2430,55 @@ def _native_line(node: ast.AST, code: str, offset: int) -> int:
     return getattr(node, "lineno", 1) + code[:offset].count("\n")
 
 
+def _define_problem(expr: ast.expr, consts: dict) -> str | None:
+    """Why ``compile_kernels(defines=expr)`` could carry code into the kernel, else None.
+
+    A value known from the source is checked as compile_kernels checks it. A value computed at
+    run time (class attributes, ints computed in Python) is checked there, numbers only, so
+    the source is refused only where it builds text: str()/format()/join, a string inside an
+    f-string's field, an f-string other than ``f"NAME={number}"``.
+    """
+    from multiminddev.env import inline_build
+
+    value = inline_build._static_value(expr, consts)
+    if value is not inline_build._UNKNOWN:
+        try:
+            define_options(value)
+        except (ValueError, TypeError) as exc:
+            return str(exc).split(":")[0]
+        return None
+    for node in ast.walk(expr):
+        func = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(func, ast.Name) and func.id in DEFINE_TEXT_BUILDERS) or (
+                isinstance(func, ast.Attribute) and func.attr in DEFINE_TEXT_METHODS):
+            return f"builds text with `{ast.unparse(func)}`"
+        if isinstance(node, ast.FormattedValue) and isinstance(
+                inline_build._static_value(node.value, consts), str):
+            return f"field `{ast.unparse(node.value)}` is a string"
+        if isinstance(node, ast.JoinedStr) and not _numeric_fstring(node):
+            return f"entry `{ast.unparse(node)}` is not f\"NAME={{number}}\""
+    return None
+
+
+def _numeric_fstring(node: ast.JoinedStr) -> bool:
+    """``f"TILE={self.tile}"``: a literal ``NAME=`` then one plain field with no text in it."""
+    if len(node.values) != 2:
+        return False
+    head, field_ = node.values
+    return (isinstance(head, ast.Constant) and isinstance(head.value, str)
+            and DEFINE_FSTRING_HEAD.fullmatch(head.value) is not None
+            and isinstance(field_, ast.FormattedValue) and field_.conversion == -1
+            and field_.format_spec is None
+            and not any(isinstance(n, ast.JoinedStr) or (
+                isinstance(n, ast.Constant) and isinstance(n.value, str))
+                for n in ast.walk(field_.value)))
+
+
 def _native_build_findings(tree: ast.Module) -> list[Finding]:
-    """load_inline arguments: static, allowlisted flags only, bound functions not libc's."""
+    """load_inline arguments: static, allowlisted flags only, bound functions not libc's;
+    compile_kernels defines that cannot carry code."""
+    from multiminddev.env import inline_build
+
     builds = native_builds(tree)
     findings = [_finding(
         "native_source_not_static", RejectReason.FORBIDDEN_IMPORT,
@@ -2445,12 +2503,14 @@ def _native_build_findings(tree: ast.Module) -> list[Finding]:
                 f"{arg} `{flag}` is not allowed (allowed: -O0..-O3, -std=c++NN, -lineinfo, "
                 "-use_fast_math, -arch/-gencode, -maxrregcount, -Xptxas -v, warnings); no "
                 "-D/-U/-I/-l/-L/-Wl,/-include/-x", call))
-    for call, define in builds.defines:
-        if define is None or not SAFE_DEFINE.fullmatch(define):
+    consts = inline_build._module_constants(tree)
+    for call, expr in builds.defines:
+        problem = _define_problem(expr, consts)
+        if problem is not None:
             findings.append(_finding(
                 "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
-                f"compile_kernels(defines=...) entry {define!r}: defines name numeric constants "
-                "only (\"TILE=32\"), as literal strings; write code in the kernel source", call))
+                f"compile_kernels(defines=...) {problem}: defines are names and numbers "
+                "(\"TILE=32\", {\"TILE\": self.TILE}); write code in the kernel source", call))
     for call, name in builds.functions:
         code = f"{name}("
         for rule, reason, pattern in NATIVE_RULES:
