@@ -1074,3 +1074,17 @@ def test_property_setters_extend_their_definition():
              "    def n(self):\n        return self._n\n    @n.setter\n    def n(self, value):\n"
              "        self._n = value")
     assert "definition_resolution" not in rules(candidate(extra=extra))
+
+
+@pytest.mark.parametrize("body", [
+    "if torch.cuda.current_stream().query():\n    return y",
+    "s = torch.cuda.current_stream()\nbusy = not s.query()",
+])
+def test_asking_whether_queued_work_finished_is_refused(body):
+    assert "streams_events_graphs" in rules(candidate(forward_with(body)))
+
+
+def test_own_method_named_query_stays_allowed():
+    forward = forward_with("blocks = self.query(n)\nreturn y")
+    forward += "\n    def query(self, n):\n        return (n + 255) // 256\n"
+    assert sc.run_static_checks(candidate(forward)).findings == []

@@ -1665,6 +1665,10 @@ INTROSPECTION_ATTRIBUTE = re.compile(
 HOOK_ATTRIBUTE = re.compile(r"hook|^register_module_\w+$", re.IGNORECASE)
 EVENT_ATTRIBUTES = frozenset({"record_event", "wait_event", "wait_stream", "elapsed_time",
                               "record_stream"})
+# ``stream.query()`` / ``event.query()`` tell whether queued GPU work has finished: a timing
+# loop's back-to-back calls and a checked call's copy-out differ there, so the answer could
+# tell timing from checking. Refused on anything but the candidate's own objects.
+QUEUE_STATE_ATTRIBUTES = frozenset({"query"})
 STORAGE_ATTRIBUTES = frozenset({"untyped_storage", "storage", "set_", "share_memory_"})
 HOST_MEMORY_ATTRIBUTES = frozenset({"pin_memory", "is_pinned", "numpy"})
 # Public attributes of compiled-kernel handles that are the harness's, not the candidate's.
@@ -2012,7 +2016,8 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
         return ("hook", RejectReason.MONKEY_PATCH,
                 (f"`.{attr}` installs a hook that runs code outside forward; do the work in "
                  "forward with your kernels"))
-    if attr in EVENT_ATTRIBUTES:
+    if attr in EVENT_ATTRIBUTES or (attr in QUEUE_STATE_ATTRIBUTES
+                                    and not _own_receiver(value, info)):
         return ("streams_events_graphs", RejectReason.CONCURRENCY,
                 (f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
                  "stream only"))
