@@ -483,6 +483,10 @@ def test_honest_inline_wrapper_is_clean():
     ("syscall(SYS_write, 5, 0, 0);", RejectReason.FORBIDDEN_IMPORT),
     ('asm volatile("syscall");', RejectReason.FORBIDDEN_IMPORT),
     ("int fd = dup(5);", RejectReason.FORBIDDEN_IMPORT),
+    ('auto run = ::system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
+    ('int (*run)(const char*) = &system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
+    ("auto gemm = &cublasSgemm_v2;", RejectReason.TORCH_COMPUTE),
+    ('#define GLUE(a, b) a##b\n    GLUE(sys, tem)("ls");', RejectReason.FORBIDDEN_IMPORT),
 ])
 def test_native_code_rules(body, reason):
     assert reason in reasons(INLINE.replace("BODY", body))
@@ -776,6 +780,7 @@ def test_native_registration_and_vendor_calls(body, rule):
 @pytest.mark.parametrize("body", [
     "auto opts = x.options(); auto writer = opts.dtype();",  # names that contain the words
     "stats.write(1.f); log->send(2); q.open(3);",  # member calls are not libc's
+    "int systems = 1; cfg.system = 2; link->connect(3); (void)systems;",
 ])
 def test_descriptor_io_rule_leaves_member_calls_and_longer_names(body):
     assert reasons(INLINE.replace("BODY", body)) == set()
@@ -1088,3 +1093,11 @@ def test_own_method_named_query_stays_allowed():
     forward = forward_with("blocks = self.query(n)\nreturn y")
     forward += "\n    def query(self, n):\n        return (n + 255) // 256\n"
     assert sc.run_static_checks(candidate(forward)).findings == []
+
+
+def test_token_pasting_in_an_nvrtc_kernel_stays_allowed():
+    """Kernel variants named with ``##`` are plain CUDA; NVRTC code has no libc to reach."""
+    source = candidate().replace('extern "C" __global__ void relu(',
+                                 '#define KERNEL(name) extern "C" __global__ void name##_f32\n'
+                                 'extern "C" __global__ void relu(', 1)
+    assert sc.run_static_checks(source).findings == []

@@ -2263,10 +2263,11 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"cudaStreamLegacy|CU_STREAM_PER_THREAD|CU_STREAM_LEGACY|cuStreamCreate\w*|"
         r"pthread_create|std\s*::\s*thread|std\s*::\s*async|std\s*::\s*jthread|at\s*::\s*launch)\b|"
         r"#\s*include\s*<(thread|future|pthread\.h)>")),
+    # Named, not only called: ``auto f = ::system; f("ls")`` calls it through a pointer.
     ("native_escape", RejectReason.FORBIDDEN_IMPORT, re.compile(
-        r"\b(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|execvpe|posix_spawnp?|"
-        r"dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|mprotect|ptrace|"
-        r"PyRun_\w+|PyImport_\w+)\s*\(|"
+        r"(?<![\w.])(?<!->)(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|"
+        r"execvpe|posix_spawnp?|dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|"
+        r"mprotect|ptrace|PyRun_\w+|PyImport_\w+)\b|"
         r"\b(std::[io]?fstream|py::exec|py::eval|pybind11::exec|pybind11::eval|"
         r"(py|pybind11)::module_?::import)\b|"
         r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
@@ -2284,8 +2285,8 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"c10::impl::\w+)\b")),
     # Vendor libraries compute with kernels that are not the candidate's.
     ("native_vendor_library", RejectReason.TORCH_COMPUTE, re.compile(
-        r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|"
-        r"getCurrentCUDABlasHandle\w*)\s*\(|"
+        r"(?<![\w.])(?<!->)(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|"
+        r"getCurrentCUDABlasHandle\w*)\b|"
         r"#\s*include\s*<(cublas\w*\.h|cublasLt\.h|cudnn\w*\.h|cufft\w*\.h|cusparse\.h|"
         r"cusolver\w*\.h|ATen/cuda/CUDABlas\.h)>")),
 )
@@ -2338,6 +2339,7 @@ SAFE_FLAG = re.compile(
 DEFINE_TEXT_BUILDERS = frozenset({"str", "repr", "ascii", "chr", "format", "bytes", "bytearray"})
 DEFINE_TEXT_METHODS = frozenset({"format", "format_map", "join", "replace", "decode", "strip"})
 DEFINE_FSTRING_HEAD = re.compile(r"[A-Za-z_]\w*=")
+TOKEN_PASTE = re.compile(r"##")
 FAST_MATH_FLAG = re.compile(r"-{1,2}use_fast_math|-ffast-math|-Ofast|--ftz=true|--prec-div=false|"
                             r"--prec-sqrt=false|--fmad=true")
 
@@ -2516,6 +2518,15 @@ def _native_build_findings(tree: ast.Module) -> list[Finding]:
                 "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
                 f"compile_kernels(defines=...) {problem}: defines are names and numbers "
                 "(\"TILE=32\", {\"TILE\": self.TILE}); write code in the kernel source", call))
+    aliases = import_aliases(tree)
+    for call, text in builds.sources:
+        # Token pasting builds identifiers the rules above never see whole
+        # (``GLUE(sys, tem)("ls")``); host C++ has no need of it.
+        if _is_load_inline(call, aliases) and TOKEN_PASTE.search(cuda_code(text)):
+            findings.append(_finding(
+                "native_token_paste", RejectReason.FORBIDDEN_IMPORT,
+                "load_inline source pastes tokens with `##`, which builds names the checks "
+                "cannot read; write each name out", call))
     for call, name in builds.functions:
         code = f"{name}("
         for rule, reason, pattern in NATIVE_RULES:
