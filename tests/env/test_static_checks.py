@@ -1101,3 +1101,19 @@ def test_token_pasting_in_an_nvrtc_kernel_stays_allowed():
                                  '#define KERNEL(name) extern "C" __global__ void name##_f32\n'
                                  'extern "C" __global__ void relu(', 1)
     assert sc.run_static_checks(source).findings == []
+
+
+HELD = ("class Holder:\n    def __init__(self, fn):\n        self.fn = fn\n        self.act = ACT\n")
+
+
+def test_a_kernel_held_by_an_own_instance_is_a_launch():
+    forward = forward_with("self.h.fn(grid=(1,), block=(1,), args=(x, y, n))\nreturn y")
+    source = candidate(forward, extra=HELD.replace("ACT", "fn"), init="self.h = Holder(kernels.relu)")
+    assert sc.run_static_checks(source).findings == []
+
+
+def test_a_torch_module_held_by_an_own_instance_is_compute():
+    forward = forward_with("return self.h.act(y)")
+    source = candidate(forward, extra=HELD.replace("ACT", "nn.ReLU()"),
+                       init="self.h = Holder(kernels.relu)")
+    assert "torch_compute" in rules(source)

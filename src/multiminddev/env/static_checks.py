@@ -364,6 +364,8 @@ def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
             if node.attr in info.self_holders:
                 return KernelValue.HANDLE
             return KernelValue.FACTORY if node.attr in info.self_factories else None
+        if _own_instance_holds_kernel(node, info):
+            return KernelValue.HANDLE
         return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
     if isinstance(node, ast.Subscript):
         return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
@@ -953,6 +955,29 @@ def _compute_message(node: ast.AST, tensors: set[str], info: ModuleInfo) -> str 
     return None
 
 
+def _held_by_own_instance(func: ast.Attribute, info: ModuleInfo) -> str | None:
+    """``self.helper.act(x)`` where ``helper`` is an instance of the candidate's own class and
+    ``act`` is not one of its methods but a value it stores: a call of that value is a launch
+    only when every value the class stores there is a kernel (``nn.ReLU()`` held by a helper
+    is torch compute, however the call is spelled)."""
+    cls = info.classes[info.self_modules[_self_attr(func.value)]]
+    if func.attr in info.methods(cls) or _own_instance_holds_kernel(func, info):
+        return None
+    return f"`{ast.unparse(func)}` (a value {cls.name} holds, not a kernel)"
+
+
+def _own_instance_holds_kernel(node: ast.Attribute, info: ModuleInfo) -> bool:
+    """``self.launcher.kernel``: ``launcher`` is an instance of the candidate's own class, and
+    every value that class stores in ``self.kernel`` is a kernel."""
+    owner = _self_attr(node.value)
+    cls = info.classes.get(info.self_modules.get(owner, "")) if owner is not None else None
+    if cls is None:
+        return False
+    stored = [value for target, value in _assignments(cls) if _self_attr(target) == node.attr]
+    return bool(stored) and all(_neutral(v) or kernel_value(v, info) is KernelValue.HANDLE
+                                for v in stored) and not all(_neutral(v) for v in stored)
+
+
 def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -> str | None:
     func = node.func
     name = resolve(func, info.aliases)
@@ -975,6 +1000,9 @@ def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -
     if isinstance(func, ast.Attribute) and _self_attr(func.value) in info.self_modules:
         if info.self_modules[_self_attr(func.value)] not in info.classes:
             return f"torch module method `{ast.unparse(func)}(...)`"
+        held = _held_by_own_instance(func, info)
+        if held is not None:
+            return held
     if _is_launch(node, info) or _call_target(node, info)[0] is not None:
         return None
     args = [*node.args, *(kw.value for kw in node.keywords)]
