@@ -486,6 +486,9 @@ def test_honest_inline_wrapper_is_clean():
     ('auto run = ::system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
     ('int (*run)(const char*) = &system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
     ("auto gemm = &cublasSgemm_v2;", RejectReason.TORCH_COMPUTE),
+    ('std::filesystem::remove_all("/tmp/cache");', RejectReason.FORBIDDEN_IMPORT),
+    ('namespace fs = std::filesystem; fs::path p("/tmp");', RejectReason.FORBIDDEN_IMPORT),
+    ('rename("/tmp/a", "/tmp/b"); unlink("/tmp/a");', RejectReason.FORBIDDEN_IMPORT),
     ('#define GLUE(a, b) a##b\n    GLUE(sys, tem)("ls");', RejectReason.FORBIDDEN_IMPORT),
 ])
 def test_native_code_rules(body, reason):

@@ -2295,10 +2295,13 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
     ("native_escape", RejectReason.FORBIDDEN_IMPORT, re.compile(
         r"(?<![\w.])(?<!->)(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|"
         r"execvpe|posix_spawnp?|dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|"
-        r"mprotect|ptrace|PyRun_\w+|PyImport_\w+)\b|"
+        r"mprotect|ptrace|unlink|unlinkat|rename|renameat|rmdir|mkdir|symlink|chmod|"
+        r"chown|opendir|readdir|PyRun_\w+|PyImport_\w+)\b|"
+        r"\bstd\s*::\s*(experimental\s*::\s*)?filesystem\b|"
         r"\b(std::[io]?fstream|py::exec|py::eval|pybind11::exec|pybind11::eval|"
         r"(py|pybind11)::module_?::import)\b|"
-        r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
+        r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|(experimental/)?filesystem|"
+        r"dirent\.h|sys/stat\.h|"
         r"spawn\.h|sys/mman\.h|Python\.h)>")),
     # Raw descriptor I/O and system calls: a wrapper has nothing to read or write but tensors,
     # and a descriptor it holds may be the evaluator's pipe (a frame written there would pose as
