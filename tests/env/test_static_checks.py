@@ -1120,3 +1120,120 @@ def test_a_torch_module_held_by_an_own_instance_is_compute():
     source = candidate(forward, extra=HELD.replace("ACT", "nn.ReLU()"),
                        init="self.h = Holder(kernels.relu)")
     assert "torch_compute" in rules(source)
+
+
+# --- every rule has an honest twin -----------------------------------------------------------
+
+INLINE_TWIN = "INLINE"  # the honest load_inline wrapper above, with BODY filled in
+# For each rule, the closest legitimate code: it must pass with zero findings. A new rule
+# without a twin here fails test_every_rule_has_an_honest_twin.
+RULE_TWINS: dict[str, tuple[str, str, str]] = {
+    # rule: (kind, text, problem dtype); kind "forward" (forward_with body), "extra" (module
+    # level), "init" (__init__ body), "inline" (load_inline BODY), "source" (a whole module)
+    "async": ("extra", "def async_grid(n):\n    return (n + 255) // 256", "float32"),
+    "builtin_not_allowed": ("forward", "b = min(max(1, n // 256), len(range(4)))\nreturn y",
+                            "float32"),
+    "concurrency_import": ("extra", "import math as maths", "float32"),
+    "definition_resolution": ("extra", "BLOCK = 128\nBLOCK = 256", "float32"),
+    "dynamic_attribute": ("forward", "t = getattr(self, 'training')\nreturn y", "float32"),
+    "dynamic_torch_access": ("forward", "dt = torch.float32\nreturn y", "float32"),
+    "fast_math_flag": ("source", "FAST_MATH", "float16"),
+    "file_access": ("forward", "name = '/tmp/relu.bin'\nreturn y", "float32"),
+    "finalizer": ("forward", "with torch.no_grad():\n    b = n // 256\nreturn y", "float32"),
+    "forbidden_import": ("extra", "import torch.nn.functional as functional", "float32"),
+    "harness_internals": ("forward", "k = kernels.relu\nreturn y", "float32"),
+    "hook": ("init", "self.register_buffer('scale', torch.ones(1))", "float32"),
+    "host_memory": ("forward", "assert x.is_cuda\nreturn y", "float32"),
+    "host_read": ("forward", "aligned = x.data_ptr() % 16 == 0\nreturn y", "float32"),
+    "introspection": ("forward", "ok = isinstance(x, torch.Tensor)\nreturn y", "float32"),
+    "kernel_defined": ("source", "TEMPLATE", "float32"),
+    "kernel_launched": ("forward", "k = kernels.relu\nk(grid=(1,), block=(32,), args=(x, y, 32))"
+                        "\nreturn y", "float32"),
+    "low_precision_cast": ("forward", "h = torch.empty(n, dtype=torch.float16, device=x.device)"
+                           "\nreturn y", "float16"),
+    "low_precision_dtype": ("forward", "d = x.dtype == torch.float16\nreturn y", "float16"),
+    "low_precision_kernel": ("source", "HALF_KERNEL", "float16"),
+    "memoised_function": ("extra", "def grid(n):\n    return ((n + 255) // 256,)", "float32"),
+    "model_new_class": ("source", "TEMPLATE", "float32"),
+    "model_new_forward": ("source", "TEMPLATE", "float32"),
+    "module_override": ("extra", "class Launch(nn.Module):\n    def forward(self, x):\n"
+                        "        return x", "float32"),
+    "module_reference": ("forward", "dev = torch.device('cuda')\nreturn y", "float32"),
+    "native_build_flag": ("inline", "", "float32"),
+    "native_descriptor_io": ("inline", "stats.write(1.f); log->send(2);", "float32"),
+    "native_dispatcher_registration": ("inline", 'TORCH_CHECK(x.is_cuda(), "TORCH_LIBRARY");',
+                                       "float32"),
+    "native_escape": ("inline", "int systems = 1; (void)systems;", "float32"),
+    "native_source_not_static": ("inline", "", "float32"),
+    "native_streams_threads": ("inline", "auto same = at::cuda::getCurrentCUDAStream();",
+                               "float32"),
+    "native_token_paste": ("source", "PASTE", "float32"),
+    "native_torch_compute": ("inline", "auto z = torch::empty_like(x);", "float32"),
+    "native_vendor_library": ("inline", "int cublas_free = 0; (void)cublas_free;", "float32"),
+    "not_allowlisted": ("forward", "z = torch.zeros_like(x)\nreturn y", "float32"),
+    "patch_module": ("init", "self.blocks = 4", "float32"),
+    "pointer_cache": ("forward", "key = tuple(x.shape)\nreturn y", "float32"),
+    "private_internals": ("init", "self._blocks = 4", "float32"),
+    "rebound_self": ("forward", "training = self.training\nreturn y", "float32"),
+    "reference_import": ("extra", "from multiminddev.cuda import compile_kernels as ck",
+                         "float32"),
+    "reference_inheritance": ("extra", "class ModelLauncher:\n    pass", "float32"),
+    "reference_model": ("extra", "MODEL_NAME = 'Model'", "float32"),
+    "relative_import": ("extra", "import torch.nn as tnn", "float32"),
+    "returns_input": ("forward", "return y.view(x.shape)", "float32"),
+    "setattr": ("forward", "self.last_n = n\nreturn y", "float32"),
+    "streams_events_graphs": ("forward", "s = torch.cuda.current_stream()\nreturn y", "float32"),
+    "suppress_in_forward": ("forward", "if x.dim() != 2:\n    raise ValueError('2-D input')"
+                            "\nreturn y", "float32"),
+    "syntax": ("source", "TEMPLATE", "float32"),
+    "tensor_storage": ("forward", "c = x.is_contiguous() and x.stride(-1) == 1\nreturn y",
+                       "float32"),
+    "tensor_subclass": ("extra", "class Pair(tuple):\n    pass", "float32"),
+    "torch_compute": ("forward", "z = torch.empty_like(y)\nreturn y", "float32"),
+    "torch_global_state": ("forward", "d = torch.get_default_dtype()\nreturn y", "float32"),
+    "try_around_kernel": ("forward", "if n == 0:\n    return y\nreturn y", "float32"),
+    "try_in_forward": ("forward", "assert n > 0, 'empty input'\nreturn y", "float32"),
+}
+WHOLE_SOURCES = {
+    "TEMPLATE": lambda: candidate(),
+    "FAST_MATH": lambda: candidate().replace('""")', '""", use_fast_math=True)', 1),
+    "HALF_KERNEL": lambda: candidate(prelude=PRELUDE.replace(
+        'extern "C"', '#include <cuda_fp16.h>\n__device__ __half h(float v) { return __float2half(v); }'
+        '\nextern "C"', 1)),
+    "PASTE": lambda: candidate(prelude=PRELUDE.replace(
+        'extern "C"', '#define NAMED(n) relu_##n\nextern "C"', 1)),
+}
+
+
+def _twin_source(kind: str, text: str) -> str:
+    if kind == "forward":
+        return candidate(forward_with(text))
+    if kind == "extra":
+        return candidate(extra=text)
+    if kind == "init":
+        return candidate(init=text)
+    if kind == "inline":
+        return INLINE.replace("BODY", text)
+    return WHOLE_SOURCES[text]()
+
+
+def _rules_of_the_module() -> set[str]:
+    """Every rule name static_checks can report, read from its source."""
+    import inspect
+    import re
+
+    text = inspect.getsource(sc)
+    return (set(re.findall(r'_finding\(\s*"([a-z_]+)"', text))
+            | set(re.findall(r'rule="([a-z_]+)"', text))
+            | set(re.findall(r'\("([a-z_]+)", RejectReason\.', text)))
+
+
+def test_every_rule_has_an_honest_twin():
+    assert _rules_of_the_module() - set(RULE_TWINS) == set()
+
+
+@pytest.mark.parametrize("rule", sorted(RULE_TWINS))
+def test_honest_twin_of_each_rule_passes(rule):
+    kind, text, dtype = RULE_TWINS[rule]
+    result = sc.run_static_checks(_twin_source(kind, text), problem_dtype=dtype)
+    assert result.findings == [], [(f.rule, f.line, f.message[:120]) for f in result.findings]

@@ -2316,7 +2316,7 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"c10::impl::\w+)\b")),
     # Vendor libraries compute with kernels that are not the candidate's.
     ("native_vendor_library", RejectReason.TORCH_COMPUTE, re.compile(
-        r"(?<![\w.])(?<!->)(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|"
+        r"(?<![\w.])(?<!->)((cublas|cudnn|cufft|cusparse|cusolver)[A-Z]\w*|"
         r"getCurrentCUDABlasHandle\w*)\b|"
         r"#\s*include\s*<(cublas\w*\.h|cublasLt\.h|cudnn\w*\.h|cufft\w*\.h|cusparse\.h|"
         r"cusolver\w*\.h|ATen/cuda/CUDABlas\.h)>")),
