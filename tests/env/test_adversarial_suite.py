@@ -298,7 +298,8 @@ def _record(path: Path, kind: str, check) -> None:
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, cwd=FIXTURES, timeout=10).stdout.strip() or "unknown"
+                              text=True, cwd=FIXTURES, timeout=10,
+                              check=False).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -313,7 +314,7 @@ def adversarial_report():
     import torch
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+    report = {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
               "commit": _commit(), "device": device,
               "classes": {str(c): row for c, row in summarise(OUTCOMES).items()}}
     Path(target).write_text(json.dumps(report, indent=2) + "\n")

@@ -1147,17 +1147,18 @@ RULE_TWINS: dict[str, tuple[str, str, str]] = {
     "host_read": ("forward", "aligned = x.data_ptr() % 16 == 0\nreturn y", "float32"),
     "introspection": ("forward", "ok = isinstance(x, torch.Tensor)\nreturn y", "float32"),
     "kernel_defined": ("source", "TEMPLATE", "float32"),
-    "kernel_launched": ("forward", "k = kernels.relu\nk(grid=(1,), block=(32,), args=(x, y, 32))"
-                        "\nreturn y", "float32"),
-    "low_precision_cast": ("forward", "h = torch.empty(n, dtype=torch.float16, device=x.device)"
-                           "\nreturn y", "float16"),
+    "kernel_launched": ("forward", ("k = kernels.relu\n"
+                                    "k(grid=(1,), block=(32,), args=(x, y, 32))\nreturn y"),
+                        "float32"),
+    "low_precision_cast": ("forward", ("h = torch.empty(n, dtype=torch.float16, "
+                                       "device=x.device)\nreturn y"), "float16"),
     "low_precision_dtype": ("forward", "d = x.dtype == torch.float16\nreturn y", "float16"),
     "low_precision_kernel": ("source", "HALF_KERNEL", "float16"),
     "memoised_function": ("extra", "def grid(n):\n    return ((n + 255) // 256,)", "float32"),
     "model_new_class": ("source", "TEMPLATE", "float32"),
     "model_new_forward": ("source", "TEMPLATE", "float32"),
-    "module_override": ("extra", "class Launch(nn.Module):\n    def forward(self, x):\n"
-                        "        return x", "float32"),
+    "module_override": ("extra", ("class Launch(nn.Module):\n    def forward(self, x):\n"
+                                  "        return x"), "float32"),
     "module_reference": ("forward", "dev = torch.device('cuda')\nreturn y", "float32"),
     "native_build_flag": ("inline", "", "float32"),
     "native_descriptor_io": ("inline", "stats.write(1.f); log->send(2);", "float32"),
@@ -1183,8 +1184,8 @@ RULE_TWINS: dict[str, tuple[str, str, str]] = {
     "returns_input": ("forward", "return y.view(x.shape)", "float32"),
     "setattr": ("forward", "self.last_n = n\nreturn y", "float32"),
     "streams_events_graphs": ("forward", "s = torch.cuda.current_stream()\nreturn y", "float32"),
-    "suppress_in_forward": ("forward", "if x.dim() != 2:\n    raise ValueError('2-D input')"
-                            "\nreturn y", "float32"),
+    "suppress_in_forward": ("forward", ("if x.dim() != 2:\n"
+                                        "    raise ValueError('2-D input')\nreturn y"), "float32"),
     "syntax": ("source", "TEMPLATE", "float32"),
     "tensor_storage": ("forward", "c = x.is_contiguous() and x.stride(-1) == 1\nreturn y",
                        "float32"),

@@ -47,7 +47,7 @@ DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d\w*)([eE][-+]?\d+[fFlL]?)
 def define_options(defines: Sequence[str] | Mapping[str, int | float | bool]) -> tuple[str, ...]:
     """``defines`` as -D options: ``("TILE=32", "FAST")`` or ``{"TILE": 32, "SCALE": 0.5}``.
 
-    Raises ValueError naming the entry unless each is a plain ``str`` name or name=number, or a
+    Raises ValueError naming the entry (TypeError for a bare string) unless each is a plain ``str`` name or name=number, or a
     name mapped to a plain int/float/bool (subclasses refused: their text is theirs to choose).
     """
     if isinstance(defines, Mapping):
@@ -60,7 +60,7 @@ def define_options(defines: Sequence[str] | Mapping[str, int | float | bool]) ->
             text = float.__repr__(value) if type(value) is float else int.__repr__(int(value))
             entries.append(f"{name}={text}")
     elif isinstance(defines, str):
-        raise ValueError(f"defines={defines!r}: pass a list of defines, e.g. [\"TILE=32\"]")
+        raise TypeError(f"defines={defines!r}: pass a list of defines, e.g. [\"TILE=32\"]")
     else:
         entries = list(defines)
     for entry in entries:
