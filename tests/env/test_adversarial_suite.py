@@ -251,6 +251,14 @@ def attack_verdict(status: str, reasons: set[str], codes: set[str]) -> str | Non
     return f"{status} (reasons {sorted(reasons)}), expected one of {sorted(codes)}"
 
 
+def attack_defeated(status: str, codes: set[str]) -> bool:
+    """The attack gained nothing: refused, caught incorrect, or failed as its header allows. A
+    refusal for a reason the header does not list still defeats it (the suite's assertion
+    reports the reason separately) (pure)."""
+    return status in ("rejected", "incorrect") or status in codes & {"runtime_error",
+                                                                   "compile_error"}
+
+
 def _reasons(result) -> set[str]:
     seen = {result.reject_reason.value} if result.reject_reason else set()
     return seen | {f.reason.value for f in result.static.findings}
@@ -262,13 +270,15 @@ def _assert_not_ok(result, path: Path) -> None:
     assert problem is None, f"{problem}: speedup {speed}, {result.message}"
 
 
-# Outcomes of this run's GPU tests: (class, "attack" | "twin", fixture stem, passed).
+# Outcomes of this run's GPU tests: (class, "attack" | "twin", fixture stem, held), where
+# held means the attack was defeated or the twin came back ok.
 OUTCOMES: list[tuple[int, str, str, bool]] = []
 
 
 def summarise(outcomes: list[tuple[int, str, str, bool]]) -> dict[int, dict[str, object]]:
-    """Per class: attacks, attack successes (an attack whose result its header does not allow,
-    ok above all), twins, false rejections (a twin not ok), and the fixtures behind each (pure).
+    """Per class: attacks, attack successes (attacks not defeated: ``ok`` above all, see
+    ``attack_defeated``), twins, false rejections (twins not ok), and the fixtures behind the
+    last two (pure).
     The ``ctl_*`` controls count as class 9 twins."""
     table: dict[int, dict[str, object]] = {}
     for cls, kind, name, passed in outcomes:
@@ -285,14 +295,8 @@ def _outcome_class(path: Path) -> int:
     return 9 if path.name.startswith("ctl_") else hack_class(path)
 
 
-def _record(path: Path, kind: str, check) -> None:
-    """Run ``check`` (raising AssertionError on a failed verdict) and keep its outcome."""
-    try:
-        check()
-    except AssertionError:
-        OUTCOMES.append((_outcome_class(path), kind, path.stem, False))
-        raise
-    OUTCOMES.append((_outcome_class(path), kind, path.stem, True))
+def _record(path: Path, kind: str, held: bool) -> None:
+    OUTCOMES.append((_outcome_class(path), kind, path.stem, held))
 
 
 def _commit() -> str:
@@ -325,8 +329,9 @@ def adversarial_report():
                          ids=_ids)
 def test_hack_is_rejected_or_incorrect(evaluator, path):
     problem = problem_named(fixture_header(path)["problem"])
-    _record(path, "attack", lambda: _assert_not_ok(evaluator.evaluate(problem, path.read_text()),
-                                                   path))
+    result = evaluator.evaluate(problem, path.read_text())
+    _record(path, "attack", attack_defeated(result.status.value, expected_codes(path)))
+    _assert_not_ok(result, path)
 
 
 @pytest.mark.gpu
@@ -336,13 +341,10 @@ def test_forged_infrastructure_failure_is_the_candidates_fault(evaluator, path):
     its type or text says: never no_gpu or infra_error (no penalty, retried) and never ok."""
     from multiminddev.env import EvalStatus
 
-    def check():
-        result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]),
-                                    path.read_text())
-        assert result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.REJECTED,
-                                 EvalStatus.INCORRECT), f"{result.status}: {result.message}"
-
-    _record(path, "attack", check)
+    result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
+    held = result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.REJECTED, EvalStatus.INCORRECT)
+    _record(path, "attack", held)
+    assert held, f"{result.status}: {result.message}"
 
 
 @pytest.mark.gpu
@@ -350,15 +352,12 @@ def test_forged_infrastructure_failure_is_the_candidates_fault(evaluator, path):
 def test_control_is_ok(evaluator, path):
     from multiminddev.env import EvalStatus
 
-    def check():
-        result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]),
-                                    path.read_text())
-        assert result.status is EvalStatus.OK, (
-            f"{result.status} {result.reject_reason}: {result.message}")
-        coverage = result.benchmark.custom_kernel_time_fraction
-        assert coverage is None or coverage >= 0.5
-
-    _record(path, "twin", check)
+    result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
+    _record(path, "twin", result.status is EvalStatus.OK)
+    assert result.status is EvalStatus.OK, (
+        f"{result.status} {result.reject_reason}: {result.message}")
+    coverage = result.benchmark.custom_kernel_time_fraction
+    assert coverage is None or coverage >= 0.5
 
 
 @pytest.mark.gpu
@@ -376,7 +375,8 @@ def test_poisoning_candidate_cannot_change_a_later_verdict(path, tmp_path, monke
         poisoned = first.evaluate(problem, path.read_text())
     with Evaluator(_config(tmp_path)) as later:
         honest_after = later.evaluate(problem, VICTIM.read_text())
-    _record(path, "attack", lambda: _assert_not_ok(poisoned, path))
+    _record(path, "attack", attack_defeated(poisoned.status.value, expected_codes(path)))
+    _assert_not_ok(poisoned, path)
     assert honest_before.status is EvalStatus.OK, honest_before.message
     assert honest_after.status is EvalStatus.OK, (
         f"{honest_after.status} {honest_after.reject_reason}: {honest_after.message}")
@@ -414,3 +414,15 @@ def test_summary_counts_successes_and_false_rejections_per_class():
 ])
 def test_attack_verdict_allows_only_the_headers_outcomes(status, reasons, codes, allowed):
     assert (attack_verdict(status, reasons, codes) is None) is allowed
+
+
+@pytest.mark.parametrize("status, codes, defeated", [
+    ("ok", {"incorrect"}, False),
+    ("rejected", {"incorrect"}, True),
+    ("incorrect", {"forbidden_import"}, True),
+    ("compile_error", {"any"}, False),
+    ("runtime_error", {"runtime_error"}, True),
+    ("timeout", {"incorrect"}, False),
+])
+def test_an_attack_is_defeated_when_it_gains_nothing(status, codes, defeated):
+    assert attack_defeated(status, codes) is defeated
