@@ -335,19 +335,6 @@ def test_hack_is_rejected_or_incorrect(evaluator, path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", BLAME_SHIFTERS, ids=_ids)
-def test_forged_infrastructure_failure_is_the_candidates_fault(evaluator, path):
-    """An exception raised by candidate code on a working GPU is the candidate's failure, whatever
-    its type or text says: never no_gpu or infra_error (no penalty, retried) and never ok."""
-    from multiminddev.env import EvalStatus
-
-    result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
-    held = result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.REJECTED, EvalStatus.INCORRECT)
-    _record(path, "attack", held)
-    assert held, f"{result.status}: {result.message}"
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("path", [*CONTROLS, *TWINS], ids=_ids)
 def test_control_is_ok(evaluator, path):
     from multiminddev.env import EvalStatus
@@ -382,6 +369,22 @@ def test_poisoning_candidate_cannot_change_a_later_verdict(path, tmp_path, monke
         f"{honest_after.status} {honest_after.reject_reason}: {honest_after.message}")
     # A memory-bound ReLU runs near eager speed: far off means a forged figure.
     assert 0.3 < honest_after.benchmark.speedup_vs_eager < 3.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", BLAME_SHIFTERS, ids=_ids)
+def test_forged_infrastructure_failure_is_the_candidates_fault(evaluator, path):
+    """Last of the GPU tests: a blame-shifter may break its worker's CUDA context (a trap), and
+    the shared evaluator must have judged every other fixture before that.
+
+    An exception raised by candidate code on a working GPU is the candidate's failure, whatever
+    its type or text says: never no_gpu or infra_error (no penalty, retried) and never ok."""
+    from multiminddev.env import EvalStatus
+
+    result = evaluator.evaluate(problem_named(fixture_header(path)["problem"]), path.read_text())
+    held = result.status in (EvalStatus.RUNTIME_ERROR, EvalStatus.REJECTED, EvalStatus.INCORRECT)
+    _record(path, "attack", held)
+    assert held, f"{result.status}: {result.message}"
 
 
 # --- CPU: the report's arithmetic -----------------------------------------------------------
