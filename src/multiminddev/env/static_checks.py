@@ -2044,11 +2044,14 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
         return ("hook", RejectReason.MONKEY_PATCH,
                 (f"`.{attr}` installs a hook that runs code outside forward; do the work in "
                  "forward with your kernels"))
-    if attr in EVENT_ATTRIBUTES or (attr in QUEUE_STATE_ATTRIBUTES
-                                    and not _own_receiver(value, info)):
+    if attr in EVENT_ATTRIBUTES:
         return ("streams_events_graphs", RejectReason.CONCURRENCY,
                 (f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
                  "stream only"))
+    if attr in QUEUE_STATE_ATTRIBUTES and not _own_receiver(value, info):
+        return ("streams_events_graphs", RejectReason.CONCURRENCY,
+                (f"`.{attr}()` asks whether queued GPU work has finished, which tells timed "
+                 "calls from checked ones; launch on the current stream and do not poll it"))
     if attr in STORAGE_ATTRIBUTES:
         return ("tensor_storage", RejectReason.POINTER_CACHE,
                 (f"`.{attr}` reaches tensor storage identity; allocate outputs with "
