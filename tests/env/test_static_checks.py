@@ -1043,6 +1043,7 @@ def test_defines_computed_in_python_stay_allowed(defines):
     "(self.k.relu if n > 0 else self.k.relu)",
     "{256: self.k.relu, 128: kernels.relu}[256]",
     "self.table.get(256, kernels.relu)",
+    "kernels[f\"re{'lu'}\"]",
 ])
 def test_launch_through_a_kernel_picked_by_block_size_stays_allowed(pick):
     forward = ("    def forward(self, x):\n        n = x.numel()\n        y = torch.empty_like(x)\n"
