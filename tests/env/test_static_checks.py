@@ -1239,3 +1239,13 @@ def test_honest_twin_of_each_rule_passes(rule):
     kind, text, dtype = RULE_TWINS[rule]
     result = sc.run_static_checks(_twin_source(kind, text), problem_dtype=dtype)
     assert result.findings == [], [(f.rule, f.line, f.message[:120]) for f in result.findings]
+
+
+def test_a_held_kernel_is_not_trusted_when_the_holder_is_rebound():
+    other = "class Other:\n    def __init__(self, g):\n        self.fn = g\n"
+    extra = HELD.replace("ACT", "fn") + other
+    forward = forward_with("return self.h.fn(y)")
+    init = ("self.h = Other(sum)\nself.h = Holder(kernels.relu)\n"
+            "self.h = Other(sum) if True else None")
+    source = candidate(forward, extra=extra, init=init)
+    assert "torch_compute" in rules(source)

@@ -47,8 +47,9 @@ DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d\w*)([eE][-+]?\d+[fFlL]?)
 def define_options(defines: Sequence[str] | Mapping[str, int | float | bool]) -> tuple[str, ...]:
     """``defines`` as -D options: ``("TILE=32", "FAST")`` or ``{"TILE": 32, "SCALE": 0.5}``.
 
-    Raises ValueError naming the entry (TypeError for a bare string) unless each is a plain ``str`` name or name=number, or a
-    name mapped to a plain int/float/bool (subclasses refused: their text is theirs to choose).
+    Raises ValueError naming the entry unless each is a plain ``str`` name or name=number, or a
+    name mapped to a plain int/float/bool (subclasses refused: their text is theirs to choose);
+    TypeError for a bare string.
     """
     if isinstance(defines, Mapping):
         entries = []

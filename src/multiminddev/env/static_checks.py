@@ -963,15 +963,20 @@ def _held_by_own_instance(func: ast.Attribute, info: ModuleInfo) -> str | None:
     cls = info.classes[info.self_modules[_self_attr(func.value)]]
     if func.attr in info.methods(cls) or _own_instance_holds_kernel(func, info):
         return None
-    return f"`{ast.unparse(func)}` (a value {cls.name} holds, not a kernel)"
+    return (f"`{ast.unparse(func)}` (not a kernel: {cls.name}.{func.attr} holds other values, "
+            f"or self.{_self_attr(func.value)} is bound to other objects)")
 
 
 def _own_instance_holds_kernel(node: ast.Attribute, info: ModuleInfo) -> bool:
-    """``self.launcher.kernel``: ``launcher`` is an instance of the candidate's own class, and
-    every value that class stores in ``self.kernel`` is a kernel."""
+    """``self.launcher.kernel``: ``launcher`` is only ever bound to instances of one class of
+    the candidate's own, and every value that class stores in ``self.kernel`` is a kernel."""
     owner = _self_attr(node.value)
     cls = info.classes.get(info.self_modules.get(owner, "")) if owner is not None else None
-    if cls is None:
+    if cls is None or info.model_new is None:
+        return False
+    bound = [value for target, value in _assignments(info.model_new) if _self_attr(target) == owner]
+    if not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == cls.name
+               for v in bound):
         return False
     stored = [value for target, value in _assignments(cls) if _self_attr(target) == node.attr]
     return bool(stored) and all(_neutral(v) or kernel_value(v, info) is KernelValue.HANDLE
