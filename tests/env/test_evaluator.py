@@ -16,7 +16,9 @@ from tests.env._fixtures import FIXTURES, candidates, problem_for, problem_named
 pytestmark = pytest.mark.skipif(gpu_available(), reason="CPU-machine behaviour (no_gpu)")
 
 NVRTC_HONEST = [p for p in candidates("honest") if "load_inline" not in p.name]
-COMPILED_IN_INIT = {"ctl_helper_returns_compiled.py"}
+COMPILED_IN_INIT = {"ctl_helper_returns_compiled.py",
+                    "wbtwin_c2_kernel_compiled_in_init_from_init_inputs.py",
+                    "wbtwin_c4_defines_from_class_attributes.py"}
 
 
 @pytest.fixture(scope="module")

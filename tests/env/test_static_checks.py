@@ -483,6 +483,13 @@ def test_honest_inline_wrapper_is_clean():
     ("syscall(SYS_write, 5, 0, 0);", RejectReason.FORBIDDEN_IMPORT),
     ('asm volatile("syscall");', RejectReason.FORBIDDEN_IMPORT),
     ("int fd = dup(5);", RejectReason.FORBIDDEN_IMPORT),
+    ('auto run = ::system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
+    ('int (*run)(const char*) = &system; run("ls");', RejectReason.FORBIDDEN_IMPORT),
+    ("auto gemm = &cublasSgemm_v2;", RejectReason.TORCH_COMPUTE),
+    ('std::filesystem::remove_all("/tmp/cache");', RejectReason.FORBIDDEN_IMPORT),
+    ('namespace fs = std::filesystem; fs::path p("/tmp");', RejectReason.FORBIDDEN_IMPORT),
+    ('rename("/tmp/a", "/tmp/b"); unlink("/tmp/a");', RejectReason.FORBIDDEN_IMPORT),
+    ('#define GLUE(a, b) a##b\n    GLUE(sys, tem)("ls");', RejectReason.FORBIDDEN_IMPORT),
 ])
 def test_native_code_rules(body, reason):
     assert reason in reasons(INLINE.replace("BODY", body))
@@ -776,6 +783,7 @@ def test_native_registration_and_vendor_calls(body, rule):
 @pytest.mark.parametrize("body", [
     "auto opts = x.options(); auto writer = opts.dtype();",  # names that contain the words
     "stats.write(1.f); log->send(2); q.open(3);",  # member calls are not libc's
+    "int systems = 1; cfg.system = 2; link->connect(3); (void)systems;",
 ])
 def test_descriptor_io_rule_leaves_member_calls_and_longer_names(body):
     assert reasons(INLINE.replace("BODY", body)) == set()
@@ -994,10 +1002,17 @@ def test_builtin_class_patterns_stay_allowed():
 @pytest.mark.parametrize("call, rule", [
     ('compile_kernels(SRC, use_fast_math=True)', "fast_math_flag"),
     ('compile_kernels(SRC, defines=("CVT=__float2half_rn",))', "native_build_flag"),
-    ('compile_kernels(SRC, defines=[name for name in ("A",)])', "native_build_flag"),
+    ('compile_kernels(SRC, defines={"CVT": "__float2half_rn"})', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={CVT_NAME}"])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={\'__float2half_rn\'}"])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"CVT={x!s}" for x in VALUES])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[str(v) for v in VALUES])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=["=".join(("CVT", name))])', "native_build_flag"),
+    ('compile_kernels(SRC, defines=[f"{name}=1"])', "native_build_flag"),
 ])
 def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, rule):
-    source = candidate().replace("compile_kernels(", "SRC = (", 1)
+    source = candidate(extra="CVT_NAME = '__float2half_rn'\nVALUES = ('A',)\nname = 'CVT'")
+    source = source.replace("compile_kernels(", "SRC = (", 1)
     source = source.replace('""")', '""")\nkernels = ' + call, 1)
     assert rule in rules(source), sc.run_static_checks(source).findings
 
@@ -1005,6 +1020,46 @@ def test_compile_kernels_options_that_change_numerics_or_code_are_refused(call, 
 def test_numeric_defines_stay_allowed():
     source = candidate().replace('""")', '""", defines=("BLOCK=256", "SCALE=0.5f", "FAST"))', 1)
     assert sc.run_static_checks(source).findings == []
+
+
+@pytest.mark.parametrize("defines", [
+    '{"BLOCK": 256, "SCALE": 0.5, "FAST": True}',
+    '{"BLOCK": ModelNew.BLOCK, "UNROLL": max(1, WAVES // 2)}',
+    '[f"BLOCK={ModelNew.BLOCK}", f"UNROLL={int(WAVES / 2)}", "FAST"]',
+    '[f"BLOCK={b}" for b in (ModelNew.BLOCK,)]',
+    'DEFINES',
+])
+def test_defines_computed_in_python_stay_allowed(defines):
+    """compile_kernels lets names and numbers only through at run time, so class attributes
+    and ints computed in Python need no literal."""
+    extra = "WAVES = 4\nDEFINES = {'BLOCK': 2 ** 8}"
+    source = candidate(extra=extra).replace('""")', f'""", defines={defines})', 1)
+    source = source.replace("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n"
+                            "    BLOCK = 256\n", 1)
+    assert sc.run_static_checks(source).findings == []
+
+
+@pytest.mark.parametrize("pick", [
+    "(self.k.relu if n > 0 else self.k.relu)",
+    "{256: self.k.relu, 128: kernels.relu}[256]",
+    "self.table.get(256, kernels.relu)",
+    "kernels[f\"re{'lu'}\"]",
+])
+def test_launch_through_a_kernel_picked_by_block_size_stays_allowed(pick):
+    forward = ("    def forward(self, x):\n        n = x.numel()\n        y = torch.empty_like(x)\n"
+               f"        k = {pick}\n"
+               "        k(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))\n"
+               "        return y\n")
+    init = "self.k = kernels\nself.table = {256: kernels.relu, 128: kernels.relu}"
+    assert sc.run_static_checks(candidate(forward, init=init)).findings == []
+
+
+def test_kernel_table_get_with_a_torch_default_is_not_a_launch():
+    forward = ("    def forward(self, x):\n        n = x.numel()\n        y = torch.empty_like(x)\n"
+               "        kernels.relu(grid=((n + 255) // 256,), block=(256,), args=(x, y, n))\n"
+               "        k = self.table.get(256, F.relu)\n        return k(y)\n")
+    init = "self.table = {256: kernels.relu}"
+    assert "torch_compute" in rules(candidate(forward, init=init))
 
 
 @pytest.mark.parametrize("extra", [
@@ -1028,3 +1083,169 @@ def test_property_setters_extend_their_definition():
              "    def n(self):\n        return self._n\n    @n.setter\n    def n(self, value):\n"
              "        self._n = value")
     assert "definition_resolution" not in rules(candidate(extra=extra))
+
+
+@pytest.mark.parametrize("body", [
+    "if torch.cuda.current_stream().query():\n    return y",
+    "s = torch.cuda.current_stream()\nbusy = not s.query()",
+])
+def test_asking_whether_queued_work_finished_is_refused(body):
+    assert "streams_events_graphs" in rules(candidate(forward_with(body)))
+
+
+def test_own_method_named_query_stays_allowed():
+    forward = forward_with("blocks = self.query(n)\nreturn y")
+    forward += "\n    def query(self, n):\n        return (n + 255) // 256\n"
+    assert sc.run_static_checks(candidate(forward)).findings == []
+
+
+def test_token_pasting_in_an_nvrtc_kernel_stays_allowed():
+    """Kernel variants named with ``##`` are plain CUDA; NVRTC code has no libc to reach."""
+    source = candidate().replace('extern "C" __global__ void relu(',
+                                 '#define KERNEL(name) extern "C" __global__ void name##_f32\n'
+                                 'extern "C" __global__ void relu(', 1)
+    assert sc.run_static_checks(source).findings == []
+
+
+HELD = ("class Holder:\n    def __init__(self, fn):\n        self.fn = fn\n        self.act = ACT\n")
+
+
+def test_a_kernel_held_by_an_own_instance_is_a_launch():
+    forward = forward_with("self.h.fn(grid=(1,), block=(1,), args=(x, y, n))\nreturn y")
+    source = candidate(forward, extra=HELD.replace("ACT", "fn"), init="self.h = Holder(kernels.relu)")
+    assert sc.run_static_checks(source).findings == []
+
+
+def test_a_torch_module_held_by_an_own_instance_is_compute():
+    forward = forward_with("return self.h.act(y)")
+    source = candidate(forward, extra=HELD.replace("ACT", "nn.ReLU()"),
+                       init="self.h = Holder(kernels.relu)")
+    assert "torch_compute" in rules(source)
+
+
+# --- every rule has an honest twin -----------------------------------------------------------
+
+INLINE_TWIN = "INLINE"  # the honest load_inline wrapper above, with BODY filled in
+# For each rule, the closest legitimate code: it must pass with zero findings. A new rule
+# without a twin here fails test_every_rule_has_an_honest_twin.
+RULE_TWINS: dict[str, tuple[str, str, str]] = {
+    # rule: (kind, text, problem dtype); kind "forward" (forward_with body), "extra" (module
+    # level), "init" (__init__ body), "inline" (load_inline BODY), "source" (a whole module)
+    "async": ("extra", "def async_grid(n):\n    return (n + 255) // 256", "float32"),
+    "builtin_not_allowed": ("forward", "b = min(max(1, n // 256), len(range(4)))\nreturn y",
+                            "float32"),
+    "concurrency_import": ("extra", "import math as maths", "float32"),
+    "definition_resolution": ("extra", "BLOCK = 128\nBLOCK = 256", "float32"),
+    "dynamic_attribute": ("forward", "t = getattr(self, 'training')\nreturn y", "float32"),
+    "dynamic_torch_access": ("forward", "dt = torch.float32\nreturn y", "float32"),
+    "fast_math_flag": ("source", "FAST_MATH", "float16"),
+    "file_access": ("forward", "name = '/tmp/relu.bin'\nreturn y", "float32"),
+    "finalizer": ("forward", "with torch.no_grad():\n    b = n // 256\nreturn y", "float32"),
+    "forbidden_import": ("extra", "import torch.nn.functional as functional", "float32"),
+    "harness_internals": ("forward", "k = kernels.relu\nreturn y", "float32"),
+    "hook": ("init", "self.register_buffer('scale', torch.ones(1))", "float32"),
+    "host_memory": ("forward", "assert x.is_cuda\nreturn y", "float32"),
+    "host_read": ("forward", "aligned = x.data_ptr() % 16 == 0\nreturn y", "float32"),
+    "introspection": ("forward", "ok = isinstance(x, torch.Tensor)\nreturn y", "float32"),
+    "kernel_defined": ("source", "TEMPLATE", "float32"),
+    "kernel_launched": ("forward", ("k = kernels.relu\n"
+                                    "k(grid=(1,), block=(32,), args=(x, y, 32))\nreturn y"),
+                        "float32"),
+    "low_precision_cast": ("forward", ("h = torch.empty(n, dtype=torch.float16, "
+                                       "device=x.device)\nreturn y"), "float16"),
+    "low_precision_dtype": ("forward", "d = x.dtype == torch.float16\nreturn y", "float16"),
+    "low_precision_kernel": ("source", "HALF_KERNEL", "float16"),
+    "memoised_function": ("extra", "def grid(n):\n    return ((n + 255) // 256,)", "float32"),
+    "model_new_class": ("source", "TEMPLATE", "float32"),
+    "model_new_forward": ("source", "TEMPLATE", "float32"),
+    "module_override": ("extra", ("class Launch(nn.Module):\n    def forward(self, x):\n"
+                                  "        return x"), "float32"),
+    "module_reference": ("forward", "dev = torch.device('cuda')\nreturn y", "float32"),
+    "native_build_flag": ("inline", "", "float32"),
+    "native_descriptor_io": ("inline", "stats.write(1.f); log->send(2);", "float32"),
+    "native_dispatcher_registration": ("inline", 'TORCH_CHECK(x.is_cuda(), "TORCH_LIBRARY");',
+                                       "float32"),
+    "native_escape": ("inline", "int systems = 1; (void)systems;", "float32"),
+    "native_source_not_static": ("inline", "", "float32"),
+    "native_streams_threads": ("inline", "auto same = at::cuda::getCurrentCUDAStream();",
+                               "float32"),
+    "native_token_paste": ("source", "PASTE", "float32"),
+    "native_torch_compute": ("inline", "auto z = torch::empty_like(x);", "float32"),
+    "native_vendor_library": ("inline", "int cublas_free = 0; (void)cublas_free;", "float32"),
+    "not_allowlisted": ("forward", "z = torch.zeros_like(x)\nreturn y", "float32"),
+    "patch_module": ("init", "self.blocks = 4", "float32"),
+    "pointer_cache": ("forward", "key = tuple(x.shape)\nreturn y", "float32"),
+    "private_internals": ("init", "self._blocks = 4", "float32"),
+    "rebound_self": ("forward", "training = self.training\nreturn y", "float32"),
+    "reference_import": ("extra", "from multiminddev.cuda import compile_kernels as ck",
+                         "float32"),
+    "reference_inheritance": ("extra", "class ModelLauncher:\n    pass", "float32"),
+    "reference_model": ("extra", "MODEL_NAME = 'Model'", "float32"),
+    "relative_import": ("extra", "import torch.nn as tnn", "float32"),
+    "returns_input": ("forward", "return y.view(x.shape)", "float32"),
+    "setattr": ("forward", "self.last_n = n\nreturn y", "float32"),
+    "streams_events_graphs": ("forward", "s = torch.cuda.current_stream()\nreturn y", "float32"),
+    "suppress_in_forward": ("forward", ("if x.dim() != 2:\n"
+                                        "    raise ValueError('2-D input')\nreturn y"), "float32"),
+    "syntax": ("source", "TEMPLATE", "float32"),
+    "tensor_storage": ("forward", "c = x.is_contiguous() and x.stride(-1) == 1\nreturn y",
+                       "float32"),
+    "tensor_subclass": ("extra", "class Pair(tuple):\n    pass", "float32"),
+    "torch_compute": ("forward", "z = torch.empty_like(y)\nreturn y", "float32"),
+    "torch_global_state": ("forward", "d = torch.get_default_dtype()\nreturn y", "float32"),
+    "try_around_kernel": ("forward", "if n == 0:\n    return y\nreturn y", "float32"),
+    "try_in_forward": ("forward", "assert n > 0, 'empty input'\nreturn y", "float32"),
+}
+WHOLE_SOURCES = {
+    "TEMPLATE": lambda: candidate(),
+    "FAST_MATH": lambda: candidate().replace('""")', '""", use_fast_math=True)', 1),
+    "HALF_KERNEL": lambda: candidate(prelude=PRELUDE.replace(
+        'extern "C"', '#include <cuda_fp16.h>\n__device__ __half h(float v) { return __float2half(v); }'
+        '\nextern "C"', 1)),
+    "PASTE": lambda: candidate(prelude=PRELUDE.replace(
+        'extern "C"', '#define NAMED(n) relu_##n\nextern "C"', 1)),
+}
+
+
+def _twin_source(kind: str, text: str) -> str:
+    if kind == "forward":
+        return candidate(forward_with(text))
+    if kind == "extra":
+        return candidate(extra=text)
+    if kind == "init":
+        return candidate(init=text)
+    if kind == "inline":
+        return INLINE.replace("BODY", text)
+    return WHOLE_SOURCES[text]()
+
+
+def _rules_of_the_module() -> set[str]:
+    """Every rule name static_checks can report, read from its source."""
+    import inspect
+    import re
+
+    text = inspect.getsource(sc)
+    return (set(re.findall(r'_finding\(\s*"([a-z_]+)"', text))
+            | set(re.findall(r'rule="([a-z_]+)"', text))
+            | set(re.findall(r'\("([a-z_]+)", RejectReason\.', text)))
+
+
+def test_every_rule_has_an_honest_twin():
+    assert _rules_of_the_module() - set(RULE_TWINS) == set()
+
+
+@pytest.mark.parametrize("rule", sorted(RULE_TWINS))
+def test_honest_twin_of_each_rule_passes(rule):
+    kind, text, dtype = RULE_TWINS[rule]
+    result = sc.run_static_checks(_twin_source(kind, text), problem_dtype=dtype)
+    assert result.findings == [], [(f.rule, f.line, f.message[:120]) for f in result.findings]
+
+
+def test_a_held_kernel_is_not_trusted_when_the_holder_is_rebound():
+    other = "class Other:\n    def __init__(self, g):\n        self.fn = g\n"
+    extra = HELD.replace("ACT", "fn") + other
+    forward = forward_with("return self.h.fn(y)")
+    init = ("self.h = Other(sum)\nself.h = Holder(kernels.relu)\n"
+            "self.h = Other(sum) if True else None")
+    source = candidate(forward, extra=extra, init=init)
+    assert "torch_compute" in rules(source)

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +38,38 @@ DEFAULT_ARCH = "sm_90"
 # which are never read again.
 CACHE_SUBDIR = "nvrtc-signed"
 SHIM_INCLUDE_DIR = Path(__file__).parent / "include"
+# A define is a name, or a name given a number ("TILE=32", "SCALE=0.5f", "EPS=1e-05"): one
+# preprocessing number carries no code into the kernel, so a value computed in Python is safe
+# once it is checked here, where it becomes a -D option.
+DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d\w*)([eE][-+]?\d+[fFlL]?)?)?")
+
+
+def define_options(defines: Sequence[str] | Mapping[str, int | float | bool]) -> tuple[str, ...]:
+    """``defines`` as -D options: ``("TILE=32", "FAST")`` or ``{"TILE": 32, "SCALE": 0.5}``.
+
+    Raises ValueError naming the entry unless each is a plain ``str`` name or name=number, or a
+    name mapped to a plain int/float/bool (subclasses refused: their text is theirs to choose);
+    TypeError for a bare string.
+    """
+    if isinstance(defines, Mapping):
+        entries = []
+        for name, value in defines.items():
+            if type(name) is not str or type(value) not in (int, float, bool):
+                raise ValueError(f"defines entry of a {type(name).__name__} name and a "
+                                 f"{type(value).__name__} value: names are str, values numbers "
+                                 "(int, float or bool); write code in the kernel source")
+            text = float.__repr__(value) if type(value) is float else int.__repr__(int(value))
+            entries.append(f"{name}={text}")
+    elif isinstance(defines, str):
+        raise TypeError(f"defines={defines!r}: pass a list of defines, e.g. [\"TILE=32\"]")
+    else:
+        entries = list(defines)
+    for entry in entries:
+        if type(entry) is not str or not DEFINE.fullmatch(entry):
+            shown = repr(entry) if type(entry) is str else f"of type {type(entry).__name__}"
+            raise ValueError(f"define {shown}: defines are a name or name=number "
+                             "(\"TILE=32\"); write code in the kernel source")
+    return tuple(entries)
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -52,6 +85,7 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.arch is not None and not re.fullmatch(r"sm_\d+[a-z]?", self.arch):
             raise ValueError(f"arch must look like 'sm_90' or 'sm_90a', got {self.arch!r}")
+        define_options(self.defines)
 
 
 @dataclass(kw_only=True)

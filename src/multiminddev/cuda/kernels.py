@@ -11,13 +11,13 @@ known; launching then raises ``NoGPUError``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from multiminddev.core.results import CompileResult, StageStatus
-from multiminddev.cuda.compiler import CompiledModule, CompileOptions, compile_cuda
+from multiminddev.cuda.compiler import CompiledModule, CompileOptions, compile_cuda, define_options
 from multiminddev.cuda.signature import (
     POINTEE_TORCH_DTYPES,
     SCALAR_TYPES,
@@ -277,10 +277,14 @@ def compile_kernels(
     *,
     arch: str | None = None,
     use_fast_math: bool = False,
-    defines: Sequence[str] = (),
+    defines: Sequence[str] | Mapping[str, int | float | bool] = (),
 ) -> CompiledKernels:
-    """Compile ``source`` with NVRTC; raises KernelCompileError with line-numbered errors."""
-    options = CompileOptions(arch=arch, use_fast_math=use_fast_math, defines=tuple(defines))
+    """Compile ``source`` with NVRTC; raises KernelCompileError with line-numbered errors.
+
+    ``defines``: ``["TILE=32"]`` or ``{"TILE": 32}``, names and numbers only (ValueError else).
+    """
+    options = CompileOptions(arch=arch, use_fast_math=use_fast_math,
+                             defines=define_options(defines))
     module = compile_cuda(source, options)
     compile_log.append(module.result)
     if module.result.status is not StageStatus.OK:

@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from multiminddev import pyast
+from multiminddev.cuda.compiler import define_options
 from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
 
 # ---------------------------------------------------------------------------------------------
@@ -363,10 +364,14 @@ def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
             if node.attr in info.self_holders:
                 return KernelValue.HANDLE
             return KernelValue.FACTORY if node.attr in info.self_factories else None
+        if _own_instance_holds_kernel(node, info):
+            return KernelValue.HANDLE
         return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
     if isinstance(node, ast.Subscript):
         return KernelValue.HANDLE if kernel_value(node.value, info) is KernelValue.HANDLE else None
     if isinstance(node, ast.Call):
+        if _is_kernel_table_get(node, info):
+            return KernelValue.HANDLE
         return KernelValue.HANDLE if kernel_value(node.func, info) is KernelValue.FACTORY else None
     if isinstance(node, (ast.Tuple, ast.List, ast.Dict, ast.IfExp)):
         parts = (node.elts if isinstance(node, (ast.Tuple, ast.List)) else node.values
@@ -378,6 +383,15 @@ def kernel_value(node: ast.AST, info: ModuleInfo) -> KernelValue | None:
     if isinstance(node, ast.Lambda):
         return KernelValue.FACTORY if kernel_value(node.body, info) is KernelValue.HANDLE else None
     return None
+
+
+def _is_kernel_table_get(call: ast.Call, info: ModuleInfo) -> bool:
+    """``table.get(block_size, kernels.relu_128)``: a kernel picked from a table of kernels with
+    a kernel as the default, so whichever is found is a kernel."""
+    func = call.func
+    return (isinstance(func, ast.Attribute) and func.attr == "get" and len(call.args) == 2
+            and not call.keywords and kernel_value(func.value, info) is KernelValue.HANDLE
+            and kernel_value(call.args[1], info) is KernelValue.HANDLE)
 
 
 def _holds_kernels(value: ast.AST, info: ModuleInfo) -> bool:
@@ -941,6 +955,34 @@ def _compute_message(node: ast.AST, tensors: set[str], info: ModuleInfo) -> str 
     return None
 
 
+def _held_by_own_instance(func: ast.Attribute, info: ModuleInfo) -> str | None:
+    """``self.helper.act(x)`` where ``helper`` is an instance of the candidate's own class and
+    ``act`` is not one of its methods but a value it stores: a call of that value is a launch
+    only when every value the class stores there is a kernel (``nn.ReLU()`` held by a helper
+    is torch compute, however the call is spelled)."""
+    cls = info.classes[info.self_modules[_self_attr(func.value)]]
+    if func.attr in info.methods(cls) or _own_instance_holds_kernel(func, info):
+        return None
+    return (f"`{ast.unparse(func)}` (not a kernel: {cls.name}.{func.attr} holds other values, "
+            f"or self.{_self_attr(func.value)} is bound to other objects)")
+
+
+def _own_instance_holds_kernel(node: ast.Attribute, info: ModuleInfo) -> bool:
+    """``self.launcher.kernel``: ``launcher`` is only ever bound to instances of one class of
+    the candidate's own, and every value that class stores in ``self.kernel`` is a kernel."""
+    owner = _self_attr(node.value)
+    cls = info.classes.get(info.self_modules.get(owner, "")) if owner is not None else None
+    if cls is None or info.model_new is None:
+        return False
+    bound = [value for target, value in _assignments(info.model_new) if _self_attr(target) == owner]
+    if not all(isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == cls.name
+               for v in bound):
+        return False
+    stored = [value for target, value in _assignments(cls) if _self_attr(target) == node.attr]
+    return bool(stored) and all(_neutral(v) or kernel_value(v, info) is KernelValue.HANDLE
+                                for v in stored) and not all(_neutral(v) for v in stored)
+
+
 def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -> str | None:
     func = node.func
     name = resolve(func, info.aliases)
@@ -963,6 +1005,9 @@ def _call_compute_message(node: ast.Call, tensors: set[str], info: ModuleInfo) -
     if isinstance(func, ast.Attribute) and _self_attr(func.value) in info.self_modules:
         if info.self_modules[_self_attr(func.value)] not in info.classes:
             return f"torch module method `{ast.unparse(func)}(...)`"
+        held = _held_by_own_instance(func, info)
+        if held is not None:
+            return held
     if _is_launch(node, info) or _call_target(node, info)[0] is not None:
         return None
     args = [*node.args, *(kw.value for kw in node.keywords)]
@@ -1653,6 +1698,10 @@ INTROSPECTION_ATTRIBUTE = re.compile(
 HOOK_ATTRIBUTE = re.compile(r"hook|^register_module_\w+$", re.IGNORECASE)
 EVENT_ATTRIBUTES = frozenset({"record_event", "wait_event", "wait_stream", "elapsed_time",
                               "record_stream"})
+# ``stream.query()`` / ``event.query()`` tell whether queued GPU work has finished: a timing
+# loop's back-to-back calls and a checked call's copy-out differ there, so the answer could
+# tell timing from checking. Refused on anything but the candidate's own objects.
+QUEUE_STATE_ATTRIBUTES = frozenset({"query"})
 STORAGE_ATTRIBUTES = frozenset({"untyped_storage", "storage", "set_", "share_memory_"})
 HOST_MEMORY_ATTRIBUTES = frozenset({"pin_memory", "is_pinned", "numpy"})
 # Public attributes of compiled-kernel handles that are the harness's, not the candidate's.
@@ -2004,6 +2053,10 @@ def _attribute_finding(node: ast.Attribute, info: ModuleInfo, bindings: dict[str
         return ("streams_events_graphs", RejectReason.CONCURRENCY,
                 (f"`.{attr}` uses CUDA events or cross-stream waits; launch on the current "
                  "stream only"))
+    if attr in QUEUE_STATE_ATTRIBUTES and not _own_receiver(value, info):
+        return ("streams_events_graphs", RejectReason.CONCURRENCY,
+                (f"`.{attr}()` asks whether queued GPU work has finished, which tells timed "
+                 "calls from checked ones; launch on the current stream and do not poll it"))
     if attr in STORAGE_ATTRIBUTES:
         return ("tensor_storage", RejectReason.POINTER_CACHE,
                 (f"`.{attr}` reaches tensor storage identity; allocate outputs with "
@@ -2246,13 +2299,17 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"cudaStreamLegacy|CU_STREAM_PER_THREAD|CU_STREAM_LEGACY|cuStreamCreate\w*|"
         r"pthread_create|std\s*::\s*thread|std\s*::\s*async|std\s*::\s*jthread|at\s*::\s*launch)\b|"
         r"#\s*include\s*<(thread|future|pthread\.h)>")),
+    # Named, not only called: ``auto f = ::system; f("ls")`` calls it through a pointer.
     ("native_escape", RejectReason.FORBIDDEN_IMPORT, re.compile(
-        r"\b(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|execvpe|posix_spawnp?|"
-        r"dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|mprotect|ptrace|"
-        r"PyRun_\w+|PyImport_\w+)\s*\(|"
+        r"(?<![\w.])(?<!->)(system|popen|fork|vfork|execl|execle|execlp|execv|execve|execvp|"
+        r"execvpe|posix_spawnp?|dlopen|dlsym|socket|connect|fopen|freopen|getenv|setenv|putenv|"
+        r"mprotect|ptrace|unlink|unlinkat|rename|renameat|rmdir|mkdir|symlink|chmod|"
+        r"chown|opendir|readdir|PyRun_\w+|PyImport_\w+)\b|"
+        r"\bstd\s*::\s*(experimental\s*::\s*)?filesystem\b|"
         r"\b(std::[io]?fstream|py::exec|py::eval|pybind11::exec|pybind11::eval|"
         r"(py|pybind11)::module_?::import)\b|"
-        r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|"
+        r"#\s*include\s*<(dlfcn\.h|unistd\.h|sys/socket\.h|fstream|(experimental/)?filesystem|"
+        r"dirent\.h|sys/stat\.h|"
         r"spawn\.h|sys/mman\.h|Python\.h)>")),
     # Raw descriptor I/O and system calls: a wrapper has nothing to read or write but tensors,
     # and a descriptor it holds may be the evaluator's pipe (a frame written there would pose as
@@ -2267,8 +2324,8 @@ NATIVE_RULES: tuple[tuple[str, RejectReason, re.Pattern[str]], ...] = (
         r"c10::impl::\w+)\b")),
     # Vendor libraries compute with kernels that are not the candidate's.
     ("native_vendor_library", RejectReason.TORCH_COMPUTE, re.compile(
-        r"\b(cublas\w*|cublasLt\w*|cudnn\w*|cufft\w*|cusparse\w*|cusolver\w*|"
-        r"getCurrentCUDABlasHandle\w*)\s*\(|"
+        r"(?<![\w.])(?<!->)((cublas|cudnn|cufft|cusparse|cusolver)[A-Z]\w*|"
+        r"getCurrentCUDABlasHandle\w*)\b|"
         r"#\s*include\s*<(cublas\w*\.h|cublasLt\.h|cudnn\w*\.h|cufft\w*\.h|cusparse\.h|"
         r"cusolver\w*\.h|ATen/cuda/CUDABlas\.h)>")),
 )
@@ -2316,8 +2373,12 @@ SAFE_FLAG = re.compile(
     r"-U__CUDA_NO_HALF_OPERATORS__|-U__CUDA_NO_HALF_CONVERSIONS__|-U__CUDA_NO_HALF2_OPERATORS__|"
     r"-U__CUDA_NO_BFLOAT16_CONVERSIONS__|-U__CUDA_NO_BFLOAT16_OPERATORS__|"
     r"-U__CUDA_NO_BFLOAT162_OPERATORS__|-U__CUDA_NO_BFLOAT162_CONVERSIONS__")
-# A compile_kernels define: a name, or a name given a number ("TILE=32", "SCALE=0.5f").
-SAFE_DEFINE = re.compile(r"[A-Za-z_]\w*(=[-+]?(\d[\w.]*|\.\d[\w]*))?")
+# compile_kernels(defines=...) computed in Python: compile_kernels lets names and numbers only
+# through (cuda.compiler.define_options), so the source may compute them; these build text.
+DEFINE_TEXT_BUILDERS = frozenset({"str", "repr", "ascii", "chr", "format", "bytes", "bytearray"})
+DEFINE_TEXT_METHODS = frozenset({"format", "format_map", "join", "replace", "decode", "strip"})
+DEFINE_FSTRING_HEAD = re.compile(r"[A-Za-z_]\w*=")
+TOKEN_PASTE = re.compile(r"##")
 FAST_MATH_FLAG = re.compile(r"-{1,2}use_fast_math|-ffast-math|-Ofast|--ftz=true|--prec-div=false|"
                             r"--prec-sqrt=false|--fmad=true")
 
@@ -2332,7 +2393,7 @@ class NativeBuilds:
     flags: list[tuple[ast.AST, str, str]] = field(default_factory=list)  # (call, argument, flag)
     functions: list[tuple[ast.AST, str]] = field(default_factory=list)
     not_static: list[ast.Call] = field(default_factory=list)
-    defines: list[tuple[ast.AST, str | None]] = field(default_factory=list)  # None: not static
+    defines: list[tuple[ast.Call, ast.expr]] = field(default_factory=list)  # (call, defines=)
 
 
 def _is_load_inline(call: ast.Call, aliases: dict[str, str]) -> bool:
@@ -2384,11 +2445,7 @@ def native_builds(tree: ast.Module) -> NativeBuilds:
             value = inline_build._static_value(arg, consts) if arg is not None else None
             if isinstance(value, str):
                 builds.sources.append((call, value))
-            for keyword in call.keywords:
-                if keyword.arg == "defines":
-                    texts = _strings(inline_build._static_value(keyword.value, consts))
-                    builds.defines += [(call, t) for t in texts] if texts is not None else [
-                        (call, None)]
+            builds.defines += [(call, k.value) for k in call.keywords if k.arg == "defines"]
     return builds
 
 
@@ -2419,8 +2476,55 @@ def _native_line(node: ast.AST, code: str, offset: int) -> int:
     return getattr(node, "lineno", 1) + code[:offset].count("\n")
 
 
+def _define_problem(expr: ast.expr, consts: dict) -> str | None:
+    """Why ``compile_kernels(defines=expr)`` could carry code into the kernel, else None.
+
+    A value known from the source is checked as compile_kernels checks it. A value computed at
+    run time (class attributes, ints computed in Python) is checked there, numbers only, so
+    the source is refused only where it builds text: str()/format()/join, a string inside an
+    f-string's field, an f-string other than ``f"NAME={number}"``.
+    """
+    from multiminddev.env import inline_build
+
+    value = inline_build._static_value(expr, consts)
+    if value is not inline_build._UNKNOWN:
+        try:
+            define_options(value)
+        except (ValueError, TypeError) as exc:
+            return str(exc).split(":")[0]
+        return None
+    for node in ast.walk(expr):
+        func = node.func if isinstance(node, ast.Call) else None
+        if (isinstance(func, ast.Name) and func.id in DEFINE_TEXT_BUILDERS) or (
+                isinstance(func, ast.Attribute) and func.attr in DEFINE_TEXT_METHODS):
+            return f"builds text with `{ast.unparse(func)}`"
+        if isinstance(node, ast.FormattedValue) and isinstance(
+                inline_build._static_value(node.value, consts), str):
+            return f"field `{ast.unparse(node.value)}` is a string"
+        if isinstance(node, ast.JoinedStr) and not _numeric_fstring(node):
+            return f"entry `{ast.unparse(node)}` is not f\"NAME={{number}}\""
+    return None
+
+
+def _numeric_fstring(node: ast.JoinedStr) -> bool:
+    """``f"TILE={self.tile}"``: a literal ``NAME=`` then one plain field with no text in it."""
+    if len(node.values) != 2:
+        return False
+    head, field_ = node.values
+    return (isinstance(head, ast.Constant) and isinstance(head.value, str)
+            and DEFINE_FSTRING_HEAD.fullmatch(head.value) is not None
+            and isinstance(field_, ast.FormattedValue) and field_.conversion == -1
+            and field_.format_spec is None
+            and not any(isinstance(n, ast.JoinedStr) or (
+                isinstance(n, ast.Constant) and isinstance(n.value, str))
+                for n in ast.walk(field_.value)))
+
+
 def _native_build_findings(tree: ast.Module) -> list[Finding]:
-    """load_inline arguments: static, allowlisted flags only, bound functions not libc's."""
+    """load_inline arguments: static, allowlisted flags only, bound functions not libc's;
+    compile_kernels defines that cannot carry code."""
+    from multiminddev.env import inline_build
+
     builds = native_builds(tree)
     findings = [_finding(
         "native_source_not_static", RejectReason.FORBIDDEN_IMPORT,
@@ -2445,12 +2549,23 @@ def _native_build_findings(tree: ast.Module) -> list[Finding]:
                 f"{arg} `{flag}` is not allowed (allowed: -O0..-O3, -std=c++NN, -lineinfo, "
                 "-use_fast_math, -arch/-gencode, -maxrregcount, -Xptxas -v, warnings); no "
                 "-D/-U/-I/-l/-L/-Wl,/-include/-x", call))
-    for call, define in builds.defines:
-        if define is None or not SAFE_DEFINE.fullmatch(define):
+    consts = inline_build._module_constants(tree)
+    for call, expr in builds.defines:
+        problem = _define_problem(expr, consts)
+        if problem is not None:
             findings.append(_finding(
                 "native_build_flag", RejectReason.FORBIDDEN_IMPORT,
-                f"compile_kernels(defines=...) entry {define!r}: defines name numeric constants "
-                "only (\"TILE=32\"), as literal strings; write code in the kernel source", call))
+                f"compile_kernels(defines=...) {problem}: defines are names and numbers "
+                "(\"TILE=32\", {\"TILE\": self.TILE}); write code in the kernel source", call))
+    aliases = import_aliases(tree)
+    for call, text in builds.sources:
+        # Token pasting builds identifiers the rules above never see whole
+        # (``GLUE(sys, tem)("ls")``); host C++ has no need of it.
+        if _is_load_inline(call, aliases) and TOKEN_PASTE.search(cuda_code(text)):
+            findings.append(_finding(
+                "native_token_paste", RejectReason.FORBIDDEN_IMPORT,
+                "load_inline source pastes tokens with `##`, which builds names the checks "
+                "cannot read; write each name out", call))
     for call, name in builds.functions:
         code = f"{name}("
         for rule, reason, pattern in NATIVE_RULES:
