@@ -1028,3 +1028,16 @@ def test_property_setters_extend_their_definition():
              "    def n(self):\n        return self._n\n    @n.setter\n    def n(self, value):\n"
              "        self._n = value")
     assert "definition_resolution" not in rules(candidate(extra=extra))
+
+
+def test_a_kernel_source_that_reads_a_file_is_rejected_statically_with_its_line():
+    source = (
+        "import torch\nimport torch.nn as nn\nfrom multiminddev.cuda import compile_kernels\n\n"
+        'kernels = compile_kernels(r"""\n#include <cuda_fp16.h>\n#include "/proc/self/environ"\n'
+        'extern "C" __global__ void relu(const float* x, float* y, long n) {\n'
+        "    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n"
+        '    if (i < n) y[i] = fmaxf(x[i], 0.0f);\n}\n""")\n'
+    )
+    result = sc.run_static_checks(source)
+    found = [f for f in result.findings if f.rule == "include_absolute_path"]
+    assert found and found[0].line == 7 and found[0].reason.value == "file_access"

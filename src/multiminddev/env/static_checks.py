@@ -72,6 +72,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from multiminddev import pyast
+from multiminddev.env import include_rules
 from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
 
 # ---------------------------------------------------------------------------------------------
@@ -2469,6 +2470,7 @@ def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
     audit hook sees.
     """
     findings = _native_build_findings(tree)
+    findings += include_rules.native_source_findings(native_builds(tree).sources)
     for node, code in _native_sources(tree):
         for rule, reason, pattern in NATIVE_RULES:
             match = pattern.search(code)
