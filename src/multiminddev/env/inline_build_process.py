@@ -70,8 +70,6 @@ def build_environment(private: Path, arch_list: str, cuda_home: str | None,
     tool_dirs = [str(Path(sys.executable).parent)]
     if cuda_home:
         tool_dirs.append(str(Path(cuda_home) / "bin"))
-    import multiminddev
-
     env = {
         "PATH": os.pathsep.join([*dict.fromkeys(tool_dirs), "/usr/local/bin", "/usr/bin", "/bin"]),
         "HOME": str(private),
@@ -79,7 +77,8 @@ def build_environment(private: Path, arch_list: str, cuda_home: str | None,
         "TORCH_EXTENSIONS_DIR": str(private / "torch_extensions"),
         "TORCH_CUDA_ARCH_LIST": arch_list,
         "MAX_JOBS": str(jobs),
-        "PYTHONPATH": str(Path(multiminddev.__file__).resolve().parent.parent),
+        # Where this process imports code from, so the build runs the same code and torch
+        "PYTHONPATH": os.pathsep.join(str(p) for p in isolation.code_paths()),
         "PYTHONDONTWRITEBYTECODE": "1",
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
@@ -97,7 +96,7 @@ def run_build_process(build_args: dict[str, Any], env: dict[str, str], private: 
         "memory_bytes": limits.memory_bytes, "cpu_seconds": limits.cpu_seconds,
         "file_bytes": limits.file_bytes, "isolation": limits.isolation.value}}
     proc = subprocess.Popen(
-        [sys.executable, "-s", "-m", CHILD_MODULE, str(private)], stdin=subprocess.PIPE,
+        [sys.executable, "-m", CHILD_MODULE, str(private)], stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=str(private),
         start_new_session=True, close_fds=True)
     try:
