@@ -218,7 +218,7 @@ import json, sys
 from multiminddev.env import EvalConfig, Evaluator
 from tests.env._fixtures import problem_named
 cases = json.loads(sys.argv[1])
-cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.3)
+cfg = EvalConfig(num_workers=1, compile_baseline=False, bench_budget_s=0.5)
 with Evaluator(cfg) as ev:
     out = {name: ev.evaluate(problem_named(problem), source).to_dict()
            for name, (problem, source) in cases.items()}
@@ -257,7 +257,7 @@ def test_no_evaluation_route_puts_the_evaluators_environment_into_a_result(fixtu
     env = {**os.environ, f"MMD_CANARY_{secrets.token_hex(4).upper()}": canary,
            "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
     run = subprocess.run([sys.executable, "-c", CANARY_EVALUATION, json.dumps(cases)], cwd=root,
-                         env=env, capture_output=True, text=True, timeout=900)
+                         env=env, capture_output=True, text=True, timeout=540)
     assert run.returncode == 0, run.stderr[-3000:]
     assert canary not in run.stdout and canary not in run.stderr
     results = json.loads(run.stdout.split("RESULTS ", 1)[1])
