@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -226,32 +229,10 @@ print("RESULTS " + json.dumps(out))
 """
 
 
-@pytest.mark.gpu
-def test_no_evaluation_route_puts_the_evaluators_environment_into_a_result(fixtures_dir):
-    """Full Evaluator, started with a random canary in its environment at exec: candidates that
-    include /proc/self/environ through NVRTC and through load_inline, probe it with
-    __has_include, or include it through a macro, are refused; their honest twins are ok; the
-    canary is in no result."""
-    import os
-    import subprocess
-    import sys
-
-    relu = (fixtures_dir / "honest" / "relu_basic.py").read_text()
-    softmax = (fixtures_dir / "honest" / "softmax_load_inline_dispatch.py").read_text()
-    kernel = 'extern "C" __global__'
-    torch_header = "#include <torch/extension.h>"
-    cases = {
-        "nvrtc_honest": ("1_relu", relu),
-        "nvrtc_environ": ("1_relu", relu.replace(kernel, '#include "/proc/self/environ"\n'
-                                                 + kernel, 1)),
-        "nvrtc_has_include": ("1_relu", relu.replace(
-            kernel, "#if __has_include(</proc/self/environ>)\n#endif\n" + kernel, 1)),
-        "nvrtc_computed": ("1_relu", relu.replace(
-            kernel, '#define F "/proc/self/environ"\n#include F\n' + kernel, 1)),
-        "inline_honest": ("3_softmax", softmax),
-        "inline_environ": ("3_softmax", softmax.replace(
-            torch_header, torch_header + '\n#include "/proc/self/environ"', 1)),
-    }
+def _evaluate_with_canary(cases: dict[str, tuple[str, str]]) -> dict[str, dict]:
+    """Evaluate ``cases`` (name -> (problem, candidate source)) in a full Evaluator started in a
+    process with a random canary in its environment at exec; asserts the canary is in no
+    result, log or message and returns the results as JSON dicts."""
     canary = secrets.token_hex(16)
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, f"MMD_CANARY_{secrets.token_hex(4).upper()}": canary,
@@ -260,10 +241,49 @@ def test_no_evaluation_route_puts_the_evaluators_environment_into_a_result(fixtu
                          env=env, capture_output=True, text=True, timeout=540)
     assert run.returncode == 0, run.stderr[-3000:]
     assert canary not in run.stdout and canary not in run.stderr
-    results = json.loads(run.stdout.split("RESULTS ", 1)[1])
+    return json.loads(run.stdout.split("RESULTS ", 1)[1])
+
+
+def _nvrtc_cases(fixtures_dir: Path) -> dict[str, tuple[str, str]]:
+    relu = (fixtures_dir / "honest" / "relu_basic.py").read_text()
+    kernel = 'extern "C" __global__'
+    return {
+        "nvrtc_honest": ("1_relu", relu),
+        "nvrtc_environ": ("1_relu", relu.replace(kernel, '#include "/proc/self/environ"\n'
+                                                 + kernel, 1)),
+        "nvrtc_has_include": ("1_relu", relu.replace(
+            kernel, "#if __has_include(</proc/self/environ>)\n#endif\n" + kernel, 1)),
+        "nvrtc_computed": ("1_relu", relu.replace(
+            kernel, '#define F "/proc/self/environ"\n#include F\n' + kernel, 1)),
+    }
+
+
+def _assert_refused_and_honest(results: dict[str, dict], honest_statuses: tuple[str, ...]):
     for name, result in results.items():
         if name.endswith("_honest"):
-            assert result["status"] == "ok", (name, result["message"])
+            assert result["status"] in honest_statuses, (name, result["message"])
         else:
-            assert result["status"] != "ok", (name, result["message"])
-            assert "environ" in result["message"] or "refused" in json.dumps(result), name
+            assert result["status"] == "rejected", (name, result["message"])
+            assert "is refused" in result["message"], (name, result["message"])
+
+
+def test_no_nvrtc_route_puts_the_evaluators_environment_into_a_result(fixtures_dir):
+    """Full Evaluator (on a machine without a GPU the honest twin compiles and is no_gpu)."""
+    results = _evaluate_with_canary(_nvrtc_cases(fixtures_dir))
+    _assert_refused_and_honest(results, ("ok", "no_gpu"))
+
+
+@pytest.mark.gpu
+def test_no_evaluation_route_puts_the_evaluators_environment_into_a_result(fixtures_dir):
+    """Full Evaluator on a GPU: candidates that include /proc/self/environ through NVRTC and
+    through load_inline, probe it with __has_include, or include it through a macro, are
+    refused; their honest twins are ok; the canary is in no result."""
+    softmax = (fixtures_dir / "honest" / "softmax_load_inline_dispatch.py").read_text()
+    torch_header = "#include <torch/extension.h>"
+    cases = {
+        **_nvrtc_cases(fixtures_dir),
+        "inline_honest": ("3_softmax", softmax),
+        "inline_environ": ("3_softmax", softmax.replace(
+            torch_header, torch_header + '\n#include "/proc/self/environ"', 1)),
+    }
+    _assert_refused_and_honest(_evaluate_with_canary(cases), ("ok",))

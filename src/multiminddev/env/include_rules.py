@@ -29,6 +29,8 @@ def native_source_findings(sources: Iterable[tuple[ast.AST, str]]) -> list[Findi
         for refusal in include_refusals(text):
             line = (literal.lineno + refusal.line - 1 if literal is not None
                     else getattr(node, "lineno", None))
+            # The finding's line is the Python file's; the message names the directive.
+            message = refusal.message.removeprefix(f"line {refusal.line}: ")
             findings.append(Finding(rule=refusal.rule, reason=RejectReason.FILE_ACCESS,
-                                    message=refusal.message, line=line))
+                                    message=message, line=line))
     return findings
