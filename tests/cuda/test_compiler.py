@@ -165,3 +165,96 @@ def test_an_arch_nvrtc_refuses_leaves_no_nul_in_the_log():
     result = module.result
     assert result.status is StageStatus.FAILED and "gpu-architecture" in result.error
     assert "\x00" not in result.log and "\x00" not in result.error
+
+
+def test_mma_pipeline_and_quoted_shipped_headers_compile():
+    src = (
+        '#include <mma.h>\n#include <cuda/pipeline>\n#include "cuda_fp16.h"\n'
+        '#pragma nv_diag_suppress 177\n'
+        'extern "C" __global__ void k(float* x) {\n'
+        "  #pragma unroll\n  for (int i = 0; i < 4; ++i) x[i] = 1.f;\n}\n"
+    )
+    module = compile_cuda(src, CompileOptions(arch="sm_90", use_cache=False))
+    assert module.result.status is StageStatus.OK, module.result.log
+
+
+def test_a_refused_include_fails_before_nvrtc_with_a_finding(tmp_path):
+    src = '#include "/proc/self/mountinfo"\n' + RELU
+    module = compile_cuda(src, CompileOptions(arch="sm_90", cache_dir=str(tmp_path)))
+    result = module.result
+    assert result.status is StageStatus.FAILED and module.cubin == b""
+    assert result.findings[0].rule == "include_absolute_path" and result.findings[0].line == 1
+    assert result.log == "" and "\n" not in result.error
+    assert result.error == result.findings[0].message
+
+
+def test_an_include_path_outside_the_shipped_headers_is_refused(tmp_path):
+    (tmp_path / "planted.h").write_text("#define PLANTED 1\n")
+    options = CompileOptions(arch="sm_90", use_cache=False, extra_include_paths=(str(tmp_path),))
+    module = compile_cuda('#include "planted.h"\n' + RELU, options)
+    assert module.result.status is StageStatus.FAILED
+    assert module.result.findings[0].rule == "include_path_refused"
+
+
+# Each runs in a process started with a random canary in its environment, from the filesystem
+# root (where a quoted "proc/self/environ" would resolve against the working directory).
+CANARY_ROUTES = {
+    "absolute": '#include "/proc/self/environ"\n',
+    "relative_to_cwd": '#include "proc/self/environ"\n',
+    "escaping": '#include "../../../../../../../../proc/self/environ"\n',
+    "computed": '#define F "/proc/self/environ"\n#include F\n',
+    "has_include": "#if __has_include(</proc/self/environ>)\n#error present\n#endif\n",
+    "pragma": '_Pragma("GCC dependency \\"/proc/self/environ\\"")\n',
+    "line": '#line 1 "/proc/self/environ"\n#error where\n',
+    "include_path": '#include "environ"\n',
+}
+
+CANARY_SCRIPT = r"""
+import json, sys
+from multiminddev.core.results import _to_jsonable
+from multiminddev.cuda.compiler import CompileOptions, compile_cuda
+routes = json.loads(sys.argv[1])
+out = {}
+for name, source in routes.items():
+    paths = ("/proc/self",) if name == "include_path" else ()
+    module = compile_cuda(source + sys.argv[2], CompileOptions(
+        arch="sm_90", use_cache=False, extra_include_paths=paths))
+    out[name] = _to_jsonable(module.result)
+print(json.dumps(out))
+"""
+
+
+def test_no_compile_route_puts_the_environment_into_a_result():
+    import json
+    import os
+    import secrets
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    canary = secrets.token_hex(16)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, f"MMD_CANARY_{secrets.token_hex(4).upper()}": canary,
+           "PYTHONPATH": src}
+    run = subprocess.run([sys.executable, "-c", CANARY_SCRIPT, json.dumps(CANARY_ROUTES), RELU],
+                         capture_output=True, text=True, env=env, cwd="/", timeout=300,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert canary not in run.stdout + run.stderr
+    results = json.loads(run.stdout)
+    assert sorted(results) == sorted(CANARY_ROUTES)
+    for name, result in results.items():
+        assert result["status"] == "failed", (name, result)
+        assert result["findings"] or "cannot open source file" in result["log"], (name, result)
+
+
+def test_a_quoted_include_does_not_resolve_against_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "planted.h").write_text("#error PLANTED_FROM_THE_WORKING_DIRECTORY\n")
+    monkeypatch.chdir(tmp_path)
+    module = compile_cuda('#include "planted.h"\n' + RELU,
+                          CompileOptions(arch="sm_90", use_cache=False))
+    assert module.result.status is StageStatus.FAILED
+    assert "PLANTED" not in module.result.log and 'cannot open source file "planted.h"' in (
+        module.result.log)
+    assert module.result.diagnostics[0].line == 1
+    assert str(tmp_path) not in module.result.log and "/include/" not in module.result.log

@@ -8,6 +8,8 @@ imported first) and reports what each attempted operation did as JSON.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import subprocess
 import sys
 import textwrap
@@ -282,3 +284,29 @@ def test_a_policy_keeps_the_environment_prefixes_it_names(tmp_path):
                               str(tmp_path)], env=env, capture_output=True, text=True,
                              timeout=120, check=True)
     assert "NV_TPS_LAUNCH_TOKEN" not in json.loads(default.stdout)
+
+
+ERASE_SCRIPT = r"""
+import json, os, posix, sys
+from pathlib import Path
+from multiminddev.env import sandbox
+sandbox._scrub_environment(Path(sys.argv[1]), {})
+print(json.dumps({"proc": Path("/proc/self/environ").read_bytes().decode("latin-1"),
+                  "posix": repr(posix.environ), "os": repr(dict(os.environ)),
+                  "home": os.environ.get("HOME")}))
+"""
+
+
+def test_the_exec_environment_block_is_erased_with_the_scrub(tmp_path):
+    """A canary in the environment a process was exec'd with is gone from /proc/self/environ,
+    posix.environ and os.environ after the scrub; the kept variables still work."""
+    canary = secrets.token_hex(16)
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, f"MMD_CANARY_{secrets.token_hex(4).upper()}": canary, "PYTHONPATH": src}
+    run = subprocess.run([sys.executable, "-c", ERASE_SCRIPT, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert canary not in run.stdout
+    seen = json.loads(run.stdout)
+    assert seen["home"] == str(tmp_path) and "PATH" in seen["os"]
+    assert f"PATH={os.environ['PATH']}" in seen["proc"]  # a kept entry stays where it was

@@ -1249,3 +1249,16 @@ def test_a_held_kernel_is_not_trusted_when_the_holder_is_rebound():
             "self.h = Other(sum) if True else None")
     source = candidate(forward, extra=extra, init=init)
     assert "torch_compute" in rules(source)
+
+
+def test_a_kernel_source_that_reads_a_file_is_rejected_statically_with_its_line():
+    source = (
+        "import torch\nimport torch.nn as nn\nfrom multiminddev.cuda import compile_kernels\n\n"
+        'kernels = compile_kernels(r"""\n#include <cuda_fp16.h>\n#include "/proc/self/environ"\n'
+        'extern "C" __global__ void relu(const float* x, float* y, long n) {\n'
+        "    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;\n"
+        '    if (i < n) y[i] = fmaxf(x[i], 0.0f);\n}\n""")\n'
+    )
+    result = sc.run_static_checks(source)
+    found = [f for f in result.findings if f.rule == "include_absolute_path"]
+    assert found and found[0].line == 7 and found[0].reason.value == "file_access"

@@ -26,12 +26,15 @@ from pathlib import Path
 from multiminddev.core.results import (
     CompileResult,
     Diagnostic,
+    Finding,
     KernelResources,
+    RejectReason,
     StageStatus,
     _from_jsonable,
     _to_jsonable,
 )
 from multiminddev.cuda import cache_auth
+from multiminddev.cuda.include_policy import include_refusals
 
 DEFAULT_ARCH = "sm_90"
 # Authenticated entries live apart from the unauthenticated ones of older versions ("nvrtc"),
@@ -72,11 +75,16 @@ def define_options(defines: Sequence[str] | Mapping[str, int | float | bool]) ->
     return tuple(entries)
 
 
+PROGRAM_NAME = "default_program"
+
+
 @dataclass(kw_only=True, frozen=True)
 class CompileOptions:
     arch: str | None = None  # None -> the current GPU's arch, else DEFAULT_ARCH
     std: str = "c++17"
     use_fast_math: bool = False
+    # Directories under the shipped include directories (``cuda_include_paths``) only: a
+    # compiler reads the candidate's source and the shipped headers, nothing else.
     extra_include_paths: tuple[str, ...] = ()
     defines: tuple[str, ...] = ()
     cache_dir: str | None = None  # None -> $MULTIMINDDEV_CACHE or ~/.cache/multiminddev
@@ -208,9 +216,17 @@ def parse_ptxas_resources(log: str) -> list[KernelResources]:
 
 
 def compile_cuda(source: str, options: CompileOptions | None = None) -> CompiledModule:
-    """Compile CUDA C++ to a cubin with NVRTC; never raises for a bad kernel."""
+    """Compile CUDA C++ to a cubin with NVRTC; never raises for a bad kernel.
+
+    NVRTC reads only ``source`` and headers under ``cuda_include_paths()`` (the shipped shims
+    and the CUDA toolkit's headers): a source that would open any other file (``include_policy``)
+    or an include path outside those directories is FAILED with a finding before NVRTC runs,
+    and NVRTC searches neither the working directory nor the system's."""
     options = options or CompileOptions()
     arch = resolve_arch(options)
+    refused = refused_compile(source, options, arch)
+    if refused is not None:
+        return CompiledModule(cubin=b"", result=refused)
     key = _cache_key(source, arch, options)
     root = cache_root(options)
     cache_dir = root / CACHE_SUBDIR
@@ -235,6 +251,10 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
         std=options.std,
         ptxas_options=["-v"],
         include_path=[*cuda_include_paths(), *options.extra_include_paths],
+        # NVRTC searches a quoted include first in the program's directory (the working
+        # directory for an unnamed program): naming it inside the shipped shim directory keeps
+        # that search within the shipped headers. The log is given back under the plain name.
+        name=str(SHIM_INCLUDE_DIR / PROGRAM_NAME),
         use_fast_math=options.use_fast_math or None,
         define_macro=list(options.defines) or None,
     )
@@ -251,7 +271,8 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
         if not log.getvalue():
             log.write(error)
     seconds = time.perf_counter() - start
-    text = _without_nul(log.getvalue())
+    text = _without_nul(log.getvalue()).replace(str(SHIM_INCLUDE_DIR / PROGRAM_NAME), PROGRAM_NAME)
+    error = error.replace(str(SHIM_INCLUDE_DIR / PROGRAM_NAME), PROGRAM_NAME)
     result = CompileResult(
         status=status,
         backend="nvrtc",
@@ -266,6 +287,26 @@ def compile_cuda(source: str, options: CompileOptions | None = None) -> Compiled
     if secret is not None and status is StageStatus.OK:
         _write_cache(cache_dir, key, module, secret)
     return module
+
+
+def refused_compile(source: str, options: CompileOptions, arch: str) -> CompileResult | None:
+    """A FAILED result naming the first include route the source or options would open to a
+    file that is neither the source nor a shipped header; None when it may compile."""
+    shipped = [Path(p).resolve() for p in cuda_include_paths()]
+    outside = [p for p in options.extra_include_paths
+               if not any(Path(p).resolve().is_relative_to(root) for root in shipped)]
+    findings = [Finding(rule=r.rule, reason=RejectReason.FILE_ACCESS, message=r.message,
+                        line=r.line) for r in include_refusals(source)]
+    findings += [Finding(rule="include_path_refused", reason=RejectReason.FILE_ACCESS,
+                         message=f"include path {p!r} is refused: NVRTC reads the shipped "
+                         "headers only; include them by name and pass no include path")
+                 for p in outside]
+    if not findings:
+        return None
+    return CompileResult(status=StageStatus.FAILED, backend="nvrtc", arch=arch,
+                         findings=findings, error=findings[0].message,
+                         diagnostics=[Diagnostic(severity="error", message=f.message,
+                                                 line=f.line) for f in findings])
 
 
 def _read_cache(cache_dir: Path, key: str, secret: bytes) -> CompiledModule | None:

@@ -4,8 +4,12 @@
 
 1. The evaluator reads the call's arguments from the candidate's AST (string literals,
    module-level string constants, ``+`` of those; nothing is executed) and builds the extension
-   in a parallel CPU process pool (``InlineBuilder``), in a cache directory keyed by the sources,
-   flags, torch version and GPU arch. The build process never loads the built library.
+   in parallel CPU processes (``InlineBuilder``), in a cache directory keyed by the sources,
+   flags, torch version and GPU arch. Each build runs in a fresh process isolated and limited
+   like a worker, with an environment built at exec (``inline_build_process``), and its sources
+   are refused before any compiler runs if they would read a file other than themselves and
+   the toolkit's, torch's and the C++ library's headers (``source_refusals``). The build
+   process never loads the built library.
 2. In the worker, ``install_routing`` replaces ``load_inline`` with a function that computes
    the same key from the real arguments and loads the cached ``.so`` (no subprocess, no rebuild);
    on a cache miss (arguments computed at run time) it builds in the worker, in a private
@@ -31,7 +35,6 @@ import fcntl
 import hashlib
 import inspect
 import json
-import multiprocessing
 import os
 import re
 import shutil
@@ -44,7 +47,9 @@ from typing import Any
 
 from multiminddev import pyast
 from multiminddev.cuda import cache_auth
-from multiminddev.env import native_symbols
+from multiminddev.cuda.include_policy import include_refusals
+from multiminddev.env import inline_build_process, native_symbols
+from multiminddev.env.inline_build_process import InlineBuildLimits
 from multiminddev.env.native_symbols import Toolchain
 from multiminddev.env.results import (
     CompileResult,
@@ -395,10 +400,45 @@ def _objects(build_dir: Path) -> list[Path]:
     return sorted(build_dir.glob("*.o"))
 
 
+# Compiler flags that make nvcc or g++ read a file or a directory other than the sources
+# (-include, -imacros, -I, -isystem, response files, flags handed on to another tool).
+_FILE_READING_FLAG = re.compile(
+    r"(-I|-i(nclude|macros|system|quote|dirafter|prefix|withprefix)|--include-path|"
+    r"--pre-include|--system-include|-Wp,|-Xcompiler|--compiler-options|-Xpreprocessor|"
+    r"--options-file|-optf|-specs|--sysroot|-B|@)", re.IGNORECASE)
+
+
+def source_refusals(spec_args: dict[str, Any]) -> list[dict[str, Any]]:
+    """Findings (JSON-able) for every route by which the build's compilers would read a file
+    other than the candidate's sources and the toolkit's, torch's and the C++ library's headers
+    (``include_policy``, include paths, file-reading flags); empty: it may build."""
+    found = []
+    for arg in ("cpp_sources", "cuda_sources"):
+        for text in spec_args.get(arg) or ():
+            found += [{"rule": r.rule, "reason": RejectReason.FILE_ACCESS.value,
+                       "message": f"{arg}: {r.message}"} for r in include_refusals(str(text))]
+    for path in spec_args.get("extra_include_paths") or ():
+        found.append({"rule": "include_path_refused", "reason": RejectReason.FILE_ACCESS.value,
+                      "message": f"extra_include_paths {path!r} is refused: a build reads only "
+                      "torch's and CUDA's headers; leave it out"})
+    for arg in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags"):
+        for flag in spec_args.get(arg) or ():
+            if _FILE_READING_FLAG.match(str(flag).strip()):
+                found.append({"rule": "include_flag_refused",
+                              "reason": RejectReason.FILE_ACCESS.value,
+                              "message": f"{arg} {flag!r} is refused: it makes the compiler "
+                              "read a file other than your sources; leave it out"})
+    return found
+
+
 def build_extension(spec_args: dict[str, Any], cache_root: str, arch: str) -> dict[str, Any]:
     """Build one extension without loading it (runs in a build process). JSON-able outcome,
     with the library's SHA-256 when it built and passed the symbol check (or an authentic build
     was already there), and the check's findings."""
+    refused = source_refusals(spec_args)
+    if refused:  # before anything reads the cache or starts a compiler
+        return {"status": "rejected", "cached": False, "seconds": 0.0, "log": "",
+                "sha256": None, "findings": refused}
     toolchain = toolchain_imports(cache_root, arch, _builds_cuda(spec_args))
     outcome = _build(spec_args, cache_root, arch, toolchain)
     outcome.pop("library", None)
@@ -418,6 +458,10 @@ def _build(spec_args: dict[str, Any], cache_root: str, arch: str, toolchain: Too
     key = spec.key(arch, torch.__version__)
     name = spec.module_name(key)
     build_dir = build_dir_for(Path(cache_root), key)
+    refused = source_refusals(spec_args)
+    if refused:  # before anything reads the cache or starts a compiler
+        return {"status": "rejected", "cached": False, "seconds": 0.0, "log": "", "key": key,
+                "sha256": None, "findings": refused, "library": ""}
     secret = cache_auth.load_or_create_key(Path(cache_root))
     start = time.perf_counter()
     library = library_path(build_dir, name)
@@ -504,14 +548,33 @@ def _first_error(log: str) -> str:
     return log.strip()[-500:] or "load_inline build failed"
 
 
-class InlineBuilder:
-    """Parallel, deduplicated ``load_inline`` builds in a pool of CPU processes."""
+def build_in_process(spec_args: dict[str, Any], cache_root: str, arch: str,
+                     limits: InlineBuildLimits) -> dict[str, Any]:
+    """``build_extension`` in a fresh, isolated and limited process whose environment is built
+    at exec (``inline_build_process``); its JSON outcome."""
+    from torch.utils import cpp_extension
 
-    def __init__(self, cache_root: Path, arch: str | None, workers: int = 2):
+    private = inline_build_process.private_build_dir()
+    try:
+        env = inline_build_process.build_environment(private, _arch_list(arch),
+                                                     cpp_extension.CUDA_HOME, limits.jobs)
+        return inline_build_process.run_build_process(
+            {"spec": spec_args, "cache_root": cache_root, "arch": arch}, env, private, limits)
+    finally:
+        inline_build_process.remove_private_build_dir(private)
+
+
+class InlineBuilder:
+    """Parallel, deduplicated ``load_inline`` builds, each in its own isolated, limited process
+    (``inline_build_process``)."""
+
+    def __init__(self, cache_root: Path, arch: str | None, workers: int = 2, *,
+                 limits: InlineBuildLimits | None = None):
         self.cache_root = cache_root
         self.arch = inline_arch(arch)
+        self.limits = limits or InlineBuildLimits()
         self._workers = workers
-        self._pool: cf.ProcessPoolExecutor | None = None
+        self._pool: cf.ThreadPoolExecutor | None = None
         self._futures: dict[str, cf.Future] = {}
         self._lock = threading.Lock()
 
@@ -525,10 +588,11 @@ class InlineBuilder:
             fresh = key not in self._futures
             if fresh:
                 if self._pool is None:
-                    ctx = multiprocessing.get_context("spawn")
-                    self._pool = cf.ProcessPoolExecutor(self._workers, mp_context=ctx)
+                    # Threads that each wait on one build process (``inline_build_process``).
+                    self._pool = cf.ThreadPoolExecutor(self._workers,
+                                                       thread_name_prefix="mmd-inline-build")
                 self._futures[key] = self._pool.submit(
-                    build_extension, spec.args, str(self.cache_root), self.arch)
+                    build_in_process, spec.args, str(self.cache_root), self.arch, self.limits)
             return self._futures[key], fresh
 
     def build(self, specs: list[InlineSpec], timeout_s: float) -> CompileResult:
@@ -546,7 +610,14 @@ class InlineBuilder:
         except Exception as exc:  # noqa: BLE001 - a crashed build process is infrastructure
             return CompileResult(status=StageStatus.ERROR, backend="load_inline", arch=self.arch,
                                  error=f"build process failed: {exc}")
-        for outcome, (_, fresh) in zip(outcomes, submitted, strict=True):
+        for outcome, (future, fresh) in zip(outcomes, submitted, strict=True):
+            if outcome.get("status") in ("timeout", "error"):  # not the candidate's sources
+                with self._lock:  # the next evaluation of these sources builds again
+                    self._futures = {k: f for k, f in self._futures.items() if f is not future}
+                status = StageStatus.TIMEOUT if outcome["status"] == "timeout" else StageStatus.ERROR
+                return CompileResult(status=status, backend="load_inline", arch=self.arch,
+                                     seconds=float(outcome.get("seconds", 0.0)),
+                                     error=str(outcome.get("error", "")))
             if not fresh and outcome.get("status") == "ok":  # built for an earlier evaluation
                 outcome.update(cached=True, seconds=0.0)
         results = [outcome_to_compile_result(o, self.arch) for o in outcomes]
@@ -648,6 +719,11 @@ def install_routing(cache_root: Path, arch: str) -> None:
         if reason is not None:
             raise InlineBuildUnavailable(reason)
         spec = InlineSpec.from_call(call)
+        refused = source_refusals(spec.args)
+        if refused:  # before any compiler reads the sources
+            result = outcome_to_compile_result({"status": "rejected", "findings": refused}, arch)
+            inline_log.append(result)
+            raise InlineLibraryRefused(result.findings)
         key = spec.key(arch, torch.__version__)
         name = spec.module_name(key)
         build_dir = build_dir_for(cache_root, key)

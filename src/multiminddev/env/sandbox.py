@@ -5,6 +5,8 @@
 1. scrubs ``os.environ`` to an allow-list (PATH, CUDA_*, NVIDIA_*, LD_LIBRARY_PATH, the
    compile caches; HOME and TMPDIR point at ``workdir``) so tokens and keys in the parent's
    environment are not readable, and pins the compile-cache locations that depended on HOME;
+   the environment block the process was exec'd with (``/proc/self/environ``, the stack) and
+   ``posix.environ`` lose every entry not kept (``erase_exec_environment``);
 2. ``chdir(workdir)`` (a private temp dir per worker);
 3. sets rlimits CUDA tolerates: no core dumps, a file-size cap, an open-files cap and a CPU-time
    backstop. Not RLIMIT_NPROC by default: Linux counts *threads* of the whole user against it and
@@ -262,6 +264,36 @@ def _scrub_environment(workdir: Path, caches: dict[str, Path],
     os.environ.clear()
     os.environ.update(keep)
     tempfile.tempdir = str(workdir)  # tempfile caches the old TMPDIR
+    erase_exec_environment(keep)
+
+
+def erase_exec_environment(keep: dict[str, str]) -> bool:
+    """Overwrite every entry of the environment block this process was exec'd with (what
+    ``/proc/self/environ`` and a raw read of the stack show; a forked worker holds its
+    server's) that ``keep`` does not hold with the same value, with zeros, and make ``posix.environ`` (CPython's copy of it) ``keep``. Call
+    after ``os.environ`` is rebuilt: the C ``environ`` then points at new strings only.
+    Returns whether the block was found and erased (Linux with /proc)."""
+    import posix
+
+    posix.environ.clear()
+    posix.environ.update({k.encode(): v.encode() for k, v in keep.items()})
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        fields = stat[stat.rindex(")") + 2:].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (proc(5): 50, 51)
+    except (OSError, ValueError, IndexError):
+        return False
+    if not 0 < start < end or end - start > (64 << 20):
+        return False
+    kept = {f"{k}={v}".encode() for k, v in keep.items()}
+    offset = 0
+    for entry in ctypes.string_at(start, end - start).split(b"\0"):
+        # An entry kept with its value stays: a library may hold a pointer into it (the CUDA
+        # driver's CUDA_VISIBLE_DEVICES); every other byte of the block is zeroed.
+        if entry and entry not in kept:
+            ctypes.memset(start + offset, 0, len(entry))
+        offset += len(entry) + 1
+    return True
 
 
 def _preload_cuda_libraries() -> None:

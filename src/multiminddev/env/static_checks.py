@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 
 from multiminddev import pyast
 from multiminddev.cuda.compiler import define_options
+from multiminddev.env import include_rules
 from multiminddev.env.results import Finding, RejectReason, StageStatus, StaticCheckResult
 
 # ---------------------------------------------------------------------------------------------
@@ -2584,6 +2585,7 @@ def check_native_code(tree: ast.Module, source: str) -> list[Finding]:
     audit hook sees.
     """
     findings = _native_build_findings(tree)
+    findings += include_rules.native_source_findings(native_builds(tree).sources)
     for node, code in _native_sources(tree):
         for rule, reason, pattern in NATIVE_RULES:
             match = pattern.search(code)
