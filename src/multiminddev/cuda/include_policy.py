@@ -54,6 +54,7 @@ SAFE_GCC_PRAGMAS = frozenset({"diagnostic", "unroll", "ivdep", "optimize", "push
 _DIRECTIVE = re.compile(r"\s*(?:#|%:)\s*([A-Za-z_]\w*)?(.*)", re.DOTALL)
 _IDENT = re.compile(r"[A-Za-z_]\w*")
 _PRAGMA_OPERATOR = re.compile(r"\b_Pragma\s*\(\s*(L?\"(?:[^\"\\]|\\.)*\")?")
+_SAFE_PROBE = re.compile(r"__has_include\s*\(\s*<([^<>\n]*)>\s*\)")
 _BLANKED_LITERAL = re.compile(r"\"_*\"|'_*'")
 _TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
 # Names a macro could assemble by pasting (``_Pra ## gma``): every piece that starts one is
@@ -252,9 +253,16 @@ def _safe_pragma(text: str) -> bool:
 
 def _operator_refusals(logical: str, line: int, pasting: bool) -> Iterator[IncludeRefusal]:
     for ident in _IDENT.finditer(logical):
-        if ident.group().startswith("__has"):
+        if not ident.group().startswith("__has"):
+            continue
+        # ``__has_include(<name>)`` of a header name an #include may take probes only the
+        # shipped and toolkit headers, so it is honest; any other form (a quoted or computed
+        # name, __has_include_next, __has_embed) could probe the filesystem.
+        probe = _SAFE_PROBE.match(logical, ident.start())
+        if probe is None or _include_refusals(logical, f"<{probe.group(1)}>", line):
             yield _refusal(RULE_PROBE, line, ident.group(),
-                           "is refused: the compiler may not probe the filesystem")
+                           "is refused: the compiler may not probe the filesystem (only "
+                           "__has_include(<header>) of a header an #include may name)")
     for op in _PRAGMA_OPERATOR.finditer(logical):
         literal = op.group(1)
         if literal is None or not _safe_pragma(_unescape(literal)):
