@@ -115,7 +115,9 @@ def test_evaluation_actors_take_one_node_each(cluster):
     sim, n = cluster
     with RayEvaluator(EvalConfig(benchmark=False, compile_timeout_s=30),
                       RayEvalConfig(cpu_actors=n)) as ev:
-        ev.warm_up()
+        deadline = time.monotonic() + 300
+        while not all(a["ready"] for a in ev.actors()) and time.monotonic() < deadline:
+            time.sleep(0.05)  # placed: its evaluator built, before its workers are warm
         placed = [a.get("node_id") for a in ev.actors()]
     assert len(placed) == n and set(placed) == alive_node_ids()
 
