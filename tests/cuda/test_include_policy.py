@@ -38,6 +38,8 @@ REFUSED = {
     "line_file": ('#line 1 "/proc/self/environ"\n', RULE_DIRECTIVE),
     "has_include": ("#if __has_include(</etc/passwd>)\n#endif\n", RULE_PROBE),
     "has_include_next": ("#if __has_include_next(<x.h>)\n#endif\n", RULE_PROBE),
+    "has_include_quoted": ('#if __has_include("/etc/passwd")\n#endif\n', RULE_PROBE),
+    "has_include_escaping": ("#if __has_include(<../../etc/passwd>)\n#endif\n", RULE_PROBE),
     "has_include_in_macro": ("#define H __has_include\n#if H(</etc/passwd>)\n#endif\n",
                              RULE_PROBE),
     "has_include_pasted": ("#define J(a, b) a##b\n#if J(__ha, s_include)(</x>)\n#endif\n",
@@ -78,6 +80,8 @@ HONEST = {
                              'const char* r = R"x(#include "/proc/self/environ")x";\n'),
     "digit_separators_and_chars": "const int n = 1'000'000; const char c = '#';\n",
     "paste": "#define CAT(a, b) a##b\n#define K(n) CAT(kernel_, n)\n",
+    "probe_of_a_header_name": "#if __has_include(<cuda_bf16.h>)\n#include <cuda_bf16.h>\n#endif\n",
+    "paste_beside_extern_c": '#define KERNEL(name) extern "C" __global__ void name##_f32\n',
     "line_number": "#line 40\n",
 }
 

@@ -287,3 +287,12 @@ def test_no_evaluation_route_puts_the_evaluators_environment_into_a_result(fixtu
             torch_header, torch_header + '\n#include "/proc/self/environ"', 1)),
     }
     _assert_refused_and_honest(_evaluate_with_canary(cases), ("ok",))
+
+
+def test_the_evaluators_build_pool_takes_the_workers_isolation_and_time_limit(tmp_path):
+    from multiminddev.env import EvalConfig, Evaluator
+    from multiminddev.env.config import Isolation
+    config = EvalConfig(cache_dir=str(tmp_path), isolation="none", inline_build_timeout_s=42.0)
+    with Evaluator(config) as evaluator:
+        limits = evaluator.inline_builder().limits
+    assert limits.isolation is Isolation.NONE and limits.wall_seconds == 42.0

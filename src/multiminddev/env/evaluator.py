@@ -38,6 +38,7 @@ from multiminddev.env import inline_build
 from multiminddev.env.benchmark import BASELINE_FIGURES, TrustedBaselines, figures_to_measure
 from multiminddev.env.candidate import CandidateKind, candidate_hash, detect_kind
 from multiminddev.env.config import EvalConfig
+from multiminddev.env.inline_build_process import InlineBuildLimits
 from multiminddev.env.pool import WorkerPool
 from multiminddev.env.prefetch import BaselinePrefetch
 from multiminddev.env.results import (
@@ -310,14 +311,22 @@ class Evaluator:
         specs = inline_build.extract_inline_specs(candidate)
         if not specs:  # arguments computed at run time: the worker builds (slow, but works)
             return None, {**job, "allow_inline_build": True}
-        if self._inline is None:
-            self._inline = inline_build.InlineBuilder(
-                self.config.cache_path, self.config.arch, self.config.inline_build_workers)
-        result, digests = self._inline.build_verified(specs, self.config.inline_build_timeout_s)
+        result, digests = self.inline_builder().build_verified(specs, self.config.inline_build_timeout_s)
         # The worker loads only libraries with these digests (None: the cache has no usable key,
         # so nothing could be verified; prebuilt libraries then load unchecked).
         return result, {**job, "compile_timeout_s": self.config.compile_timeout_s,
                         "inline_libraries": digests}
+
+
+    def inline_builder(self) -> inline_build.InlineBuilder:
+        """The trusted ``load_inline`` build pool, made on first use; its builds get the
+        workers' isolation and the configured time limit."""
+        if self._inline is None:
+            self._inline = inline_build.InlineBuilder(
+                self.config.cache_path, self.config.arch, self.config.inline_build_workers,
+                limits=InlineBuildLimits(isolation=self.config.isolation,
+                                         wall_seconds=self.config.inline_build_timeout_s))
+        return self._inline
 
 
 def prefetch_miss(outcome: Any, *, compile_baseline: bool) -> str:
