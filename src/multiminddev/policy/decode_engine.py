@@ -27,7 +27,8 @@ from multiminddev.policy.llama_decoder import LlamaDecoder
 log = logging.getLogger(__name__)
 
 ENGINE_THREAD_NAME = "mmd-fast-decoding"
-STOP_TAIL_TOKENS = 4  # tokens decoded beyond a stop string's length when looking for it
+STOP_TAIL_TOKENS = 4
+PREFILL_TOKENS = 16384  # padded prompt tokens prefilled in one forward  # tokens decoded beyond a stop string's length when looking for it
 
 
 @dataclass(kw_only=True)
@@ -84,9 +85,10 @@ class DecodeEngine:
         return self.decoder.slots
 
     def refresh_adapters(self) -> None:
-        """Copy the adapters' current weights into the decoder (after a training step)."""
+        """Copy the adapters' weights into the decoder where a training step (or a load) changed
+        them since the last copy."""
         with self._decoder_lock:
-            self.decoder.lora.refresh()
+            self.decoder.lora.refresh_if_changed()
 
     def submit(self, requests: list[DecodeRequest]) -> list[Future]:
         with self._wake:
@@ -115,19 +117,27 @@ class DecodeEngine:
 
     def _admit(self) -> None:
         """Prefill queued requests into free slots (lowest first, so active slots stay
-        contiguous where they can)."""
+        contiguous where they can), in batches of at most ``PREFILL_TOKENS`` padded tokens."""
         while True:
             with self._wake:
                 free = [s for s in range(self.slots) if s not in self._active]
-                if not free or not self._queue:
-                    return
-                request = self._queue.popleft()
-                slot = free[0]
-                self._active[slot] = request
+                batch: list[tuple[int, DecodeRequest]] = []
+                while self._queue and len(batch) < len(free):
+                    width = max([len(r.prompt) for _, r in batch] + [len(self._queue[0].prompt)])
+                    if batch and width * (len(batch) + 1) > PREFILL_TOKENS:
+                        break
+                    batch.append((free[len(batch)], self._queue.popleft()))
+                self._active.update(batch)
+            if not batch:
+                return
+            slots = [slot for slot, _ in batch]
+            requests = [r for _, r in batch]
             with self._decoder_lock:
-                logits = self.decoder.prefill(slot, request.prompt, request.adapter)
-            tokens, logprobs = self._sample(logits[None], [request])
-            self._record(slot, request, tokens[0], logprobs[0])
+                logits = self.decoder.prefill(slots, [r.prompt for r in requests],
+                                              [r.adapter for r in requests])
+            tokens, logprobs = self._sample(logits, requests)
+            for slot, request, token, logprob in zip(slots, requests, tokens, logprobs):
+                self._record(slot, request, token, logprob)
 
     def _decode_step(self) -> None:
         with self._wake:

@@ -13,6 +13,14 @@ recorded logprobs equal the trainer's recomputation (ratio 1 before an update). 
 top-p truncation (exactly the sampling distribution when top_p = 1). Greedy decoding
 (temperature 0) records log-probs at temperature 1.
 
+Fast decoding (``PolicyConfig.fast_decoding``, on by default): for Llama-family models with
+LoRA adapters on one base, ``HFGenerationBackend`` hands its prompts to the policy's shared
+``DecodeEngine`` (policy/decode_engine.py over policy/llama_decoder.py): continuous batching
+across calls, each row with its own agent's adapter, CUDA-graph decode steps on a GPU. Tokens,
+finish reasons and text follow the same rules as below; log-probs are recomputed (or taken from
+the fast decoder's own logits with ``LogprobSource.SAMPLER``). Other models, and a fast decoder
+that fails, fall back to the transformers path with a log line.
+
 Compiled decoding (``PolicyConfig.compiled_decoding``): a static KV cache lets transformers
 torch.compile the decoding step (CUDA graphs). Each new (batch, cache length) shape costs a
 compile or a graph capture, so batches are padded to a power of two (repeating the last prompt;

@@ -98,10 +98,26 @@ class AdapterStack:
                                       device=device)
                 blocks[name] = (a_block, b_block)
             self.blocks.append(blocks)
+        self._seen: tuple[tuple[int, int], ...] = ()
         self.refresh()
+
+    def _versions(self) -> tuple[tuple[int, int], ...]:
+        """(identity, in-place version) of every adapter tensor read: an optimizer step or a
+        loaded adapter changes it."""
+        return tuple((id(w), w._version) for per in self.modules for m in per.values()
+                     for a in self.adapters if a in m.lora_A
+                     for w in (m.lora_A[a].weight, m.lora_B[a].weight))
+
+    def refresh_if_changed(self) -> bool:
+        """``refresh`` when an adapter tensor changed since the last one; returns whether."""
+        if self._versions() == self._seen:
+            return False
+        self.refresh()
+        return True
 
     @torch.no_grad()
     def refresh(self) -> None:
+        self._seen = self._versions()
         r = self.rank
         for per_layer, blocks in zip(self.modules, self.blocks):
             for name, (a_block, b_block) in blocks.items():
@@ -257,30 +273,41 @@ class LlamaDecoder:
         return self._linear(self.act(gate) * up, layer, "down_proj", mask)
 
     @torch.no_grad()
-    def prefill(self, slot: int, tokens: list[int], adapter: int) -> Any:
-        """Run ``tokens`` through the model into ``slot``'s cache (positions 0..n-1); returns
-        the float32 logits [vocab] after the last token."""
-        n = len(tokens)
-        self.ensure_cache(n + 1, slot + 1)
-        ids = torch.tensor(tokens, device=self.device)
-        mask = (self.lora.row_mask(torch.full((n,), adapter, device=self.device))
-                if self.lora.has_blocks and adapter else None)
-        x = self.embed[ids]  # [n, hidden]
-        cos, sin = self.cos[:n][None], self.sin[:n][None]
+    def prefill(self, slots: list[int], prompts: list[list[int]], adapters: list[int]) -> Any:
+        """Run each prompt through the model into its slot's cache (positions 0..n-1), in one
+        right-padded batch (causal attention keeps padding out of every real token's view; the
+        padding's cache entries lie beyond the prompt, where decoding overwrites them).
+        Returns the float32 logits [len(prompts), vocab] after each prompt's last token."""
+        b, width = len(prompts), max(len(p) for p in prompts)
+        self.ensure_cache(width + 1, max(slots) + 1)
+        ids = torch.zeros((b, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, : len(prompt)] = torch.tensor(prompt)
+        ids = ids.to(self.device)
+        rows = torch.tensor(slots, device=self.device)
+        mask = None
+        if self.lora.has_blocks and any(adapters):
+            per_token = torch.tensor(adapters, device=self.device)[:, None].expand(b, width)
+            mask = self.lora.row_mask(per_token.reshape(-1)).view(b, width, -1)
+        x = self.embed[ids]  # [b, width, hidden]
+        cos, sin = self.cos[:width][None, None], self.sin[:width][None, None]
         for i, layer in enumerate(self.layers):
             h = self._norm(x, layer.input_norm)
-            q = self._linear(h, i, "q_proj", mask).view(n, self.heads, self.head_dim).transpose(0, 1)
-            k = self._linear(h, i, "k_proj", mask).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-            v = self._linear(h, i, "v_proj", mask).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-            self.k_cache[i][slot, :, :n] = k
-            self.v_cache[i][slot, :, :n] = v
+            q = self._linear(h, i, "q_proj", mask).view(b, width, self.heads, self.head_dim)
+            k = self._linear(h, i, "k_proj", mask).view(b, width, self.kv_heads, self.head_dim)
+            v = self._linear(h, i, "v_proj", mask).view(b, width, self.kv_heads, self.head_dim)
+            q = self._rope(q.transpose(1, 2), cos, sin)
+            k = self._rope(k.transpose(1, 2), cos, sin)
+            v = v.transpose(1, 2)
+            self.k_cache[i][rows, :, :width] = k
+            self.v_cache[i][rows, :, :width] = v
             attn = torch.nn.functional.scaled_dot_product_attention(
-                q[None], k[None], v[None], is_causal=True, enable_gqa=self.kv_heads != self.heads)
-            x = x + self._linear(attn[0].transpose(0, 1).reshape(n, -1), i, "o_proj", mask)
+                q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+            x = x + self._linear(attn.transpose(1, 2).reshape(b, width, -1), i, "o_proj", mask)
             x = x + self._mlp(self._norm(x, layer.post_norm), i, mask)
-        last = self._norm(x[-1:], self.final_norm)
-        return torch.nn.functional.linear(last, self.lm_head)[0].float()
+        ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        last = self._norm(x[torch.arange(b, device=self.device), ends], self.final_norm)
+        return torch.nn.functional.linear(last, self.lm_head).float()
 
     def _step(self, rows: Any, tokens: Any, positions: Any, adapters: Any, length: int,
               read: Any) -> Any:
@@ -306,8 +333,9 @@ class LlamaDecoder:
             self.v_cache[i][rows, :, positions] = v
             keys, values = self.k_cache[i][read, :, :length], self.v_cache[i][read, :, :length]
             # [b, kv, group, d] x [b, kv, d, length] -> [b, kv, group, length]
-            scores = torch.matmul(q.view(b, self.kv_heads, group, self.head_dim).float(),
-                                  keys.transpose(-1, -2).float()) * scale + bias
+            # products in the cache dtype (as SDPA computes them), softmax in float32
+            scores = torch.matmul(q.view(b, self.kv_heads, group, self.head_dim),
+                                  keys.transpose(-1, -2)).float() * scale + bias
             probs = torch.softmax(scores, dim=-1).to(values.dtype)
             attn = torch.matmul(probs, values).reshape(b, -1)
             x = x + self._linear(attn, i, "o_proj", mask)
@@ -355,7 +383,8 @@ class LlamaDecoder:
                 run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: other threads (log-prob passes, evaluations) may use CUDA meanwhile
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             io["logits"] = run()
         self._pool = graph.pool()
         self._graphs[length] = (graph, io)
