@@ -201,6 +201,11 @@ def test_a_non_llama_model_is_not_supported():
     assert "is not 'llama'" in unsupported_reason(model)
 
 
+def test_an_adapter_on_other_modules_is_not_supported():
+    policy = tiny_policy(target_modules=("q_proj", "lm_head"))
+    assert "targets" in unsupported_reason(policy.peft_model)
+
+
 def test_greedy_sampling_takes_the_argmax_and_top_p_keeps_the_head():
     logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 1.9]])
     tokens, logprobs = sample_tokens(logits, torch.tensor([0.0, 1.0]), torch.tensor([1.0, 1e-6]))

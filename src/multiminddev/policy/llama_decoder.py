@@ -52,6 +52,10 @@ def unsupported_reason(model: Any) -> str | None:
         if getattr(adapter, "peft_type", None) is not None and str(
                 getattr(adapter.peft_type, "value", adapter.peft_type)) != "LORA":
             return f"adapter {name!r} is not a LoRA adapter"
+        targets = getattr(adapter, "target_modules", None)
+        if isinstance(targets, str) or not set(targets or ()) <= set(PROJECTIONS):
+            return (f"adapter {name!r} targets {targets!r}; the fast decoder applies LoRA to "
+                    f"{', '.join(PROJECTIONS)} only")
     return None
 
 
@@ -195,7 +199,9 @@ class LlamaDecoder:
         cast = self._cast
         self.embed = cast(inner.embed_tokens.weight)
         self.final_norm = cast(inner.norm.weight)
-        self.lm_head = cast(lm.lm_head.weight)
+        self.lm_head, head_bias = _linear_parts(lm.lm_head)
+        self.lm_head = cast(self.lm_head)
+        self.lm_head_bias = cast(head_bias) if head_bias is not None else None
         self.layers = []
         for layer in inner.layers:
             linears = {}
@@ -307,7 +313,7 @@ class LlamaDecoder:
             x = x + self._mlp(self._norm(x, layer.post_norm), i, mask)
         ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
         last = self._norm(x[torch.arange(b, device=self.device), ends], self.final_norm)
-        return torch.nn.functional.linear(last, self.lm_head).float()
+        return torch.nn.functional.linear(last, self.lm_head, self.lm_head_bias).float()
 
     def _step(self, rows: Any, tokens: Any, positions: Any, adapters: Any, length: int,
               read: Any) -> Any:
@@ -340,7 +346,8 @@ class LlamaDecoder:
             attn = torch.matmul(probs, values).reshape(b, -1)
             x = x + self._linear(attn, i, "o_proj", mask)
             x = x + self._mlp(self._norm(x, layer.post_norm), i, mask)
-        return torch.nn.functional.linear(self._norm(x, self.final_norm), self.lm_head).float()
+        return torch.nn.functional.linear(self._norm(x, self.final_norm), self.lm_head,
+                                          self.lm_head_bias).float()
 
     @torch.no_grad()
     def step(self, rows: list[int], tokens: list[int], positions: list[int],
