@@ -108,6 +108,30 @@ def test_recomputed_logprobs_equal_the_hf_backends(policy):
         assert b.finish_reason is a.finish_reason
 
 
+@pytest.mark.parametrize("adapter", [0, 1, 2])
+def test_prompt_lookup_keeps_greedy_tokens_in_fewer_passes(policy, adapter):
+    """A lone greedy row verifies drafts from its context: HF's greedy tokens, fewer passes.
+    (The tiny random model repeats itself, so drafts are accepted.)"""
+    engine = _engine(policy)
+    prompt = policy.tokenizer.encode("for i in range(10): for i in range(10): for i in")
+    result = _engine_run(engine, prompt, adapter, 48)
+    with (policy.reference() if adapter == 0 else policy.use(ROLES[adapter - 1])) as model:
+        assert result.token_ids == _hf_greedy(model, prompt, 48)
+    assert engine.passes < 48 - 8
+    ids = torch.tensor([prompt + result.token_ids])
+    with (policy.reference() if adapter == 0 else policy.use(ROLES[adapter - 1])) as model:
+        ref = token_logprobs(model, ids, torch.ones_like(ids))[0, len(prompt):]
+    assert result.logprobs == pytest.approx(ref.tolist(), abs=1e-4)
+
+
+def test_lookup_draft_follows_the_latest_occurrence():
+    from multiminddev.policy.decode_engine import lookup_draft
+
+    assert lookup_draft([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3, 2) == [7, 8]
+    assert lookup_draft([5, 6, 7], 3, 4) == []
+    assert lookup_draft([4, 5, 1, 4, 5], 3, 10) == [1, 4, 5]
+
+
 def test_rows_of_both_adapters_share_a_batch(policy):
     """Requests of both adapters decoded together equal each decoded alone."""
     engine = _engine(policy, slots=8)

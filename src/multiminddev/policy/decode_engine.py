@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 ENGINE_THREAD_NAME = "mmd-fast-decoding"
 STOP_TAIL_TOKENS = 4
+LOOKUP_NGRAM = 3  # longest context suffix looked up for a prompt-lookup draft
+LOOKUP_TOKENS = 10  # draft tokens verified in one pass
 PREFILL_TOKENS = 16384  # padded prompt tokens prefilled in one forward  # tokens decoded beyond a stop string's length when looking for it
 
 
@@ -66,6 +68,19 @@ def sample_tokens(logits: Any, temperature: Any, top_p: Any) -> tuple[Any, Any]:
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+def lookup_draft(context: list[int], max_ngram: int, tokens: int) -> list[int]:
+    """Up to ``tokens`` tokens that followed the latest earlier occurrence of the context's
+    last n tokens (n from ``max_ngram`` down to 2), or [] where none recurs."""
+    length = len(context)
+    for n in range(min(max_ngram, length - 1), 1, -1):
+        pattern = context[length - n:]
+        first = pattern[0]
+        for start in range(length - n - 1, -1, -1):
+            if context[start] == first and context[start:start + n] == pattern:
+                return context[start + n:start + n + tokens]
+    return []
+
+
 class DecodeEngine:
     """The scheduler and its thread over one decoder (see the module docstring)."""
 
@@ -74,6 +89,7 @@ class DecodeEngine:
         self.tokenizer = tokenizer
         self.stop_token_ids = frozenset(stop_token_ids)
         self.tokens_generated = 0
+        self.passes = 0  # decoder forward passes (prefills, steps, draft verifications)
         self._queue: collections.deque[DecodeRequest] = collections.deque()
         self._active: dict[int, DecodeRequest] = {}  # slot -> request
         self._wake = threading.Condition()
@@ -135,6 +151,7 @@ class DecodeEngine:
             with self._decoder_lock:
                 logits = self.decoder.prefill(slots, [r.prompt for r in requests],
                                               [r.adapter for r in requests])
+                self.passes += 1
             tokens, logprobs = self._sample(logits, requests)
             for slot, request, token, logprob in zip(slots, requests, tokens, logprobs):
                 self._record(slot, request, token, logprob)
@@ -142,15 +159,46 @@ class DecodeEngine:
     def _decode_step(self) -> None:
         with self._wake:
             active = sorted(self._active.items())
+        if len(active) == 1 and self._lookup_step(*active[0]):
+            return
         rows = [slot for slot, _ in active]
         requests = [r for _, r in active]
         last = [r.token_ids[-1] for r in requests]
         positions = [len(r.prompt) + len(r.token_ids) - 1 for r in requests]
         with self._decoder_lock:
             logits = self.decoder.step(rows, last, positions, [r.adapter for r in requests])
+            self.passes += 1
         tokens, logprobs = self._sample(logits, requests)
         for slot, request, token, logprob in zip(rows, requests, tokens, logprobs):
             self._record(slot, request, token, logprob)
+
+    def _lookup_step(self, slot: int, request: DecodeRequest) -> bool:
+        """Prompt-lookup decoding for a lone greedy row on an eager decoder: the tokens that
+        followed the latest earlier occurrence of the context's last few tokens are a draft,
+        verified in one pass; the row keeps the draft's prefix that greedy decoding picks
+        anyway, then greedy's own next token. The same tokens as one step at a time (up to
+        rounding between the two passes), in fewer passes where replies copy their context
+        (code rewritten from the prompt). Returns False where it does not apply."""
+        if request.temperature > 0 or self.decoder.use_cuda_graphs:
+            return False
+        room = request.max_new_tokens - len(request.token_ids) - 1
+        draft = lookup_draft(request.prompt + request.token_ids, LOOKUP_NGRAM, LOOKUP_TOKENS)
+        draft = draft[:room]
+        if not draft:
+            return False
+        start = len(request.prompt) + len(request.token_ids) - 1
+        with self._decoder_lock:
+            logits = self.decoder.extend(slot, [request.token_ids[-1], *draft], start,
+                                         request.adapter)
+            self.passes += 1
+        logp = torch.log_softmax(logits, dim=-1)
+        best = logits.argmax(dim=-1)
+        picked = logp.gather(-1, best[:, None]).squeeze(-1)
+        for token, logprob, proposed in zip(best.tolist(), picked.tolist(), draft + [None]):
+            self._record(slot, request, token, logprob)
+            if request.future.done() or token != proposed:
+                break
+        return True
 
     def _sample(self, logits: Any, requests: list[DecodeRequest]) -> tuple[list[int], list[float]]:
         device = logits.device

@@ -17,8 +17,11 @@ Fast decoding (``PolicyConfig.fast_decoding``, on by default): for Llama-family 
 LoRA adapters on one base, ``HFGenerationBackend`` hands its prompts to the policy's shared
 ``DecodeEngine`` (policy/decode_engine.py over policy/llama_decoder.py): continuous batching
 across calls, each row with its own agent's adapter, CUDA-graph decode steps on a GPU. Tokens,
-finish reasons and text follow the same rules as below; log-probs are recomputed (or taken from
-the fast decoder's own logits with ``LogprobSource.SAMPLER``). Other models, and a fast decoder
+finish reasons and text follow the same rules as below. Log-probs: where the model and the
+decoder both compute in float32 or wider (the CPU), the decoder's own are the training forward's
+up to float32 rounding (within 1e-4 on the embedded model, tested), so no second pass runs;
+in bf16/fp16 the training model recomputes them (``RECOMPUTE``), or they come from the fast
+decoder's logits with ``LogprobSource.SAMPLER``. Other models, and a fast decoder
 that fails, fall back to the transformers path with a log line.
 
 Compiled decoding (``PolicyConfig.compiled_decoding``): a static KV cache lets transformers
@@ -388,7 +391,7 @@ class HFGenerationBackend:
         done = [future.result() for future in engine.submit(requests)]
         middle = time.perf_counter()
         kept = [self._cut(r.token_ids, sampling) for r in done]
-        if self.logprob_source is LogprobSource.SAMPLER:
+        if self.logprob_source is LogprobSource.SAMPLER or engine.decoder.computes_exactly:
             logprobs = [r.logprobs[: len(tokens)] for r, (tokens, _) in zip(done, kept)]
         else:
             logprobs = []

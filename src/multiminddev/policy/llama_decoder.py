@@ -186,7 +186,12 @@ class LlamaDecoder:
         self.config = lm.config
         inner = lm.model
         self.device = next(lm.parameters()).device
-        self.dtype = dtype or next(lm.parameters()).dtype
+        model_dtype = next(lm.parameters()).dtype
+        self.dtype = dtype or model_dtype
+        # float32 or wider on both sides: the decoder's log-probs are the training forward's up
+        # to float32 rounding, so they need no recomputation
+        self.computes_exactly = min(torch.finfo(self.dtype).bits,
+                                    torch.finfo(model_dtype).bits) >= 32
         self.slots = slots
         c = self.config
         self.heads = c.num_attention_heads
@@ -314,6 +319,38 @@ class LlamaDecoder:
         ends = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
         last = self._norm(x[torch.arange(b, device=self.device), ends], self.final_norm)
         return torch.nn.functional.linear(last, self.lm_head, self.lm_head_bias).float()
+
+    @torch.no_grad()
+    def extend(self, slot: int, tokens: list[int], start: int, adapter: int) -> Any:
+        """Run ``tokens`` at positions ``start``.. of ``slot`` (its cache holds 0..start-1),
+        writing their cache entries; returns the float32 logits [len(tokens), vocab] after each
+        (a draft's verification: one pass over several tokens reads the weights once)."""
+        n = len(tokens)
+        self.ensure_cache(start + n + 1, slot + 1)
+        ids = torch.tensor(tokens, device=self.device)
+        mask = (self.lora.row_mask(torch.full((n,), adapter, device=self.device))
+                if self.lora.has_blocks and adapter else None)
+        x = self.embed[ids]
+        cos, sin = self.cos[start:start + n][None], self.sin[start:start + n][None]
+        end = start + n
+        visible = (torch.arange(end, device=self.device)[None]
+                   <= torch.arange(start, end, device=self.device)[:, None])  # [n, end]
+        for i, layer in enumerate(self.layers):
+            h = self._norm(x, layer.input_norm)
+            q = self._linear(h, i, "q_proj", mask).view(n, self.heads, self.head_dim).transpose(0, 1)
+            k = self._linear(h, i, "k_proj", mask).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            v = self._linear(h, i, "v_proj", mask).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            self.k_cache[i][slot, :, start:end] = k
+            self.v_cache[i][slot, :, start:end] = v
+            attn = torch.nn.functional.scaled_dot_product_attention(
+                q[None], self.k_cache[i][slot:slot + 1, :, :end],
+                self.v_cache[i][slot:slot + 1, :, :end], attn_mask=visible,
+                enable_gqa=self.kv_heads != self.heads)
+            x = x + self._linear(attn[0].transpose(0, 1).reshape(n, -1), i, "o_proj", mask)
+            x = x + self._mlp(self._norm(x, layer.post_norm), i, mask)
+        return torch.nn.functional.linear(self._norm(x, self.final_norm), self.lm_head,
+                                          self.lm_head_bias).float()
 
     def _step(self, rows: Any, tokens: Any, positions: Any, adapters: Any, length: int,
               read: Any) -> Any:
