@@ -239,12 +239,12 @@ class HFGenerationBackend:
     def generate_sync(
         self, prompts: list[list[int]], sampling: SamplingParams, role: AgentRole
     ) -> list[GenerationOutput]:
+        if any(not p for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
         engine = self._fast_engine()
         if engine is not None:
             try:
                 return self._generate_fast(engine, prompts, sampling, role)
-            except ValueError:
-                raise  # bad input, not a decoder failure
             except Exception as exc:
                 log.warning("fast decoding failed (%s: %s); decoding with transformers from now "
                             "on", type(exc).__name__, exc, exc_info=True)
@@ -376,8 +376,6 @@ class HFGenerationBackend:
 
         from multiminddev.policy.decode_engine import DecodeRequest
 
-        if any(not p for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
         adapter = decode_adapter_index(self.policy, role)
         expanded = [(i, p) for i, p in enumerate(prompts) for _ in range(sampling.n)]
         if sampling.seed is not None:
@@ -488,7 +486,7 @@ def shared_decode_engine(policy: Any, slots: int, dtype: Any, stop_token_ids: tu
     reason = unsupported_reason(model)
     if reason is not None:
         return None, reason
-    key = (slots, dtype, policy.device)
+    key = (slots, dtype, policy.device, tuple(adapters))  # a new adapter set: a new engine
     engine = policy.decode_engines.get(key)
     if engine is None:
         decoder = LlamaDecoder(model, tuple(adapters), slots=slots, dtype=dtype)

@@ -527,7 +527,7 @@ class Policy:
         # role -> its frozen starting point (an adapter name, or a model copy), once
         # freeze_start_reference() made the agents' starting points their KL references
         self.start_references: dict[AgentRole, Any] = {}
-        # (slots, dtype, device) -> the fast decoding engine every generation backend shares
+        # (slots, dtype, device, adapter names) -> the fast decoding engine backends share
         self.decode_engines: dict[tuple[Any, ...], Any] = {}
 
     @property
