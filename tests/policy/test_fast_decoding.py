@@ -264,12 +264,15 @@ def test_cuda_graph_step_equals_the_eager_step():
     eager = DecodeEngine(LlamaDecoder(model, adapters, slots=4, use_cuda_graphs=False),
                          policy.tokenizer, ())
     assert graphs.decoder.use_cuda_graphs
-    for engine_prompts in [_prompts(policy)]:
-        reqs = lambda: [DecodeRequest(prompt=p, adapter=i % 3, temperature=0, top_p=1.0,  # noqa: E731
-                                      max_new_tokens=300) for i, p in enumerate(engine_prompts)]
-        a = [f.result(timeout=300).token_ids for f in graphs.submit(reqs())]
-        b = [f.result(timeout=300).token_ids for f in eager.submit(reqs())]
-        assert a == b
+    prompts = _prompts(policy)
+
+    def requests():
+        return [DecodeRequest(prompt=p, adapter=i % 3, temperature=0, top_p=1.0,
+                              max_new_tokens=300) for i, p in enumerate(prompts)]
+
+    a = [f.result(timeout=300).token_ids for f in graphs.submit(requests())]
+    b = [f.result(timeout=300).token_ids for f in eager.submit(requests())]
+    assert a == b
     assert graphs.decoder._graphs  # the step ran as a graph (300 tokens: two length buckets)
 
 

@@ -463,7 +463,7 @@ class HFGenerationBackend:
 
 def decode_adapter_index(policy: Any, role: AgentRole) -> int:
     """The fast decoder's adapter index of ``role`` (0 = the base)."""
-    model, adapters = policy.decoding_adapters()
+    _, adapters = policy.decoding_adapters()
     name = policy.adapter_name(role)
     return adapters.index(name) + 1 if name is not None else 0
 

@@ -392,7 +392,7 @@ class LlamaDecoder:
         """Logits [len(rows), vocab] (float32) of the next token of each active slot."""
         self.ensure_cache(max(positions) + 1, max(rows) + 1)
         if not self.use_cuda_graphs:
-            as_tensor = lambda values: torch.tensor(values, device=self.device)  # noqa: E731
+            as_tensor = lambda values: torch.tensor(values, device=self.device)
             contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
             read = slice(rows[0], rows[0] + len(rows)) if contiguous else as_tensor(rows)
             return self._step(as_tensor(rows), as_tensor(tokens), as_tensor(positions),
@@ -418,7 +418,7 @@ class LlamaDecoder:
         io = {name: torch.zeros(self.cache_slots, dtype=torch.long, device=self.device)
               for name in ("tokens", "positions", "adapters")}
         io["rows"] = torch.arange(self.cache_slots, device=self.device)
-        run = lambda: self._step(io["rows"], io["tokens"], io["positions"], io["adapters"],  # noqa: E731
+        run = lambda: self._step(io["rows"], io["tokens"], io["positions"], io["adapters"],
                                  length, slice(None))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
