@@ -152,7 +152,7 @@ def test_compiled_decoding_splits_batches_above_the_row_cap(monkeypatch):
     from multiminddev.policy import generation
 
     monkeypatch.setattr(generation, "COMPILED_DECODING_MAX_ROWS", 2)
-    policy = tiny_policy(compiled_decoding=True)
+    policy = tiny_policy(compiled_decoding=True, fast_decoding=False)
     backend = HFGenerationBackend(policy, max_batch_size=64)
     shapes = []
     real = backend._generate_batch
@@ -175,7 +175,7 @@ def _three_prompts(policy):
 def test_compiled_decoding_padding_leaves_greedy_outputs_unchanged(source):
     # On the CPU the static cache runs without compiling: this checks the padded batch (3 -> 4
     # rows, prompts widened to the bucket) gives each prompt what plain decoding gives it.
-    eager, padded = tiny_policy(), tiny_policy(compiled_decoding=True)
+    eager, padded = tiny_policy(), tiny_policy(compiled_decoding=True, fast_decoding=False)
     prompts = _three_prompts(eager)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
     want = HFGenerationBackend(eager, logprob_source=source).generate_sync(prompts, greedy, G)
@@ -193,7 +193,7 @@ def test_compiled_generates_all_run_in_one_thread_whoever_calls(monkeypatch):
 
     from multiminddev.policy.generation import DECODE_THREAD_NAME
 
-    backend = HFGenerationBackend(tiny_policy(compiled_decoding=True))
+    backend = HFGenerationBackend(tiny_policy(compiled_decoding=True, fast_decoding=False))
     threads = []
     real = backend._generate_batch
     monkeypatch.setattr(backend, "_generate_batch", lambda *a: threads.append(
@@ -219,7 +219,7 @@ def test_a_backend_can_decode_eagerly_for_a_compiled_policy_and_the_reverse(monk
     def no_static_cache(device):
         raise AssertionError("eager decoding asked for the static cache")
 
-    compiled_policy = tiny_policy(compiled_decoding=True)
+    compiled_policy = tiny_policy(compiled_decoding=True, fast_decoding=False)
     prompts = _three_prompts(compiled_policy)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     want = HFGenerationBackend(tiny_policy()).generate_sync(prompts, greedy, G)
@@ -233,16 +233,21 @@ def test_a_backend_can_decode_eagerly_for_a_compiled_policy_and_the_reverse(monk
     assert HFGenerationBackend(compiled_policy).compiled_decoding  # None: the policy's setting
 
 
-def test_a_backend_can_sample_in_another_dtype():
+@pytest.mark.parametrize("fast", [False, True])
+def test_a_backend_can_sample_in_another_dtype(fast):
     policy = tiny_policy()
     prompts = _three_prompts(policy)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
     want = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER).generate_sync(
         prompts, greedy, G)
     backend = HFGenerationBackend(policy, logprob_source=LogprobSource.SAMPLER,
-                                  sampling_dtype=torch.float64)
+                                  sampling_dtype=torch.float64, fast_decoding=fast)
     got = backend.generate_sync(prompts, greedy, G)
-    assert torch.float64 in policy._cast_samplers  # decoded by the float64 copy
+    if fast:  # decoded by the fast decoder over float64 copies of the weights
+        assert backend._engine.decoder.dtype == torch.float64
+        assert [o.extra.get("decoder") for o in got] == ["fast"] * 3
+    else:  # decoded by the float64 copy of the merged model
+        assert torch.float64 in policy._cast_samplers
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     for a, b in zip(want, got):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
@@ -254,7 +259,7 @@ def test_a_failing_compiled_generate_falls_back_to_eager_decoding(monkeypatch, c
     # transformers refuses an unknown cache implementation: the same path as a compile error
     monkeypatch.setattr(generation, "_static_cache_kwargs",
                         lambda device: {"cache_implementation": "no-such-cache"})
-    policy = tiny_policy(compiled_decoding=True)
+    policy = tiny_policy(compiled_decoding=True, fast_decoding=False)
     prompts = _three_prompts(policy)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=6)
     backend = HFGenerationBackend(policy)

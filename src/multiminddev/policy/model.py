@@ -95,6 +95,11 @@ class PolicyConfig:
     # at any batch size. CUDA only; prompt lengths and batch sizes are padded to a few buckets so
     # that few shapes compile, and a failed compile falls back to eager decoding with a warning.
     compiled_decoding: bool = False
+    # Decode Llama-family models with the fast decoder (policy/llama_decoder.py): a static KV
+    # cache, both agents' adapters applied per row in one batch, continuous batching across
+    # generate calls, and on CUDA a decode step captured in CUDA graphs (no compile). Takes
+    # precedence over compiled_decoding where it applies; other models decode as before.
+    fast_decoding: bool = True
 
     def __post_init__(self) -> None:
         if self.load_in_4bit and self.separate_models:
@@ -522,6 +527,8 @@ class Policy:
         # role -> its frozen starting point (an adapter name, or a model copy), once
         # freeze_start_reference() made the agents' starting points their KL references
         self.start_references: dict[AgentRole, Any] = {}
+        # (slots, dtype, device, adapter names) -> the fast decoding engine backends share
+        self.decode_engines: dict[tuple[Any, ...], Any] = {}
 
     @property
     def roles(self) -> tuple[AgentRole, ...]:
@@ -559,6 +566,17 @@ class Policy:
             self.peft_model.set_adapter(role.value)
             self._active = role
         return self.peft_model
+
+    def decoding_adapters(self) -> tuple[Any, tuple[str, ...]] | None:
+        """(the peft model, the agents' adapter names) the fast decoder reads, or None for
+        separate models (no shared base to batch over)."""
+        if self.separate:
+            return None
+        return self.peft_model, tuple(r.value for r in self.roles)
+
+    def adapter_name(self, role: AgentRole | str) -> str | None:
+        """The adapter that decodes for ``role``."""
+        return self._check_role(role).value
 
     @contextlib.contextmanager
     def use(self, role: AgentRole | str) -> Iterator[Any]:
