@@ -117,11 +117,9 @@ def ab_router(store: ABStore, *, admin_token: str | None = None,
     return router
 
 
-def install_ab(app: FastAPI, store: ABStore) -> None:
-    """Serve the A/B routes on ``app`` (changes need the server's API key where it has one; arm
-    adapters must lie in its adapter roots) and record every finished job of its job manager
-    (``app.state.jobs.on_finished``) on the job's arm."""
-    config = app.state.config
-    app.include_router(ab_router(store, admin_token=config.api_key,
-                                 adapter_roots=config.adapter_folders))
+def install_ab(app: FastAPI, store: ABStore, *, admin_token: str | None = None,
+               adapter_roots: Sequence[Path] | None = None) -> None:
+    """Serve the A/B routes on ``app`` (see ``ab_router``) and record every finished job of its
+    job manager (``app.state.jobs.on_finished``) on the job's arm."""
+    app.include_router(ab_router(store, admin_token=admin_token, adapter_roots=adapter_roots))
     app.state.jobs.on_finished.append(lambda job: record_job(store, job))

@@ -33,7 +33,8 @@ def install(app: Any) -> None:
     jobs = app.state.jobs
     store = ABStore.in_state_dir(config.state_dir) if config.state_dir else None
     if store is not None:
-        install_ab(app, store)
+        # changes need the API key where the server has one; arm adapters lie in its roots
+        install_ab(app, store, admin_token=config.api_key, adapter_roots=config.adapter_folders)
         assigner = ArmAssigner(store, app.state.registry)
         jobs.assign_arm = assigner
         jobs.adapters_for_arm = assigner.for_arm

@@ -71,7 +71,8 @@ def router() -> APIRouter:
     async def job_status(job_id: str, request: Request) -> dict[str, Any]:
         return _job(request, job_id).summary()
 
-    @api.get("/jobs/{job_id}/events")
+    @api.get("/jobs/{job_id}/events", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
     async def job_events(job_id: str, request: Request) -> StreamingResponse:
         jobs: JobManager = request.app.state.jobs
         _job(request, job_id)

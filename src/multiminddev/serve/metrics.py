@@ -175,7 +175,8 @@ class MetricsMiddleware:
 def metrics_router(metrics: ServeMetrics) -> APIRouter:
     router = APIRouter(tags=["metrics"])
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=Response,
+                responses={200: {"content": {"text/plain": {}}}})
     def exposition() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -34,6 +34,11 @@ from multiminddev.serve.registry import AdapterError, ModelRegistry, UnknownMode
 from multiminddev.serve.stop_strings import cut_at_stop, safe_length
 
 
+# A reply is JSON, or server-sent events with ``stream: true``.
+STREAMABLE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}}}
+
+
 class _Request(BaseModel):
     # Unknown OpenAI / vLLM fields are ignored, as OpenAI-compatible servers do.
     model_config = ConfigDict(extra="ignore")
@@ -92,7 +97,7 @@ def router() -> APIRouter:
                 for name in registry.names()]
         return {"object": "list", "data": data}
 
-    @api.post("/completions")
+    @api.post("/completions", responses=STREAMABLE)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         registry: ModelRegistry = request.app.state.registry
         if body.echo:
@@ -107,7 +112,7 @@ def router() -> APIRouter:
         choices = [_completion_choice(i, out, registry, body) for i, out in enumerate(outputs)]
         return _response("text_completion", name, choices, prompts, outputs)
 
-    @api.post("/chat/completions")
+    @api.post("/chat/completions", responses=STREAMABLE)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
         registry: ModelRegistry = request.app.state.registry
         messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
