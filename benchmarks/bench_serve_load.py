@@ -252,7 +252,7 @@ def percentiles(values: list[float]) -> dict[str, float | int | None]:
     if not values:
         return {"n": 0, "p50_s": None, "p99_s": None}
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"n": len(values), "p50_s": round(statistics.median(ordered), 3),
             "p99_s": round(p99, 3)}
 

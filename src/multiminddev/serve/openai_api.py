@@ -33,7 +33,6 @@ from multiminddev.serve.limits import MAX_N
 from multiminddev.serve.registry import AdapterError, ModelRegistry, UnknownModelError
 from multiminddev.serve.stop_strings import cut_at_stop, safe_length
 
-
 # A reply is JSON, or server-sent events with ``stream: true``.
 STREAMABLE: dict[int | str, dict[str, Any]] = {
     200: {"content": {"application/json": {}, "text/event-stream": {}}}}
