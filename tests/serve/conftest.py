@@ -22,12 +22,14 @@ def adapter_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="package")
 def server(adapter_dir, tmp_path_factory):
-    from multiminddev.serve import ServeConfig, create_app
+    from multiminddev.commands.serve import build_app
+    from multiminddev.serve import ServeConfig
 
     config = ServeConfig(device="cpu", adapters={"generator": str(adapter_dir)},
                          max_module_bytes=20_000, max_running_jobs=2,
-                         state_dir=str(tmp_path_factory.mktemp("state")))
-    running = UvicornThread(create_app(config)).start()
+                         state_dir=str(tmp_path_factory.mktemp("state")),
+                         adapter_roots=[str(adapter_dir.parent)])
+    running = UvicornThread(build_app(config)).start()  # as `multiminddev serve` builds it
     yield running
     running.stop()
 

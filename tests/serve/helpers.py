@@ -7,7 +7,9 @@
   ``best_result``, ``GET /v1/kernels/jobs/{id}/events`` as server-sent events: ``started``, one
   ``turn`` per turn with its result's status flat on it, then ``done``). Its jobs are real but cheap: the submitted
   module is loaded as a problem, then a fixed list of candidate kernels is judged one per turn
-  by the real evaluator (compile-only here) and reported with the real Tester's feedback;
+  by the real evaluator (compile-only here) and reported with the real Tester's feedback (a
+  :class:`ModelReply` candidate goes through the real parser first: a format failure where it
+  holds no kernel);
   each finished job is recorded on its A/B arm.
 - :class:`Chromium`: Debian's chromium, headless, driven over the DevTools protocol with a
   small websockets client.
@@ -26,6 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -37,6 +40,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 # ------------------------------------------------------------------------------- job app
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """A candidate given as the model's whole reply: the real parser takes the kernel out of
+    it, and a reply without one is a format-failure turn."""
+
+    text: str
 
 
 class OptimizeRequest(BaseModel):
@@ -66,16 +77,19 @@ def turn_event(turn: Any) -> dict[str, Any]:
     result = turn.eval_result
     return {"index": turn.index, "role": turn.role.value, "text": turn.text,
             "candidate_source": turn.candidate_source, "feedback": turn.feedback,
+            "parse_failure": turn.parse_failure.value if turn.parse_failure else None,
             "status": result.status.value if result is not None else None,
             "compiled": bool(result.compiled) if result is not None else False,
             "correct": bool(result.correct) if result is not None else False,
             "speedup": float(result.speedup) if result is not None and result.correct else None}
 
 
-def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: Any = None) -> Any:
+def job_app(store: Any, evaluator: Any, candidates: Sequence[str | ModelReply], *,
+            metrics: Any = None) -> Any:
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import StreamingResponse
 
+    from multiminddev.agents.parsing import parse_candidate
     from multiminddev.agents.roles import AgentRole
     from multiminddev.agents.tester import tester_feedback
     from multiminddev.episode.state import Turn
@@ -92,8 +106,15 @@ def job_app(store: Any, evaluator: Any, candidates: Sequence[str], *, metrics: A
     async def run(job: _Job, problem: Any, source: str, turns: int) -> None:
         start = time.monotonic()
         for index, candidate in enumerate(candidates[:turns]):
-            result = await evaluator.aevaluate(problem, candidate)
             role = AgentRole.GENERATOR if index == 0 else AgentRole.OPTIMIZER
+            parsed = parse_candidate(candidate) if isinstance(candidate, ModelReply) else None
+            if parsed is not None and parsed.source is None:  # a format failure: no kernel
+                job.turns.append(turn_event(Turn(index=index, role=role, text=candidate.text,
+                                                 parse_failure=parsed.failure)))
+                job.changed.set()
+                continue
+            candidate = parsed.source if parsed is not None else candidate
+            result = await evaluator.aevaluate(problem, candidate)
             turn = Turn(index=index, role=role, candidate_source=candidate, eval_result=result,
                         feedback=tester_feedback(result, candidate))
             if result.compiled:

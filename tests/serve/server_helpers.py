@@ -32,7 +32,7 @@ class UvicornThread:
     ``with UvicornThread(app) as srv: srv.url`` or ``srv = UvicornThread(app).start() ...
     srv.stop()``. ``lifespan="off"`` skips the app's startup (model loading)."""
 
-    def __init__(self, app: Any, *, lifespan: str = "auto", start_timeout_s: float = 120.0):
+    def __init__(self, app: Any, *, lifespan: str = "auto", start_timeout_s: float = 600.0):
         import uvicorn
 
         self.app = app

@@ -4,6 +4,7 @@ recorded on their arm and survive a restart; the page and ``/metrics`` are serve
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -87,3 +88,60 @@ def test_the_page_and_metrics_are_served(served):
     assert page.status_code == 200 and "<html" in page.text.lower()
     metrics = httpx.get(url + "/metrics", timeout=30).text
     assert 'status="succeeded"' in metrics
+
+
+def test_a_job_naming_an_unknown_arm_is_refused(served):
+    url = served["server"].url
+    reply = httpx.post(f"{url}/v1/kernels/optimize", timeout=60,
+                       json={"module": RELU, "turns": 1, "max_new_tokens": 8, "arm": "zzz"})
+    assert reply.status_code == 404 and "zzz" in reply.json()["error"]["message"]
+
+
+def test_a_job_naming_its_arm_runs_on_that_arms_adapters_and_is_recorded_there(served):
+    url = served["server"].url
+    for arm, adapters in (("control", {}), ("tuned", {"generator": "tuned-generator"})):
+        reply = httpx.post(f"{url}/v1/kernels/optimize", timeout=60,
+                           json={"module": RELU, "turns": 1, "max_new_tokens": 8, "arm": arm})
+        assert reply.status_code == 202
+        job = _wait(url, reply.json()["id"])
+        assert (job["arm"], job["adapters"], job["status"]) == (arm, adapters, "succeeded")
+        recorded = [o.arm for o in _outcomes(served["state"]) if o.job_id == job["id"]]
+        assert recorded == [arm]
+
+
+def _outcomes(state):
+    from multiminddev.serve.ab import ABStore
+
+    with ABStore.in_state_dir(state) as store:
+        return store.outcomes()
+
+
+def test_jobs_are_found_after_a_restart_on_the_same_state_folder(served):
+    from multiminddev.commands.serve import build_app
+    from multiminddev.serve import ServeConfig
+
+    earlier = served["jobs"][0]
+    config = ServeConfig(device="cpu", state_dir=str(served["state"]))
+    with UvicornThread(build_app(config), lifespan="off") as again:
+        reply = httpx.get(f"{again.url}/v1/kernels/jobs/{earlier['id']}", timeout=30)
+        assert reply.status_code == 200
+        assert {k: reply.json()[k] for k in ("status", "arm", "best_source")} == \
+            {k: earlier[k] for k in ("status", "arm", "best_source")}
+        with httpx.stream("GET", f"{again.url}/v1/kernels/jobs/{earlier['id']}/events",
+                          timeout=30) as events:
+            lines = [line for line in events.iter_lines() if line.startswith("event: ")]
+        assert lines == ["event: done"]
+
+
+def test_a_job_the_previous_server_did_not_finish_reads_failed_with_the_reason(served):
+    from multiminddev.commands.serve import build_app
+    from multiminddev.serve import ServeConfig
+
+    folder = served["state"] / "jobs"
+    record = json.loads((folder / f"{served['jobs'][0]['id']}.json").read_text())
+    unfinished = {**record, "id": "0123456789abcdef", "status": "running", "finished": None}
+    (folder / "0123456789abcdef.json").write_text(json.dumps(unfinished))
+    config = ServeConfig(device="cpu", state_dir=str(served["state"]))
+    with UvicornThread(build_app(config), lifespan="off") as again:
+        job = httpx.get(f"{again.url}/v1/kernels/jobs/0123456789abcdef", timeout=30).json()
+    assert job["status"] == "failed" and "stopped before this job finished" in job["error"]

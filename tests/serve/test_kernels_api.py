@@ -43,7 +43,7 @@ def jobs(server):
     # ones, so this episode fails before it generates anything
     names = "\n".join(f"# {random.Random(i).getrandbits(128):032x}" for i in range(500))
     failing = submit(server, module=RELU + "\n" + names, max_new_tokens=4000)
-    normal = submit(server, arm="b")
+    normal = submit(server)
     try:
         assert (failing.status_code, normal.status_code) == (202, 202)
         ids = {"failing": failing.json()["id"], "normal": normal.json()["id"]}
@@ -73,7 +73,7 @@ def test_job_events_replay_every_turn_then_done(server, jobs):
 def test_on_finished_callbacks_see_each_job(jobs):
     seen = {(j.id, j.arm, j.status.value) for j in jobs["finished"]}
     ids = jobs["ids"]
-    assert seen == {(ids["failing"], None, "failed"), (ids["normal"], "b", "succeeded")}
+    assert seen == {(ids["failing"], None, "failed"), (ids["normal"], None, "succeeded")}
 
 
 def test_a_failing_job_leaves_another_unharmed(jobs):
@@ -112,7 +112,10 @@ def test_a_job_whose_agent_writes_a_kernel_gets_it_evaluated(server):
     ({"module": RELU, "adapters": {"generator": "nope"}}, 404),
     ({"module": RELU, "adapters": {"tester": "base"}}, 422),
     ({"module": RELU, "turns": 0}, 400),
-    ({"module": RELU, "turns": 99}, 422),
+    ({"module": RELU, "turns": 99}, 400),  # every value out of range: 400, like turns 0
+    ({"module": RELU, "max_new_tokens": 10**6}, 400),
+    ({"module": RELU, "arm": "b"}, 404),  # no such arm: the outcome could go nowhere
+    ({"module": RELU, "arm": "b", "adapters": {"generator": "base"}}, 400),
     ({"modul": RELU}, 400),
 ])
 def test_bad_modules_get_a_4xx_with_a_one_line_message(server, body, status):
@@ -130,6 +133,18 @@ def test_a_body_that_is_not_json_gets_400(server):
 
 def test_an_unknown_job_is_404(server):
     assert httpx.get(f"{server.url}/v1/kernels/jobs/nope", timeout=30).status_code == 404
+    traversal = httpx.get(f"{server.url}/v1/kernels/jobs/..%2F..%2Fetc", timeout=30)
+    assert traversal.status_code == 404
+
+
+def test_limits_are_served_and_name_the_field_out_of_range(server):
+    limits = httpx.get(f"{server.url}/v1/kernels/limits", timeout=30).json()
+    config = server.app.state.config
+    assert limits["max_job_turns"] == config.max_job_turns
+    reply = submit(server, turns=limits["max_job_turns"] + 1)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "turns"
+    below = submit(server, turns=0)
+    assert below.status_code == 400 and below.json()["error"]["param"] == "turns"
 
 
 def test_concurrent_jobs_share_generate_calls(server):

@@ -108,3 +108,26 @@ def test_per_arm_outcome_counters(served):
     assert samples[("mmd_ab_compiled_total", (("arm", "base"),))] == 0.0
     assert samples[("mmd_ab_correct_total", (("arm", "new"),))] == 1.0
     assert samples[("mmd_ab_arm_weight", (("arm", "new"),))] == 0.0
+
+
+def test_generation_is_measured_for_whole_replies_and_streams(server):
+    """The real server with the embedded model: tokens, time to first token and the queue."""
+    def generation(samples):
+        return {name: value for (name, labels), value in samples.items()
+                if name.startswith(("mmd_generation", "mmd_time_to_first_token"))
+                and dict(labels).get("model", "base") == "base"}
+
+    before = generation(_samples(server.url))
+    body = {"model": "base", "prompt": "def relu(x):", "max_tokens": 4, "temperature": 0}
+    whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).json()
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
+                      timeout=120) as reply:
+        assert "[DONE]" in "".join(reply.iter_text())
+    after = generation(_samples(server.url))
+    tokens = whole["usage"]["completion_tokens"] * 2  # greedy: the stream decodes the same
+    assert after["mmd_generation_tokens_total"] - before.get(
+        "mmd_generation_tokens_total", 0) == tokens
+    assert after["mmd_time_to_first_token_seconds_count"] - before.get(
+        "mmd_time_to_first_token_seconds_count", 0) == 2
+    assert after["mmd_generation_tokens_per_second"] > 0
+    assert after["mmd_generation_queue_depth"] == 0

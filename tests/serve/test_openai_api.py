@@ -92,7 +92,7 @@ def test_adapters_load_and_unload_live(client, server, adapter_dir):
     ("/v1/completions", {"model": "base", "prompt": [10**9], "max_tokens": 2}, 400),
     ("/v1/chat/completions", {"model": "base", "messages": CHAT, "stream": True,
                               "logprobs": True}, 400),
-    ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/dir"}, 400),
+    ("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/dir"}, 403),
     ("/v1/unload_lora_adapter", {"lora_name": "never-loaded"}, 404),
 ])
 def test_bad_requests_get_a_4xx_with_a_one_line_message(server, path, body, status):

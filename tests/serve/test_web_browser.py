@@ -12,7 +12,14 @@ pytest.importorskip("websockets")
 from multiminddev.env import EvalConfig, Evaluator
 from multiminddev.serve.ab import ABStore
 from tests.episode.helpers import BROKEN_KERNEL, RELU_KERNEL, RELU_PROBLEM
-from tests.serve.helpers import CHROMIUM, Chromium, UvicornThread, job_app, save_artifact
+from tests.serve.helpers import (
+    CHROMIUM,
+    Chromium,
+    ModelReply,
+    UvicornThread,
+    job_app,
+    save_artifact,
+)
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -103,3 +110,27 @@ def test_uploaded_file_fills_the_editor(server, browser, tmp_path):
     browser.navigate(srv.url + "/")
     browser.upload("#file", module)
     assert browser.wait_for("document.getElementById('source').value") == RELU_PROBLEM
+
+
+REPLY_WITHOUT_KERNEL = "I would fuse the ReLU into one kernel, but here is only my plan."
+
+
+@pytest.fixture(scope="module")
+def format_failure_server(tmp_path_factory):
+    store = ABStore.in_state_dir(tmp_path_factory.mktemp("ab-state-format"))
+    store.add_arm("base", weight=1.0)
+    with Evaluator(EvalConfig(num_workers=1, num_trials=2)) as evaluator:
+        app = job_app(store, evaluator, [ModelReply(REPLY_WITHOUT_KERNEL), RELU_KERNEL])
+        with UvicornThread(app) as srv:
+            yield srv
+    store.close()
+
+
+def test_a_format_failure_shows_what_the_model_wrote(format_failure_server, browser):
+    browser.navigate(format_failure_server.url + "/")
+    browser.insert_text("#source", RELU_PROBLEM)
+    browser.click("#submit")
+    browser.wait_for("!document.getElementById('result').hidden", timeout_s=120)
+    first = browser.evaluate("document.querySelector('#turns li').innerText")
+    assert "no_code_block" in first
+    assert REPLY_WITHOUT_KERNEL in first

@@ -22,8 +22,9 @@ from typing import Any
 
 from multiminddev.commands._io import InputError, dir_problem
 from multiminddev.serve.ab import AB_DB_NAME, ABStore
+from multiminddev.serve.auth import API_KEY_ENV
 
-TOKEN_ENV = "MULTIMINDDEV_ADMIN_TOKEN"
+TOKEN_ENV = API_KEY_ENV
 
 
 def register(subparsers: Any) -> None:
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
     target.add_argument("--url", default=None,
                         help="a running server, e.g. http://127.0.0.1:8000")
     where.add_argument("--token", default=None,
-                       help=f"the server's admin token for changes over --url "
+                       help=f"the server's API key (serve --api-key) for --url "
                             f"(default: ${TOKEN_ENV})")
     sub = parser.add_subparsers(dest="ab_command", metavar="ACTION")
 

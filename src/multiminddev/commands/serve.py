@@ -8,12 +8,16 @@ kernel-optimization API (docs/serving.md).
 optimizer drive those roles in ``/v1/kernels/optimize`` jobs. Without --adapters (and with the
 model they were trained on) the shipped agent adapters are served, and jobs prompt them as they
 were trained (the element-type line included where their training had it).
+
+With --api-key KEY (or $MULTIMINDDEV_API_KEY) every /v1/ route, the admin ones included, wants
+'Authorization: Bearer KEY'; a --host beyond loopback is refused without a key.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,7 @@ from multiminddev.commands._io import InputError, fail
 from multiminddev.policy import PolicyError, adapter_paths_in
 from multiminddev.policy.model import resolve_model_source
 from multiminddev.serve import ServeConfig
+from multiminddev.serve.auth import API_KEY_ENV
 
 
 def register(subparsers: Any) -> None:
@@ -41,6 +46,14 @@ def register(subparsers: Any) -> None:
                    help="folder for finished jobs and A/B records (default: none kept)")
     p.add_argument("--max-running-jobs", type=int, default=2,
                    help="optimize episodes run at once (default 2)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"every /v1/ route then wants 'Authorization: Bearer KEY', as OpenAI's "
+                        f"(default: ${API_KEY_ENV}; required with a --host beyond loopback)")
+    p.add_argument("--adapter-root", action="append", type=Path, default=None,
+                   metavar="FOLDER", dest="adapter_roots",
+                   help="a folder that adapters named in requests (load_lora_adapter, A/B arms) "
+                        "must lie in; repeat for several (default: --state-dir and the "
+                        "shipped agents)")
     p.set_defaults(handler=run)
 
 
@@ -87,7 +100,9 @@ def serve_config(args: argparse.Namespace) -> ServeConfig:
     return ServeConfig(model=args.model, adapters=adapters, host=args.host, port=args.port,
                        device=args.device, max_running_jobs=args.max_running_jobs,
                        state_dir=str(args.state_dir) if args.state_dir else None,
-                       element_type_line=agents is not None and agents.element_type_line)
+                       element_type_line=agents is not None and agents.element_type_line,
+                       api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+                       adapter_roots=[str(r) for r in args.adapter_roots or []])
 
 
 def run(args: argparse.Namespace) -> int:

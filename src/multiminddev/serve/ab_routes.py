@@ -2,12 +2,13 @@
 ``POST /v1/ab/weights`` and ``POST /v1/ab/promote``.
 
 Changing arms moves production traffic, so when ``admin_token`` is given every POST needs
-``Authorization: Bearer <token>``; the status is readable by anyone who can reach the server.
+``Authorization: Bearer <token>`` (``multiminddev serve`` passes its API key, which then also
+guards the status with every other ``/v1/`` route).
 """
 
 from __future__ import annotations
 
-import hmac
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, Field
 
 from multiminddev.policy.model import PolicyError, adapter_paths_in
 from multiminddev.serve.ab import ABStore, ArmExistsError, record_job
+from multiminddev.serve.auth import PathOutsideRootsError, bearer_matches, confine_adapter_path
 
 
 class AddArmRequest(BaseModel):
@@ -48,14 +50,15 @@ def checkpoint_adapters(path: str | Path) -> dict[str, str]:
         raise ValueError(str(exc)) from None
 
 
-def ab_router(store: ABStore, *, admin_token: str | None = None) -> APIRouter:
+def ab_router(store: ABStore, *, admin_token: str | None = None,
+              adapter_roots: Sequence[Path] | None = None) -> APIRouter:
+    """With ``adapter_roots``, an arm's adapter folders must lie inside them (403 otherwise)."""
     router = APIRouter(prefix="/v1/ab", tags=["ab"])
 
     def authorize(authorization: str | None) -> None:
         if admin_token is None:
             return
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), admin_token.encode()):
+        if not bearer_matches(authorization, admin_token):
             raise HTTPException(401, "this server changes A/B arms only with its admin token: "
                                      "send 'Authorization: Bearer <token>'")
 
@@ -71,12 +74,18 @@ def ab_router(store: ABStore, *, admin_token: str | None = None) -> APIRouter:
             raise HTTPException(400, "give either path (a checkpoint folder) or adapters "
                                      "({role: path}), not both")
         try:
+            if adapter_roots is not None:
+                for given in [body.path] if body.path is not None else list(
+                        (body.adapters or {}).values()):
+                    confine_adapter_path(given, adapter_roots)
             adapters = (checkpoint_adapters(body.path) if body.path is not None
                         else dict(body.adapters or {}))
             missing = [p for p in adapters.values() if not Path(p).exists()]
             if missing:
                 raise ValueError(f"adapter path {missing[0]} does not exist on the server")
             arm = store.add_arm(body.name, adapters, weight=body.weight)
+        except PathOutsideRootsError as exc:
+            raise HTTPException(403, str(exc)) from None
         except ArmExistsError as exc:
             raise HTTPException(409, str(exc)) from None
         except ValueError as exc:
@@ -108,8 +117,9 @@ def ab_router(store: ABStore, *, admin_token: str | None = None) -> APIRouter:
     return router
 
 
-def install_ab(app: FastAPI, store: ABStore, *, admin_token: str | None = None) -> None:
-    """Serve the A/B routes on ``app`` and record every finished job of its job manager
-    (``app.state.jobs.on_finished``) on the job's arm."""
-    app.include_router(ab_router(store, admin_token=admin_token))
+def install_ab(app: FastAPI, store: ABStore, *, admin_token: str | None = None,
+               adapter_roots: Sequence[Path] | None = None) -> None:
+    """Serve the A/B routes on ``app`` (see ``ab_router``) and record every finished job of its
+    job manager (``app.state.jobs.on_finished``) on the job's arm."""
+    app.include_router(ab_router(store, admin_token=admin_token, adapter_roots=adapter_roots))
     app.state.jobs.on_finished.append(lambda job: record_job(store, job))

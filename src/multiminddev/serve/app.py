@@ -23,9 +23,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from multiminddev.serve import kernels_api, openai_api
+from multiminddev.serve.auth import ApiKeyMiddleware
 from multiminddev.serve.batching import BatchedBackend, Batcher
 from multiminddev.serve.config import ServeConfig
-from multiminddev.serve.errors import ApiError, error_body, validation_message
+from multiminddev.serve.errors import ApiError, error_body, validation_message, validation_param
 from multiminddev.serve.jobs import JobManager
 from multiminddev.serve.registry import ModelRegistry
 
@@ -72,27 +73,30 @@ def create_app(config: ServeConfig | None = None, *, routers: Iterable[Any] = ()
     app.include_router(kernels_api.router())
     for extra in routers:
         app.include_router(extra)
+    if config.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     return app
 
 
 def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.code), status_code=exc.status)
+        return JSONResponse(error_body(exc.status, exc.message, exc.code, exc.param),
+                            status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
-            message = "the request body is not valid JSON"
-        else:
-            message = validation_message(errors)
-        return JSONResponse(error_body(400, message), status_code=400)
+            return JSONResponse(error_body(400, "the request body is not valid JSON"),
+                                status_code=400)
+        return JSONResponse(error_body(400, validation_message(errors), "invalid_value",
+                                       validation_param(errors)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(error_body(exc.status_code, str(exc.detail)),
-                            status_code=exc.status_code)
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, exc: Exception) -> JSONResponse:

@@ -7,17 +7,38 @@ can share its batch, decodes them in a thread and hands each its own outputs. Re
 finds the model idle waits ``batch_wait_s`` (a few ms) for company, since a client's burst of
 requests arrives one by one and would otherwise decode as a batch of one and then a batch of
 the rest; requests that arrive while the model is busy go into the next batch without waiting.
+
+Every answered request is reported to ``Batcher.observers`` as a ``GenerationEvent`` (the
+Prometheus metrics count tokens and time to first token from them); ``queue_depth`` is how many
+requests wait for a generate call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from multiminddev.agents.roles import AgentRole
 from multiminddev.policy.generation import GenerationOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerationEvent:
+    """One answered request: its model, the tokens generated for it, and the seconds from its
+    arrival to its first token reaching the client (a whole reply: the reply; a stream: the
+    first chunk) and to its last."""
+
+    model: str
+    tokens: int
+    time_to_first_token_s: float
+    total_s: float
 
 
 @dataclass
@@ -26,6 +47,7 @@ class _Pending:
     sampling: SamplingParams
     model: str
     future: asyncio.Future[list[GenerationOutput]]
+    arrived: float = field(default_factory=time.perf_counter)
 
     def joins(self, other: _Pending) -> bool:
         return (self.sampling.seed is None and other.sampling.seed is None
@@ -42,6 +64,19 @@ class Batcher:
         self._wake: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self.batches = 0  # generate calls made, for tests and metrics
+        self.observers: list[Callable[[GenerationEvent], Any]] = []
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._waiting)
+
+    def report(self, event: GenerationEvent) -> None:
+        """Hand ``event`` to every observer; an observer's error is logged, never raised."""
+        for observer in list(self.observers):
+            try:
+                observer(event)
+            except Exception:
+                log.exception("a generation observer failed")
 
     async def generate(self, prompts: list[list[int]], sampling: SamplingParams,
                        model: str) -> list[GenerationOutput]:
@@ -103,6 +138,10 @@ class Batcher:
                 start += len(p.prompts)
                 if not p.future.done():
                     p.future.set_result(mine)
+                    waited = time.perf_counter() - p.arrived
+                    self.report(GenerationEvent(model=p.model,
+                                                tokens=sum(len(o.token_ids) for o in mine),
+                                                time_to_first_token_s=waited, total_s=waited))
 
 
 class BatchedBackend:

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from multiminddev.agents.shipped import SHIPPED_DIR
+from multiminddev.serve.auth import is_loopback
+from multiminddev.serve.limits import Limits
+
 # Adapter (model) names appear in URLs and in the OpenAI ``model`` field.
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -44,6 +48,12 @@ class ServeConfig:
     # Kernel jobs' prompts end with the problem's element-type line, as for agents trained on
     # such prompts (the shipped ones): prompts must match training.
     element_type_line: bool = False
+    # With a key, every /v1/ route wants "Authorization: Bearer <key>" (serve.auth); a host
+    # beyond loopback needs one, since /v1/ holds the admin routes.
+    api_key: str | None = None
+    # Folders the adapters that requests name (load_lora_adapter, A/B arms) must lie in;
+    # empty: the state folder and the shipped agents.
+    adapter_roots: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not ADAPTER_NAME.match(self.base_name):
@@ -60,6 +70,12 @@ class ServeConfig:
             if not (Path(path) / "adapter_config.json").is_file():
                 raise ValueError(f"ServeConfig.adapters[{name!r}]: {path} holds no "
                                  "adapter_config.json; pass a LoRA adapter folder")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("ServeConfig.api_key is empty; give a key or None")
+        if self.api_key is None and not is_loopback(self.host):
+            raise ValueError(f"listening on {self.host} (beyond this machine) needs an API key: "
+                             "pass --api-key KEY or set MULTIMINDDEV_API_KEY")
+        self.adapter_roots = [str(r) for r in self.adapter_roots]
         if not 0 <= self.port <= 65535:
             raise ValueError(f"ServeConfig.port={self.port} must be in 0..65535")
         for name in ("max_module_bytes", "max_tokens_limit", "max_batch_size", "max_running_jobs",
@@ -71,6 +87,18 @@ class ServeConfig:
         if not 0 <= self.batch_wait_ms <= 10_000:
             raise ValueError(f"ServeConfig.batch_wait_ms={self.batch_wait_ms} must be in "
                              "0..10000 (milliseconds)")
+
+    @property
+    def adapter_folders(self) -> list[Path]:
+        """The folders request-named adapters must lie in."""
+        if self.adapter_roots:
+            return [Path(r) for r in self.adapter_roots]
+        return [Path(r) for r in (self.state_dir, SHIPPED_DIR) if r is not None]
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_job_turns=self.max_job_turns, max_tokens=self.max_tokens_limit,
+                      max_module_bytes=self.max_module_bytes)
 
     @property
     def jobs_dir(self) -> Path | None:

@@ -9,6 +9,14 @@ does reaches another job or the server.
 Hooks for other components (the A/B layer):
 - ``assign_arm(source, options) -> (adapters, arm)``: called for a job submitted without
   adapters and arm; returns {role: model name} and the arm's name (either may be None).
+- ``adapters_for_arm(arm) -> {role: model name}``: a job that names its arm runs on that arm's
+  adapters (KeyError: no such arm); unset, a job that names an arm is refused, since its
+  outcome could be recorded nowhere.
+
+With ``ServeConfig.state_dir`` every accepted job is written to ``state_dir/jobs/<id>.json``
+when it is accepted and again when it ends, and ``get`` reads a job this process does not hold
+from there: after a restart an earlier job is still found, and one the previous process did
+not finish reads ``failed`` with the reason.
 - ``on_finished``: callbacks ``f(job)`` called once per job when it ends (succeeded or failed);
   an exception in one is logged and ignored.
 - ``backend_for(adapters) -> GenerationBackend``: where a job's agents generate (``create_app``
@@ -23,6 +31,7 @@ import dataclasses
 import enum
 import json
 import logging
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -37,19 +46,23 @@ from multiminddev.episode.runner import arun_episodes, outcome_line, single_epis
 from multiminddev.policy.generation import SamplingParams
 from multiminddev.rewards.functions import RewardConfig
 from multiminddev.serve.config import ServeConfig
+from multiminddev.serve.limits import LimitError
 from multiminddev.serve.registry import ModelRegistry, UnknownModelError
 
 log = logging.getLogger(__name__)
 
 TRAINABLE_ROLES = (AgentRole.GENERATOR.value, AgentRole.OPTIMIZER.value)
+JOB_ID = re.compile(r"^[0-9a-f]{16}$")  # uuid4 hex prefix: also a safe file name
+INTERRUPTED = "the server stopped before this job finished; submit it again"
 
 
 class JobError(ValueError):
     """A job cannot be submitted (bad module, bad options); ``status`` is the HTTP code."""
 
-    def __init__(self, message: str, status: int = 422):
+    def __init__(self, message: str, status: int = 422, param: str | None = None):
         super().__init__(" ".join(message.split()))
         self.status = status
+        self.param = param
 
 
 class JobStatus(str, enum.Enum):
@@ -126,10 +139,29 @@ class Job:
         }
 
 
+@dataclass(kw_only=True)
+class StoredJob:
+    """A job read back from the state folder (written by an earlier server process)."""
+
+    record: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.record["id"])
+
+    @property
+    def status(self) -> JobStatus:
+        return JobStatus(self.record["status"])
+
+    def summary(self) -> dict[str, Any]:
+        return {k: v for k, v in self.record.items() if k != "source"}
+
+
 def turn_event(turn: Any, line: str) -> dict[str, Any]:
     result = turn.eval_result
     return {"index": turn.index, "role": turn.role.value, "summary": line, "text": turn.text,
             "candidate_source": turn.candidate_source, "feedback": turn.feedback,
+            "parse_failure": turn.parse_failure.value if turn.parse_failure else None,
             "status": result.status.value if result is not None else None,
             "compiled": bool(result.compiled) if result is not None else False,
             "correct": bool(result.correct) if result is not None else False,
@@ -160,6 +192,7 @@ class JobManager:
         self.on_finished: list[Callable[[Job], Any]] = []
         self.assign_arm: Callable[[str, JobOptions], tuple[dict[str, str] | None, str | None]] \
             | None = None
+        self.adapters_for_arm: Callable[[str], dict[str, str]] | None = None
         # The generation backend of a job, from its {role: model name}: by default the served
         # models themselves; a GenerationBackend to another server (vLLM) fits here too.
         self.backend_for: Callable[[dict[str, str]], Any] = registry.backend
@@ -192,14 +225,14 @@ class JobManager:
     def submit(self, source: str, options: JobOptions | None = None,
                adapters: dict[str, str] | None = None, arm: str | None = None) -> Job:
         options = options or JobOptions()
-        if options.turns > self.config.max_job_turns:
-            raise JobError(f"turns {options.turns} exceeds this server's limit of "
-                           f"{self.config.max_job_turns}")
-        if options.max_new_tokens > self.config.max_tokens_limit:
-            raise JobError(f"max_new_tokens {options.max_new_tokens} exceeds this server's "
-                           f"limit of {self.config.max_tokens_limit}")
+        try:
+            self.config.limits.check_job(options.turns, options.max_new_tokens)
+        except LimitError as exc:
+            raise JobError(str(exc), 400, exc.param) from None
         check_module(source, self.config.max_module_bytes, options.name)
-        if adapters is None and arm is None and self.assign_arm is not None:
+        if arm is not None:
+            adapters = self._arm_adapters(arm, adapters)
+        elif adapters is None and self.assign_arm is not None:
             adapters, arm = self.assign_arm(source, options)
         chosen = self.default_adapters() if adapters is None else dict(adapters)
         for role, name in chosen.items():
@@ -215,14 +248,40 @@ class JobManager:
         job = Job(id=uuid.uuid4().hex[:16], source=source, options=options, adapters=chosen,
                   arm=arm)
         self.jobs[job.id] = job
+        self._save(job)  # an accepted job is on disk before the client hears of it
         self._forget_old()
         task = asyncio.get_running_loop().create_task(self._run(job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
 
-    def get(self, job_id: str) -> Job | None:
-        return self.jobs.get(job_id)
+    def _arm_adapters(self, arm: str, adapters: dict[str, str] | None) -> dict[str, str]:
+        if adapters is not None:
+            raise JobError("give adapters or arm, not both: an arm runs on its own adapters",
+                           400)
+        if self.adapters_for_arm is None:
+            raise JobError(f"arm {arm!r}: this server runs no A/B test (start it with "
+                           "--state-dir and add arms with 'multiminddev ab add-arm')", 400)
+        try:
+            return self.adapters_for_arm(arm)
+        except KeyError as exc:
+            raise JobError(f"arm {arm!r}: {exc.args[0] if exc.args else 'no such arm'}",
+                           404) from None
+
+    def get(self, job_id: str) -> Job | StoredJob | None:
+        """The job, from memory or, where this process does not hold it, the state folder."""
+        job = self.jobs.get(job_id)
+        if job is not None or self.config.jobs_dir is None or not JOB_ID.match(job_id):
+            return job
+        try:
+            record = json.loads((self.config.jobs_dir / f"{job_id}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("id") != job_id:
+            return None
+        if record.get("status") not in (JobStatus.SUCCEEDED.value, JobStatus.FAILED.value):
+            record = {**record, "status": JobStatus.FAILED.value, "error": INTERRUPTED}
+        return StoredJob(record=record)
 
     async def wait(self, job_id: str, timeout: float | None = None) -> Job:
         job = self.jobs[job_id]
@@ -235,8 +294,14 @@ class JobManager:
         return job
 
     async def events(self, job_id: str) -> AsyncIterator[dict[str, Any]]:
-        """Every event of the job, from the first, then new ones as they happen, until it ends."""
-        job = self.jobs[job_id]
+        """Every event of the job, from the first, then new ones as they happen, until it ends;
+        a job of an earlier server process has only its ``done`` event."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            stored = self.get(job_id)
+            if stored is not None:
+                yield {"event": "done", **stored.summary()}
+            return
         sent = 0
         while True:
             async with self._changed:  # type: ignore[union-attr]

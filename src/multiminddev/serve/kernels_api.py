@@ -2,6 +2,8 @@
 
 - ``POST /v1/kernels/optimize`` ``{"module": "<KernelBench source>", "turns": 3, ...,
   "adapters": {"generator": NAME, "optimizer": NAME}, "arm": NAME}`` -> 202 ``{"id", "status"}``.
+- ``GET /v1/kernels/limits``: the largest ``turns``, ``max_new_tokens`` and module size this
+  server takes (every value out of range is answered 400).
 - ``GET /v1/kernels/jobs/{id}``: status, one entry per turn, the best kernel and its
   ``EvalResult`` as a dict.
 - ``GET /v1/kernels/jobs/{id}/events``: server-sent events: ``started``, one ``turn`` per turn
@@ -57,15 +59,20 @@ def router() -> APIRouter:
         try:
             job = jobs.submit(body.module, options, body.adapters, body.arm)
         except JobError as exc:
-            raise ApiError(exc.status, str(exc)) from exc
+            raise ApiError(exc.status, str(exc), param=exc.param) from exc
         return JSONResponse({"id": job.id, "status": job.status.value, "arm": job.arm,
                              "adapters": job.adapters}, status_code=202)
+
+    @api.get("/limits")
+    async def limits(request: Request) -> dict[str, Any]:
+        return request.app.state.config.limits.to_dict()
 
     @api.get("/jobs/{job_id}")
     async def job_status(job_id: str, request: Request) -> dict[str, Any]:
         return _job(request, job_id).summary()
 
-    @api.get("/jobs/{job_id}/events")
+    @api.get("/jobs/{job_id}/events", response_class=StreamingResponse,
+             responses={200: {"content": {"text/event-stream": {}}}})
     async def job_events(job_id: str, request: Request) -> StreamingResponse:
         jobs: JobManager = request.app.state.jobs
         _job(request, job_id)
@@ -84,5 +91,5 @@ def router() -> APIRouter:
 def _job(request: Request, job_id: str) -> Any:
     job = request.app.state.jobs.get(job_id)
     if job is None:
-        raise ApiError(404, f"no job {job_id!r} (finished jobs are kept for a while only)")
+        raise ApiError(404, f"no job {job_id!r} on this server")
     return job

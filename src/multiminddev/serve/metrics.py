@@ -1,5 +1,6 @@
-"""Prometheus ``/metrics``: HTTP requests and latency per endpoint, jobs by status, and the A/B
-arms' outcome counters.
+"""Prometheus ``/metrics``: HTTP requests and latency per endpoint, generation (tokens generated,
+tokens per second over the last minute, time to first token, requests waiting for the model),
+jobs by status, and the A/B arms' outcome counters.
 
 Every server gets its own registry (no process-global state, so several apps can live in one
 process). Request metrics are labelled by the route's path template (``/v1/kernels/jobs/{job_id}``),
@@ -11,7 +12,9 @@ counters come from the SQLite store and so keep counting across restarts.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -21,17 +24,41 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
 from multiminddev.serve.ab import ABStore
+from multiminddev.serve.batching import GenerationEvent
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 UNMATCHED = "unmatched"
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)
+RATE_WINDOW_S = 60.0  # the tokens-per-second gauge averages over this window
+
+
+class TokenRate:
+    """Tokens per second over the last ``window_s`` seconds (thread-safe)."""
+
+    def __init__(self, window_s: float = RATE_WINDOW_S):
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, tokens: int, now: float | None = None) -> None:
+        with self._lock:
+            self._events.append((time.monotonic() if now is None else now, tokens))
+
+    def per_second(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._events and self._events[0][0] < now - self.window_s:
+                self._events.popleft()
+            return sum(tokens for _, tokens in self._events) / self.window_s
 
 
 class ServeMetrics:
-    """The server's registry. ``jobs_by_status() -> {status: count}`` and ``store`` are read
-    at each scrape; either may be None (that family is then left out)."""
+    """The server's registry. ``jobs_by_status() -> {status: count}``, ``store`` and
+    ``queue_depth() -> int`` are read at each scrape; any may be None (that family is then left
+    out). ``observe_generation`` takes the batcher's ``GenerationEvent``s."""
 
     def __init__(self, *, jobs_by_status: Callable[[], Mapping[str, int]] | None = None,
-                 store: ABStore | None = None):
+                 store: ABStore | None = None, queue_depth: Callable[[], int] | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("mmd_http_requests", "HTTP requests by endpoint and status code",
                                 ["method", "endpoint", "status"], registry=self.registry)
@@ -39,7 +66,20 @@ class ServeMetrics:
                                  "HTTP request latency to the end of the response body",
                                  ["method", "endpoint"], buckets=LATENCY_BUCKETS,
                                  registry=self.registry)
-        self.registry.register(_ScrapeTimeCollector(jobs_by_status, store))
+        self.tokens = Counter("mmd_generation_tokens", "Tokens generated, by model",
+                              ["model"], registry=self.registry)
+        self.time_to_first_token = Histogram(
+            "mmd_time_to_first_token_seconds",
+            "Seconds from a generation request's arrival to its first token reaching the client",
+            ["model"], buckets=TTFT_BUCKETS, registry=self.registry)
+        self.token_rate = TokenRate()
+        self.registry.register(_ScrapeTimeCollector(jobs_by_status, store, queue_depth,
+                                                    self.token_rate))
+
+    def observe_generation(self, event: GenerationEvent) -> None:
+        self.tokens.labels(event.model).inc(event.tokens)
+        self.time_to_first_token.labels(event.model).observe(event.time_to_first_token_s)
+        self.token_rate.add(event.tokens)
 
     def observe(self, method: str, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(method, endpoint, str(status)).inc()
@@ -51,14 +91,26 @@ class ServeMetrics:
 
 class _ScrapeTimeCollector:
     def __init__(self, jobs_by_status: Callable[[], Mapping[str, int]] | None,
-                 store: ABStore | None):
+                 store: ABStore | None, queue_depth: Callable[[], int] | None,
+                 token_rate: TokenRate):
         self.jobs_by_status = jobs_by_status
         self.store = store
+        self.queue_depth = queue_depth
+        self.token_rate = token_rate
 
     def describe(self) -> list[Any]:
         return []  # families are produced at collect time only
 
     def collect(self) -> Any:
+        rate = GaugeMetricFamily("mmd_generation_tokens_per_second",
+                                 f"Tokens generated per second over the last {RATE_WINDOW_S:g} s")
+        rate.add_metric([], self.token_rate.per_second())
+        yield rate
+        if self.queue_depth is not None:
+            depth = GaugeMetricFamily("mmd_generation_queue_depth",
+                                      "Generation requests waiting for a generate call")
+            depth.add_metric([], float(self.queue_depth()))
+            yield depth
         if self.jobs_by_status is not None:
             jobs = GaugeMetricFamily("mmd_jobs", "Kernel-optimization jobs by status",
                                      labels=["status"])
@@ -123,7 +175,8 @@ class MetricsMiddleware:
 def metrics_router(metrics: ServeMetrics) -> APIRouter:
     router = APIRouter(tags=["metrics"])
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=Response,
+                responses={200: {"content": {"text/plain": {}}}})
     def exposition() -> Response:
         return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 

@@ -1,11 +1,13 @@
 """OpenAI-compatible routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` and
-vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter``.
+vLLM's ``/v1/load_lora_adapter`` / ``/v1/unload_lora_adapter`` (``lora_path`` must lie in one
+of the server's adapter roots: 403 otherwise).
 
 ``model`` names the base or a loaded adapter. Extensions, as vLLM has them: a completion
 ``prompt`` may be token ids; ``return_tokens_as_token_ids: true`` writes each logprobs token as
 ``"token_id:<id>"`` so a client gets the exact ids back. Log-probs are those of the sampled
 tokens under softmax(logits / T) (T = 1 for greedy decoding); ``top_logprobs`` hold only the
-sampled token. Streaming (``stream: true``) sends server-sent ``data:`` chunks and
+sampled token. A ``stop`` string ends the text and is left out of it, as OpenAI and vLLM do
+(``token_ids`` and log-probs keep every sampled token). Streaming (``stream: true``) sends server-sent ``data:`` chunks and
 ``data: [DONE]``; it carries text only, so ``stream`` with ``logprobs`` is refused.
 """
 
@@ -24,10 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from multiminddev.policy.chat import encode_chat, end_of_turn_ids
 from multiminddev.policy.generation import FinishReason, GenerationOutput, SamplingParams
+from multiminddev.serve.auth import PathOutsideRootsError, confine_adapter_path
+from multiminddev.serve.batching import Batcher, GenerationEvent
 from multiminddev.serve.errors import ApiError
+from multiminddev.serve.limits import MAX_N
 from multiminddev.serve.registry import AdapterError, ModelRegistry, UnknownModelError
+from multiminddev.serve.stop_strings import cut_at_stop, safe_length
 
-MAX_N = 16
+# A reply is JSON, or server-sent events with ``stream: true``.
+STREAMABLE: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"application/json": {}, "text/event-stream": {}}}}
 
 
 class _Request(BaseModel):
@@ -88,7 +96,7 @@ def router() -> APIRouter:
                 for name in registry.names()]
         return {"object": "list", "data": data}
 
-    @api.post("/completions")
+    @api.post("/completions", responses=STREAMABLE)
     async def completions(body: CompletionRequest, request: Request) -> Any:
         registry: ModelRegistry = request.app.state.registry
         if body.echo:
@@ -98,12 +106,12 @@ def router() -> APIRouter:
         name = _model(registry, body.model)
         if body.stream:
             _check_stream(body, len(prompts), bool(body.logprobs is not None))
-            return _sse(_stream_chunks(registry, prompts[0], sampling, name, chat=False))
+            return _sse(_stream_chunks(request, prompts[0], sampling, name, chat=False))
         outputs = await _generate(request, prompts, sampling, name)
         choices = [_completion_choice(i, out, registry, body) for i, out in enumerate(outputs)]
         return _response("text_completion", name, choices, prompts, outputs)
 
-    @api.post("/chat/completions")
+    @api.post("/chat/completions", responses=STREAMABLE)
     async def chat_completions(body: ChatRequest, request: Request) -> Any:
         registry: ModelRegistry = request.app.state.registry
         messages = [{"role": m.role, "content": _content_text(m.content)} for m in body.messages]
@@ -116,7 +124,7 @@ def router() -> APIRouter:
         name = _model(registry, body.model)
         if body.stream:
             _check_stream(body, 1, body.logprobs)
-            return _sse(_stream_chunks(registry, prompt, sampling, name, chat=True))
+            return _sse(_stream_chunks(request, prompt, sampling, name, chat=True))
         outputs = await _generate(request, [prompt], sampling, name)
         choices = [_chat_choice(i, out, registry, body) for i, out in enumerate(outputs)]
         return _response("chat.completion", name, choices, [prompt], outputs)
@@ -125,7 +133,11 @@ def router() -> APIRouter:
     async def load_lora_adapter(body: LoadAdapterRequest, request: Request) -> JSONResponse:
         registry: ModelRegistry = request.app.state.registry
         try:
-            await asyncio.to_thread(registry.load_adapter, body.lora_name, body.lora_path)
+            path = confine_adapter_path(body.lora_path, registry.config.adapter_folders)
+        except PathOutsideRootsError as exc:
+            raise ApiError(403, str(exc), param="lora_path") from exc
+        try:
+            await asyncio.to_thread(registry.load_adapter, body.lora_name, str(path))
         except AdapterError as exc:
             raise ApiError(400, str(exc)) from exc
         return JSONResponse({"status": "ok", "message":
@@ -162,13 +174,13 @@ def _completion_prompts(prompt: Any, registry: ModelRegistry) -> list[list[int]]
         ids = (list(registry.tokenizer(item, add_special_tokens=False)["input_ids"])
                if isinstance(item, str) else list(item))
         if not ids:
-            raise ApiError(400, "prompt is empty; give at least one token")
+            raise ApiError(400, "prompt is empty; give at least one token", param="prompt")
         vocab = len(registry.tokenizer)
         if any(not 0 <= t < vocab for t in ids):
-            raise ApiError(400, f"prompt token ids must be in 0..{vocab - 1}")
+            raise ApiError(400, f"prompt token ids must be in 0..{vocab - 1}", param="prompt")
         prompts.append(ids)
     if len(prompts) > MAX_N:
-        raise ApiError(400, f"at most {MAX_N} prompts per request")
+        raise ApiError(400, f"at most {MAX_N} prompts per request", param="prompt")
     return prompts
 
 
@@ -176,19 +188,24 @@ def _sampling(body: _Request, max_tokens: int, registry: ModelRegistry,
               prompts: list[list[int]]) -> SamplingParams:
     limit = registry.config.max_tokens_limit
     if max_tokens > limit:
-        raise ApiError(400, f"max_tokens {max_tokens} exceeds this server's limit of {limit}")
+        raise ApiError(400, f"max_tokens {max_tokens} exceeds this server's limit of {limit}",
+                       param="max_tokens")
     window = registry.context_window
     longest = max(len(p) for p in prompts)
     if longest + max_tokens > window:
         raise ApiError(400, f"prompt ({longest} tokens) + max_tokens ({max_tokens}) exceed the "
                             f"model's context window of {window}")
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     try:
         return SamplingParams(temperature=body.temperature, top_p=body.top_p,
                               max_new_tokens=max_tokens, n=body.n, seed=body.seed,
-                              stop=tuple(s for s in stop if s))
+                              stop=_stops(body))
     except ValueError as exc:
         raise ApiError(400, str(exc)) from exc
+
+
+def _stops(body: _Request) -> tuple[str, ...]:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return tuple(s for s in stop if s)
 
 
 def _check_stream(body: _Request, prompts: int, logprobs: bool) -> None:
@@ -238,7 +255,8 @@ def _completion_choice(index: int, out: GenerationOutput, registry: ModelRegistr
                     "top_logprobs": ([{lab: lp} for lab, lp in zip(labels, out.logprobs)]
                                      if body.logprobs > 0 else None),
                     "text_offset": offsets}
-    return {"index": index, "text": out.text, "logprobs": logprobs,
+    text, _ = cut_at_stop(out.text, _stops(body))
+    return {"index": index, "text": text, "logprobs": logprobs,
             "finish_reason": _finish(out.finish_reason), "token_ids": list(out.token_ids)}
 
 
@@ -253,7 +271,8 @@ def _chat_choice(index: int, out: GenerationOutput, registry: ModelRegistry,
             entry = {"token": label, "logprob": lp, "bytes": raw}
             content.append({**entry, "top_logprobs": [entry] if body.top_logprobs else []})
         logprobs = {"content": content}
-    return {"index": index, "message": {"role": "assistant", "content": out.text},
+    text, _ = cut_at_stop(out.text, _stops(body))
+    return {"index": index, "message": {"role": "assistant", "content": text},
             "logprobs": logprobs, "finish_reason": _finish(out.finish_reason),
             "token_ids": list(out.token_ids)}
 
@@ -283,10 +302,15 @@ def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache"})
 
 
-async def _stream_chunks(registry: ModelRegistry, prompt: list[int], sampling: SamplingParams,
+async def _stream_chunks(request: Request, prompt: list[int], sampling: SamplingParams,
                          name: str, *, chat: bool) -> AsyncIterator[dict[str, Any]]:
     """Chunks of text as tokens are decoded; the decoding runs in a worker thread and hands
-    token ids over through a queue."""
+    token ids over through a queue. The stream's tokens and time to first chunk are reported
+    to the batcher's observers (the metrics)."""
+    registry: ModelRegistry = request.app.state.registry
+    batcher: Batcher = request.app.state.batcher
+    arrived = time.perf_counter()
+    first_chunk: float | None = None
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[list[int] | None] = asyncio.Queue()
     worker = asyncio.ensure_future(asyncio.to_thread(
@@ -312,15 +336,27 @@ async def _stream_chunks(registry: ModelRegistry, prompt: list[int], sampling: S
     stop_ids = set(end_of_turn_ids(registry.tokenizer))
     tokens: list[int] = []
     sent = ""
-    while (ids := await queue.get()) is not None:
+    stopped = False
+    while not stopped and (ids := await queue.get()) is not None:
         tokens.extend(ids)
         text = registry.tokenizer.decode(tokens, skip_special_tokens=True)
         # a partial multi-byte character decodes to U+FFFD: wait for the rest of it
-        if len(text) > len(sent) and not text.endswith("\ufffd"):
-            yield chunk(text[len(sent):], None)
-            sent = text
+        if text.endswith("\ufffd"):
+            continue
+        text, stopped = cut_at_stop(text, sampling.stop)
+        ready = text if stopped else text[:safe_length(text, sampling.stop)]
+        if len(ready) > len(sent):
+            first_chunk = first_chunk or time.perf_counter() - arrived
+            yield chunk(ready[len(sent):], None)
+            sent = ready
     await worker  # a decoding error surfaces here and ends the stream
+    if not stopped:  # the held-back tail of a stop string that never completed
+        text = registry.tokenizer.decode(tokens, skip_special_tokens=True)
+        if len(text) > len(sent):
+            yield chunk(text[len(sent):], None)
     ended = bool(tokens) and tokens[-1] in stop_ids
-    stopped = sampling.stop and any(s in sent for s in sampling.stop)
     finish = "stop" if ended or stopped or len(tokens) < sampling.max_new_tokens else "length"
+    total = time.perf_counter() - arrived
+    batcher.report(GenerationEvent(model=name, tokens=len(tokens), total_s=total,
+                                   time_to_first_token_s=first_chunk or total))
     yield chunk(None, finish)

@@ -16,6 +16,16 @@ function el(tag, text, className) {
 
 function $(id) { return document.getElementById(id); }
 
+// A server started with --api-key wants "Authorization: Bearer <key>" on its /v1 routes; the
+// key typed into the page lives in this tab's sessionStorage only.
+function apiKey() { return ($("api-key") && $("api-key").value.trim()) || ""; }
+
+function authHeaders(extra) {
+  const headers = Object.assign({}, extra || {});
+  if (apiKey()) headers.Authorization = `Bearer ${apiKey()}`;
+  return headers;
+}
+
 function setStatus(text, isError) {
   const node = $("job-status");
   node.textContent = text;
@@ -86,8 +96,18 @@ function addTurn(turn) {
     const details = el("details");
     details.append(el("summary", "Kernel"), el("pre", turn.candidate_source, "kernel"));
     item.append(details);
-  } else if (turn.parse_failure) {
-    item.append(el("div", `No kernel in the reply (${turn.parse_failure})`, "error"));
+  } else {
+    // a format failure: no kernel was found, so what the model wrote is what explains it
+    if (turn.parse_failure) {
+      item.append(el("div", `No kernel in the reply (${turn.parse_failure})`, "error"));
+    }
+    if (typeof turn.text === "string") {
+      const details = el("details", undefined, "model-reply");
+      details.open = true;
+      details.append(el("summary", "What the model wrote (no kernel found in it)"),
+                     el("pre", turn.text || "(an empty reply)", "reply"));
+      item.append(details);
+    }
   }
   if (turn.feedback) {
     item.append(el("div", "Tester's feedback", "hint"), el("pre", turn.feedback, "feedback"));
@@ -122,7 +142,8 @@ function parseData(text) {
 }
 
 async function fetchJob(id) {
-  const response = await fetch(`/v1/kernels/jobs/${encodeURIComponent(id)}`);
+  const response = await fetch(`/v1/kernels/jobs/${encodeURIComponent(id)}`,
+                               { headers: authHeaders() });
   if (!response.ok) throw new Error(`job ${id}: HTTP ${response.status}`);
   return response.json();
 }
@@ -130,13 +151,16 @@ async function fetchJob(id) {
 async function waitForJob(id) {
   for (;;) {
     const job = await fetchJob(id);
+    for (const turn of job.turns || []) addTurn(turn);
     if (TERMINAL.has(String(job.status))) return job;
     setStatus(`job ${id}: ${job.status}`);
     await new Promise((resolve) => setTimeout(resolve, 1000));
   }
 }
 
+// EventSource cannot send an Authorization header: with an API key the page polls instead.
 function followEvents(id) {
+  if (apiKey()) return Promise.resolve();
   return new Promise((resolve) => {
     const source = new EventSource(`/v1/kernels/jobs/${encodeURIComponent(id)}/events`);
     const finish = () => { source.close(); resolve(); };
@@ -170,7 +194,7 @@ async function submit(event) {
     setStatus("submitting ...");
     const response = await fetch("/v1/kernels/optimize", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: authHeaders({ "Content-Type": "application/json" }),
       body: JSON.stringify({ module: text, turns: Number($("turns-option").value) || 3 }),
     });
     const body = await response.json().catch(() => ({}));
@@ -186,6 +210,14 @@ async function submit(event) {
   } finally {
     $("submit").disabled = false;
   }
+}
+
+// The server's limits bound the page's inputs (GET /v1/kernels/limits).
+async function loadLimits() {
+  const response = await fetch("/v1/kernels/limits", { headers: authHeaders() });
+  if (!response.ok) return;
+  const limits = await response.json();
+  if (typeof limits.max_job_turns === "number") $("turns-option").max = String(limits.max_job_turns);
 }
 
 function loadFile() {
@@ -216,7 +248,7 @@ function verdictText(arm) {
 async function refreshAB() {
   const body = $("ab-table").tBodies[0];
   try {
-    const response = await fetch("/v1/ab/status");
+    const response = await fetch("/v1/ab/status", { headers: authHeaders() });
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const status = await response.json();
     $("ab-meta").textContent = `${status.arms.length} arm(s), ${status.outcomes} outcome(s); ` +
@@ -252,4 +284,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("optimize-form").addEventListener("submit", submit);
   $("file").addEventListener("change", loadFile);
   $("ab-refresh").addEventListener("click", refreshAB);
+  $("api-key").value = sessionStorage.getItem("multiminddev-api-key") || "";
+  $("api-key").addEventListener("change", () => {
+    sessionStorage.setItem("multiminddev-api-key", apiKey());
+    loadLimits().catch(() => {});
+  });
+  loadLimits().catch(() => {});
 });
