@@ -489,7 +489,8 @@ def shared_decode_engine(policy: Any, slots: int, dtype: Any, stop_token_ids: tu
     key = (slots, dtype, policy.device, tuple(adapters))  # a new adapter set: a new engine
     engine = policy.decode_engines.get(key)
     if engine is None:
-        decoder = LlamaDecoder(model, tuple(adapters), slots=slots, dtype=dtype)
+        decoder = LlamaDecoder(model, tuple(adapters), slots=slots, dtype=dtype,
+                               use_cuda_graphs=getattr(policy.config, "decode_cuda_graphs", False))
         engine = policy.decode_engines[key] = DecodeEngine(decoder, policy.tokenizer,
                                                            stop_token_ids)
         log.debug("fast decoding: an engine of %d slots on %s", slots, policy.device)

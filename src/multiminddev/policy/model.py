@@ -97,9 +97,12 @@ class PolicyConfig:
     compiled_decoding: bool = False
     # Decode Llama-family models with the fast decoder (policy/llama_decoder.py): a static KV
     # cache, both agents' adapters applied per row in one batch, continuous batching across
-    # generate calls, and on CUDA a decode step captured in CUDA graphs (no compile). Takes
-    # precedence over compiled_decoding where it applies; other models decode as before.
+    # generate calls. Takes precedence over compiled_decoding where it applies; other models
+    # decode as before.
     fast_decoding: bool = True
+    # The fast decoder's step captured in CUDA graphs (CUDA only). Off by default: its replay
+    # has been seen to diverge from the eager step, which stays the reference.
+    decode_cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.load_in_4bit and self.separate_models:
