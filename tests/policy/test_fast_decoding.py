@@ -318,32 +318,23 @@ def test_embedded_smollm2_greedy_equals_hf_generate_per_adapter():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_embedded_smollm2_on_the_gpu_matches_hf_and_outpaces_it():
-    """float32 on the GPU (the default eager step): the greedy tokens of both agents equal transformers',
-    and 32 rows decode at least 5x faster than transformers' generate."""
-    import time
-
+def test_embedded_smollm2_on_the_gpu_matches_hf():
+    """float32 on the GPU (the eager step): the greedy tokens of both agents equal
+    transformers'. Speed is benchmarks/bench_decode.py's to measure."""
     policy = _smollm2_policy(device="cuda", dtype="float32")
     prompts = _chat_prompts(policy)
     sampling = SamplingParams(temperature=0, max_new_tokens=64)
     for role in ROLES:
         slow = HFGenerationBackend(policy, fast_decoding=False).generate_sync(prompts, sampling, role)
-        fast = HFGenerationBackend(policy).generate_sync(prompts, sampling, role)
+        fast = HFGenerationBackend(policy, fast_decoding=True).generate_sync(prompts, sampling, role)
         assert [o.extra.get("decoder") for o in fast] == ["fast", "fast"]
         assert [o.token_ids for o in fast] == [o.token_ids for o in slow]
-    batch = prompts * 16
-    timed = SamplingParams(temperature=1.0, max_new_tokens=128, seed=0)
-    seconds = {}
-    for name, fast_decoding in (("hf", False), ("fast", True)):
-        backend = HFGenerationBackend(policy, max_batch_size=32, fast_decoding=fast_decoding,
-                                      logprob_source=LogprobSource.SAMPLER)
-        backend.generate_sync(batch, timed, AgentRole.GENERATOR)  # warm-up
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        outs = backend.generate_sync(batch, timed, AgentRole.GENERATOR)
-        torch.cuda.synchronize()
-        seconds[name] = (time.perf_counter() - start) / sum(len(o.token_ids) for o in outs)
-    assert seconds["hf"] / seconds["fast"] >= 5.0, seconds
+
+
+def test_the_default_decodes_fast_on_a_cpu_and_with_transformers_on_cuda(policy):
+    """PolicyConfig.fast_decoding=None: on where it measured faster (a CPU), off on CUDA."""
+    assert policy.config.fast_decoding is None
+    assert HFGenerationBackend(policy).fast_decoding is str(policy.device).startswith("cpu")
 
 
 def test_a_failing_fast_decoder_falls_back_to_transformers(policy, caplog):

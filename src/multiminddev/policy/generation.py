@@ -13,7 +13,7 @@ recorded logprobs equal the trainer's recomputation (ratio 1 before an update). 
 top-p truncation (exactly the sampling distribution when top_p = 1). Greedy decoding
 (temperature 0) records log-probs at temperature 1.
 
-Fast decoding (``PolicyConfig.fast_decoding``, on by default): for Llama-family models with
+Fast decoding (``PolicyConfig.fast_decoding``, on by default on a CPU): for Llama-family models with
 LoRA adapters on one base, ``HFGenerationBackend`` hands its prompts to the policy's shared
 ``DecodeEngine`` (policy/decode_engine.py over policy/llama_decoder.py): continuous batching
 across calls, each row with its own agent's adapter, CUDA-graph decode steps on a GPU. Tokens,
@@ -226,8 +226,11 @@ class HFGenerationBackend:
         self.sampling_dtype = sampling_dtype
         # None: the policy's setting. Where it applies it takes precedence over compiled
         # decoding; turned off for good (with a warning) if the fast decoder ever fails.
-        self.fast_decoding = bool(getattr(policy.config, "fast_decoding", False)
-                                  if fast_decoding is None else fast_decoding)
+        if fast_decoding is None:
+            fast_decoding = getattr(policy.config, "fast_decoding", False)
+        if fast_decoding is None:  # the policy's default: on a CPU only
+            fast_decoding = str(getattr(policy, "device", "cpu")).startswith("cpu")
+        self.fast_decoding = bool(fast_decoding)
         self._engine: Any = None
 
     async def generate(

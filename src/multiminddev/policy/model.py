@@ -98,8 +98,9 @@ class PolicyConfig:
     # Decode Llama-family models with the fast decoder (policy/llama_decoder.py): a static KV
     # cache, both agents' adapters applied per row in one batch, continuous batching across
     # generate calls. Takes precedence over compiled_decoding where it applies; other models
-    # decode as before.
-    fast_decoding: bool = True
+    # decode as before. None: on for a CPU policy, off on CUDA, where its eager step measured
+    # 0.7x transformers at batch 1 and 1.2x at batch 64 on an H200 (docs/BENCHMARKS.md).
+    fast_decoding: bool | None = None
     # The fast decoder's step captured in CUDA graphs (CUDA only). Off by default: its replay
     # has been seen to diverge from the eager step, which stays the reference.
     decode_cuda_graphs: bool = False
