@@ -293,7 +293,8 @@ def _dense(n=4096):
     return {"shape": [n], "stride": [1], "dense": True}
 
 
-def _rules_outcome(trial_outputs, checked_outputs, *, checked_layouts=None, runs=50):
+def _rules_outcome(trial_outputs, checked_outputs, *, checked_layouts=None, runs=50,
+                   timed_layouts=None):
     """Five trials and two checked calls of a float32 problem (eager = the float32 rounding of
     a float64 truth), trial 0's truth sent; the candidate's outputs as given."""
     trials = [_draw(seed) for seed in range(5)]
@@ -307,7 +308,8 @@ def _rules_outcome(trial_outputs, checked_outputs, *, checked_layouts=None, runs
         "output_layouts": {"layouts": [[_dense()] for _ in trials]},
         "baseline": BASELINE,
         "benchmark": {"candidate": {"median_ms": 1.0, "runs": runs},
-                      "checked_layouts": layouts},
+                      "checked_layouts": layouts,
+                      "timed_layouts": [[_dense()]] if timed_layouts is None else timed_layouts},
         "timed_reference": _packed([eager for _, eager in checks]),
         "timed_outputs": _packed(checked_outputs(checks)), "done": {}})
 
@@ -353,6 +355,21 @@ def test_a_stride_0_checked_timed_call_is_incorrect_though_its_values_match():
                                             checked_layouts=[[_dense()], [expanded]]))
     assert result.status is EvalStatus.INCORRECT
     assert "timed check 1" in result.message and "stride 0" in result.message
+
+
+def test_a_gapped_output_on_an_unchecked_timed_call_is_incorrect():
+    """Layouts are metadata: the density rule covers every timed call, checked or not (an
+    every-other-column view from some call on)."""
+    gapped = {"shape": [64, 64], "stride": [128, 2], "dense": False}
+    result = _assemble_rules(_rules_outcome(_exact, _exact,
+                                            timed_layouts=[[_dense()], [gapped]]))
+    assert result.status is EvalStatus.INCORRECT
+    assert "timed call" in result.message and "dense" in result.message
+
+
+def test_timed_calls_without_their_layouts_are_incorrect():
+    result = _assemble_rules(_rules_outcome(_exact, _exact, timed_layouts=[]))
+    assert result.status is EvalStatus.INCORRECT and "no layout of theirs" in result.message
 
 
 def test_checked_timed_calls_without_their_layouts_are_incorrect():

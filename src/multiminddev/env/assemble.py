@@ -243,6 +243,9 @@ def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, rules: Outpu
         _fail_timed(result, f"{want} checked timed calls ran, the layouts of "
                             f"{len(layouts) if isinstance(layouts, list) else 0} came back")
         return
+    if rules.reference_layouts is not None and not _layout_lists(bench.get("timed_layouts")):
+        _fail_timed(result, f"{runs} timed calls ran, no layout of theirs came back")
+        return
     timed = verify_outputs(expected[:want], got, atol=atol, rtol=rtol)
     result.timed_checks_passed = timed.trials_passed
     result.max_abs_error = max(result.max_abs_error, timed.max_abs_error)
@@ -252,6 +255,9 @@ def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, rules: Outpu
         _fail_timed(result, timed.error.replace("trial", "timed check", 1))
         return
     found = rules.layout_mismatches(layouts or [], label="timed check")
+    if not found:  # the distinct layouts of every timed call, checked or not
+        found = rules.layout_mismatches(_layout_lists(bench.get("timed_layouts")),
+                                        label="timed call")
     for call in range(want if not found else 0):
         found = rules.precision_mismatches(expected[call], got[call], trial=call,
                                            own_truth=False, label="timed check")
@@ -261,6 +267,11 @@ def _verify_timed_checks(result: VerifyResult, outcome: JobOutcome, rules: Outpu
         result.timed_checks_passed = 0
         result.mismatches.extend(found)
         _fail_timed(result, found[0].message)
+
+
+def _layout_lists(value: Any) -> list[Any]:
+    """The worker's per-call layout lists, or none where the message carries no list."""
+    return [item for item in value if isinstance(item, list)] if isinstance(value, list) else []
 
 
 def _fail_timed(result: VerifyResult, detail: str) -> None:

@@ -281,4 +281,4 @@ def _benchmark_candidate(state: Any, cfg: EvalConfig, ref: Any, model_new: Any
     if state.guards is not None:
         findings += sandbox_findings()
     return ({"candidate": bm.stats_to_dict(stats), "checked_calls": len(checked),
-             "checked_layouts": layouts}, checked, findings)
+             "checked_layouts": layouts, "timed_layouts": calls.call_layouts}, checked, findings)

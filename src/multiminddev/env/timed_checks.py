@@ -248,6 +248,9 @@ class CheckedCalls:
     # The checked calls' output layouts, taken on the device before the copy (which is dense):
     # the parent holds every checked output to the density rule, as it does the trials'.
     checked_layouts: list[list[Any] | None] = field(default_factory=list)
+    # The distinct output layouts of every call, checked or not (layouts are metadata, so the
+    # density rule covers the unchecked calls too; kept as their to_dict() forms).
+    call_layouts: list[list[dict[str, Any] | None]] = field(default_factory=list)
     # Timed calls that returned an object passing isinstance(torch.Tensor) without being one
     # (a lazy output whose own methods would run later, in the harness): checked or not.
     posing_calls: list[int] = field(default_factory=list)
@@ -302,6 +305,9 @@ class CheckedCalls:
         if any(_poses_as_tensor(out) for out in outputs):
             self.posing_calls.append(i)
         layouts = [_layout(out) for out in outputs]  # every call: the same host work
+        seen = [lay.to_dict() if lay is not None else None for lay in layouts]
+        if seen not in self.call_layouts:
+            self.call_layouts.append(seen)
         copied = _copy_outputs(outputs, sinks)
         if check is not None:
             # An output that does not fit its buffer (wrong shape, dtype, not a tensor) is kept
