@@ -70,7 +70,8 @@ def test_bench_checks_every_model_before_writing(tmp_path, capsys):
     out = tmp_path / "bench"
     code, stdout, err = run_cli(capsys, "bench", "--model", "default", "--model",
                                 tmp_path / "nope", "--out", out)
-    assert_one_line_error(code, stdout, err, contains="does not exist")
+    assert_one_line_error(code, stdout, err, contains="does not exist",
+                          exit_code=ExitCode.UNAVAILABLE)
     assert not out.exists()
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from multiminddev.agents.shipped import shipped_agents
-from multiminddev.commands._io import InputError, dir_problem, fail, file_problem, warn
+from multiminddev.commands._io import ExitCode, InputError, dir_problem, fail, file_problem, warn
 from multiminddev.commands._progress import ProgressBackend, ProgressEvaluator
 from multiminddev.distributed.cluster import RayUnavailableError, add_ray_argument
 from multiminddev.distributed.ray_eval import make_evaluator
@@ -159,7 +159,9 @@ def run_bench(args: argparse.Namespace) -> int:
         resumed = check_run_record(args.out / RUN_RECORD_FILE,
                                    run_record(args, runs, problems, episode_cfg),
                                    resume=args.resume)
-    except (ProblemError, PolicyError, ValueError, RuntimeError) as exc:  # ResumeMismatch too
+    except PolicyError as exc:  # a model not to be had, as optimize and train say it
+        return fail(" ".join(str(exc).split()), ExitCode.UNAVAILABLE)
+    except (ProblemError, ValueError, RuntimeError) as exc:  # ResumeMismatch too
         return fail(" ".join(str(exc).split()))
     if args.resume and not resumed:
         warn(f"--resume: {args.out} holds no bench run record; starting afresh")
@@ -171,8 +173,8 @@ def run_bench(args: argparse.Namespace) -> int:
                                   progress=not args.quiet, ray_address=args.ray,
                                   concurrency=args.concurrency, batch_size=args.batch_size,
                                   resume=resumed)
-    except (PolicyError, RayUnavailableError) as exc:
-        return fail(" ".join(str(exc).split()))
+    except (PolicyError, RayUnavailableError) as exc:  # a model or cluster not to be had
+        return fail(" ".join(str(exc).split()), ExitCode.UNAVAILABLE)
 
     path = write_report(args.out, bench_runs=episodes, title=f"bench: {args.problems}")
     summary = json.loads((args.out / "summary.json").read_text())["labels"]
