@@ -16,6 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from multiminddev.commands._io import ExitCode
 from multiminddev.distributed.cluster import RAY_NAMESPACE
 from multiminddev.distributed.rollout import RayRollouts, layout_from_plan
 from multiminddev.env import EvalConfig, Evaluator
@@ -98,9 +99,10 @@ def test_eval_dir_is_spread_over_every_node_and_loses_no_candidate(cluster, tmp_
         (cands / name).write_text((FIXTURES / fixture).read_text())
     out = tmp_path / "results.jsonl"
 
-    # one evaluation actor per node: each reserves the one CPU a node has
+    # one evaluation actor per node: each reserves the one CPU a node has; the broken
+    # candidate's compile error makes the exit code "an evaluation failed"
     assert main(["eval-dir", str(problems), str(cands), "--no-benchmark", "--workers", str(n),
-                 "--out", str(out), "--ray", "auto"]) == 0
+                 "--out", str(out), "--ray", "auto"]) == ExitCode.EVALUATION_FAILED
 
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted(r["candidate_file"] for r in rows) == sorted(EVAL_DIR_CANDIDATES)

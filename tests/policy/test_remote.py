@@ -31,10 +31,12 @@ def adapter_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(adapter_dir):
+def server(adapter_dir, tmp_path_factory):
     from multiminddev.serve import ServeConfig, create_app
 
-    config = ServeConfig(device="cpu", adapters={"generator": str(adapter_dir)})
+    # Adapters reloaded by the tests lie below pytest's base temporary folder.
+    config = ServeConfig(device="cpu", adapters={"generator": str(adapter_dir)},
+                         adapter_roots=[str(tmp_path_factory.getbasetemp())])
     running = UvicornThread(create_app(config)).start()
     yield running
     running.stop()

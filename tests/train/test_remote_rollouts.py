@@ -32,11 +32,14 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
+def server(tiny_model_dir, tmp_path_factory):
     from multiminddev.serve import ServeConfig, create_app
     from multiminddev.serve.metrics import ServeMetrics, install_metrics
 
-    app = create_app(ServeConfig(model=str(tiny_model_dir), device="cpu"))
+    # The learner publishes adapters under its run folders, which lie below pytest's base
+    # temporary folder: the server may read adapters there and nowhere else.
+    app = create_app(ServeConfig(model=str(tiny_model_dir), device="cpu",
+                                 adapter_roots=[str(tmp_path_factory.getbasetemp())]))
     install_metrics(app, ServeMetrics())  # counts the server's requests
     running = UvicornThread(app).start()
     yield running
